@@ -1,0 +1,45 @@
+import type { Command } from 'commander';
+import { loadConfig } from '../config/load.js';
+import { ConfigError } from '../errors.js';
+import { createLogger } from '../log.js';
+import { startGatehouse } from '../server.js';
+import { DEFAULT_CONFIG_FILE } from './config.js';
+
+/** `gatehouse start`: listen until SIGTERM/SIGINT (drain) ; SIGHUP reloads the config file. */
+export function registerStartCommand(program: Command): void {
+  program
+    .command('start')
+    .description('start the gateway (and the webhook receiver when enabled)')
+    .option('-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE)
+    .action(async (options: { config: string }) => {
+      const { config, file } = loadConfig(options.config);
+      const logger = createLogger({ level: config.log.level });
+      const running = await startGatehouse(config, { logger });
+      logger.info({ config: file, pid: process.pid }, 'gatehouse started');
+
+      let reloading = Promise.resolve();
+      const reload = () => {
+        reloading = reloading.then(async () => {
+          try {
+            await running.reload(loadConfig(file).config);
+          } catch (err) {
+            const problems = err instanceof ConfigError ? err.problems : [String(err)];
+            logger.error({ problems }, 'reload rejected: the previous configuration stays in force');
+          }
+        });
+      };
+      process.on('SIGHUP', reload);
+
+      await new Promise<void>((resolve) => {
+        const stop = (signal: string) => {
+          logger.info({ signal }, 'shutting down: draining in-flight requests');
+          process.off('SIGHUP', reload);
+          void running.close().then(resolve);
+        };
+        process.once('SIGTERM', stop);
+        process.once('SIGINT', stop);
+      });
+      logger.info('stopped');
+      logger.flush?.();
+    });
+}

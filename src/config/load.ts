@@ -1,0 +1,125 @@
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import JSON5 from 'json5';
+import type { z } from 'zod';
+import { ConfigError } from '../errors.js';
+import { configSchema, type Config } from './schema.js';
+
+/** Keys whose value may be `{ file: "path" }`: the secret is read from that file (trailing newline dropped). */
+const FILE_REFERENCE_KEYS = new Set(['secret', 'apiKey', 'publicKey']);
+const ENV_REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)\}/g;
+
+export interface LoadedConfig {
+  config: Config;
+  /** Absolute path of the file it came from. */
+  file: string;
+}
+
+/**
+ * Reads, expands and validates a config file: JSON5 → `${VAR}` from the environment →
+ * `{ file }` secrets → schema → relative paths resolved against the file's folder → deep-frozen.
+ * Throws ConfigError listing every problem as `path: reason`.
+ */
+export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): LoadedConfig {
+  const absolute = path.resolve(file);
+  let text: string;
+  try {
+    text = readFileSync(absolute, 'utf8');
+  } catch (err) {
+    throw new ConfigError([`${file}: cannot read config file (${(err as NodeJS.ErrnoException).code ?? String(err)})`]);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON5.parse(text);
+  } catch (err) {
+    throw new ConfigError([`${file}: invalid JSON5: ${(err as Error).message}`]);
+  }
+  return { config: parseConfig(raw, { env, baseDir: path.dirname(absolute) }), file: absolute };
+}
+
+/** Validates an already-parsed config object (used by loadConfig and by tests). */
+export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string } = {}): Config {
+  const env = options.env ?? process.env;
+  const baseDir = options.baseDir ?? process.cwd();
+  const problems: string[] = [];
+  const expanded = expandReferences(raw, [], { env, baseDir, problems });
+  const result = configSchema.safeParse(expanded);
+  if (!result.success) problems.push(...formatIssues(result.error.issues));
+  if (problems.length > 0) throw new ConfigError(problems);
+  const config = result.data!;
+  config.storage.path = path.resolve(baseDir, config.storage.path);
+  if (config.gateway.tls) {
+    config.gateway.tls.cert = path.resolve(baseDir, config.gateway.tls.cert);
+    config.gateway.tls.key = path.resolve(baseDir, config.gateway.tls.key);
+  }
+  return deepFreeze(config);
+}
+
+function expandReferences(value: unknown, at: (string | number)[], ctx: { env: NodeJS.ProcessEnv; baseDir: string; problems: string[] }): unknown {
+  if (typeof value === 'string') {
+    return value.replace(ENV_REFERENCE, (_match, name: string) => {
+      const found = ctx.env[name];
+      if (found === undefined) {
+        ctx.problems.push(`${formatPath(at)}: environment variable ${name} is not set`);
+        return '';
+      }
+      return found;
+    });
+  }
+  if (Array.isArray(value)) return value.map((item, i) => expandReferences(item, [...at, i], ctx));
+  if (value !== null && typeof value === 'object') {
+    const out: Record<string, unknown> = {};
+    for (const [key, child] of Object.entries(value)) {
+      const childAt = [...at, key];
+      if (FILE_REFERENCE_KEYS.has(key) && isFileReference(child)) {
+        out[key] = readSecretFile(expandReferences(child.file, [...childAt, 'file'], ctx) as string, childAt, ctx);
+      } else {
+        out[key] = expandReferences(child, childAt, ctx);
+      }
+    }
+    return out;
+  }
+  return value;
+}
+
+function isFileReference(value: unknown): value is { file: string } {
+  return value !== null && typeof value === 'object' && !Array.isArray(value) &&
+    Object.keys(value).length === 1 && typeof (value as { file?: unknown }).file === 'string';
+}
+
+function readSecretFile(file: string, at: (string | number)[], ctx: { baseDir: string; problems: string[] }): string | undefined {
+  try {
+    return readFileSync(path.resolve(ctx.baseDir, file), 'utf8').replace(/\r?\n$/, '');
+  } catch (err) {
+    ctx.problems.push(`${formatPath(at)}: cannot read secret file "${file}" (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+    return undefined;
+  }
+}
+
+/** `["gateway","auth","allowedIPs",2]` → `gateway.auth.allowedIPs[2]`. */
+export function formatPath(at: readonly PropertyKey[]): string {
+  let out = '';
+  for (const part of at) {
+    if (typeof part === 'number') out += `[${part}]`;
+    else if (/^[A-Za-z_$][\w$]*$/.test(String(part))) out += (out ? '.' : '') + String(part);
+    else out += `[${JSON.stringify(String(part))}]`;
+  }
+  return out || '(root)';
+}
+
+function formatIssues(issues: readonly z.core.$ZodIssue[]): string[] {
+  return issues.flatMap((issue) => {
+    if (issue.code === 'unrecognized_keys') {
+      return issue.keys.map((key) => `${formatPath([...issue.path, key])}: unknown key`);
+    }
+    return [`${formatPath(issue.path)}: ${issue.message}`];
+  });
+}
+
+function deepFreeze<T>(value: T): T {
+  if (value !== null && typeof value === 'object' && !Object.isFrozen(value)) {
+    for (const child of Object.values(value)) deepFreeze(child);
+    Object.freeze(value);
+  }
+  return value;
+}

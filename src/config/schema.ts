@@ -1,0 +1,189 @@
+import { z } from 'zod';
+import { isValidAddressRange } from '../gateway/ip-allowlist.js';
+
+/**
+ * The configuration schema: the single source of the Config type.
+ * Defaults live here; load.ts only expands ${ENV} and { file } references before parsing.
+ */
+
+/** An IP address or CIDR, IPv4 or IPv6 (`10.0.0.0/8`, `::1`). */
+const addressRange = z.string().superRefine((value, ctx) => {
+  if (!isValidAddressRange(value)) ctx.addIssue({ code: 'custom', message: `invalid CIDR "${value}"` });
+});
+
+const httpUrl = (what: string) =>
+  z.string().superRefine((value, ctx) => {
+    let url: URL;
+    try {
+      url = new URL(value);
+    } catch {
+      ctx.addIssue({ code: 'custom', message: `${what} must be an absolute http(s) URL, got "${value}"` });
+      return;
+    }
+    if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+      ctx.addIssue({ code: 'custom', message: `${what} must use http or https, got "${url.protocol}"` });
+    }
+  });
+
+const port = z.number().int().min(0).max(65535);
+const positiveInt = z.number().int().positive();
+
+const listen = (defaultPort: number) =>
+  z.strictObject({
+    host: z.string().min(1).default('127.0.0.1'),
+    port: port.default(defaultPort),
+  });
+
+const apiKeyEntry = z.strictObject({
+  id: z.string().regex(/^[A-Za-z0-9._:-]{1,64}$/, 'key id: 1-64 characters of A-Z a-z 0-9 . _ : -'),
+  hash: z.string().regex(/^sha256:[0-9a-f]{64}$/, 'hash must be "sha256:" followed by 64 lowercase hex digits'),
+  expiresAt: z.iso.datetime({ offset: true, message: 'expiresAt must be an ISO 8601 date-time, e.g. 2027-01-01T00:00:00Z' }).optional(),
+});
+
+const hmacAlgorithms = ['HS256', 'HS384', 'HS512'] as const;
+const asymmetricAlgorithms = ['RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'ES256', 'ES384', 'ES512', 'EdDSA'] as const;
+
+const jwtSettings = z
+  .strictObject({
+    issuer: z.string().min(1).optional(),
+    audience: z.union([z.string().min(1), z.array(z.string().min(1)).min(1)]).optional(),
+    jwksUri: httpUrl('jwksUri').optional(),
+    secret: z.string().min(32, 'an HMAC secret must be at least 32 characters').optional(),
+    publicKey: z.string().includes('-----BEGIN', { message: 'publicKey must be a PEM (SPKI) public key' }).optional(),
+    algorithms: z.array(z.enum([...hmacAlgorithms, ...asymmetricAlgorithms])).min(1).optional(),
+    clockToleranceSeconds: z.number().int().min(0).max(300).default(30),
+    /** How long fetched JWKS keys are trusted, and the minimum time between two fetches (key rotation). */
+    jwksCacheSeconds: positiveInt.default(600),
+    jwksCooldownSeconds: z.number().int().min(0).default(30),
+  })
+  .superRefine((jwt, ctx) => {
+    const sources = (['jwksUri', 'secret', 'publicKey'] as const).filter((k) => jwt[k] !== undefined);
+    if (sources.length !== 1) {
+      ctx.addIssue({ code: 'custom', message: `exactly one of jwksUri, secret or publicKey is required (got ${sources.length ? sources.join(', ') : 'none'})` });
+      return;
+    }
+    const hmac = jwt.secret !== undefined;
+    for (const [i, alg] of (jwt.algorithms ?? []).entries()) {
+      const isHmac = (hmacAlgorithms as readonly string[]).includes(alg);
+      // A public key must never verify HS* tokens (the classic alg-confusion attack), nor a secret RS*.
+      if (isHmac !== hmac) {
+        ctx.addIssue({ code: 'custom', path: ['algorithms', i], message: `${alg} cannot be used with ${sources[0]}` });
+      }
+    }
+  })
+  .transform((jwt) => ({ ...jwt, algorithms: jwt.algorithms ?? (jwt.secret !== undefined ? ['HS256'] : ['RS256']) }));
+
+const failures = z.strictObject({
+  max: positiveInt.default(10),
+  windowSeconds: positiveInt.default(60),
+  lockoutSeconds: positiveInt.default(300),
+});
+
+const auth = z.strictObject({
+  enabled: z.boolean().default(true),
+  allowInsecure: z.boolean().default(false),
+  apiKey: z.string().min(32, 'apiKey must be at least 32 characters').regex(/^[^\s,]+$/, 'apiKey must not contain blanks or commas').optional(),
+  apiKeys: z.array(apiKeyEntry).default([]).superRefine((keys, ctx) => {
+    const seen = new Map<string, number>();
+    keys.forEach((key, i) => {
+      const first = seen.get(key.id);
+      if (first !== undefined) ctx.addIssue({ code: 'custom', path: [i, 'id'], message: `duplicate key id "${key.id}" (also at apiKeys[${first}])` });
+      else seen.set(key.id, i);
+    });
+  }),
+  bearer: z.strictObject({ jwt: jwtSettings }).optional(),
+  require: z.enum(['any', 'all']).default('any'),
+  allowedIPs: z.array(addressRange).optional(),
+  failures: failures.prefault({}),
+  /** Forward X-API-Key and the bearer Authorization header upstream (default: stripped). */
+  forwardCredentials: z.boolean().default(false),
+});
+
+const gateway = z.strictObject({
+  listen: listen(8080).prefault({}),
+  upstream: z.strictObject({
+    target: httpUrl('upstream.target'),
+    timeoutMs: positiveInt.default(30_000),
+  }),
+  trustProxy: z.array(addressRange).default([]),
+  tls: z.strictObject({ cert: z.string().min(1), key: z.string().min(1) }).optional(),
+  auth: auth.prefault({}),
+});
+
+export const webhookActions = ['system-event', 'message', 'agent'] as const;
+export type WebhookAction = (typeof webhookActions)[number];
+
+const webhookEndpoint = z.strictObject({
+  path: z.string().regex(/^\/webhook\/[A-Za-z0-9._~\-/]+$/, 'path must start with /webhook/ and use only A-Z a-z 0-9 . _ ~ - /'),
+  secret: z.string().min(16, 'secret must be at least 16 characters'),
+  action: z.enum(webhookActions),
+  template: z.string().optional(),
+});
+
+const webhookTarget = z.strictObject({
+  url: httpUrl('target url'),
+  secret: z.string().min(16, 'target secret must be at least 16 characters').optional(),
+  timeoutMs: positiveInt.optional(),
+});
+
+const webhooks = z
+  .strictObject({
+    enabled: z.boolean().default(false),
+    listen: listen(8081).prefault({}),
+    maxBodyBytes: positiveInt.default(262_144),
+    endpoints: z.array(webhookEndpoint).default([]),
+    targets: z.strictObject({
+      'system-event': webhookTarget.optional(),
+      message: webhookTarget.optional(),
+      agent: webhookTarget.optional(),
+    }).prefault({}),
+    delivery: z.strictObject({
+      maxAttempts: positiveInt.default(12),
+      initialBackoffMs: positiveInt.default(1_000),
+      maxBackoffMs: positiveInt.default(3_600_000),
+      timeoutMs: positiveInt.default(10_000),
+      concurrency: positiveInt.default(16),
+    }).prefault({}),
+  })
+  .superRefine((hooks, ctx) => {
+    const seen = new Map<string, number>();
+    hooks.endpoints.forEach((endpoint, i) => {
+      const first = seen.get(endpoint.path);
+      if (first !== undefined) ctx.addIssue({ code: 'custom', path: ['endpoints', i, 'path'], message: `duplicate endpoint path "${endpoint.path}" (also at endpoints[${first}])` });
+      else seen.set(endpoint.path, i);
+      if (!hooks.targets[endpoint.action]) {
+        ctx.addIssue({ code: 'custom', path: ['endpoints', i, 'action'], message: `action "${endpoint.action}" has no target: add webhooks.targets["${endpoint.action}"]` });
+      }
+    });
+  });
+
+export const configSchema = z
+  .strictObject({
+    storage: z.strictObject({ path: z.string().min(1).default('./data/gatehouse.db') }).prefault({}),
+    log: z.strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info') }).prefault({}),
+    gateway,
+    webhooks: webhooks.prefault({}),
+  })
+  .superRefine((config, ctx) => {
+    const { auth, listen: at } = config.gateway;
+    const hasCredential = auth.apiKey !== undefined || auth.apiKeys.length > 0 || auth.bearer !== undefined;
+    // Secure by default: an open edge on a reachable address needs an explicit opt-in.
+    if ((!auth.enabled || !hasCredential) && !isLoopbackHost(at.host) && !auth.allowInsecure) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['gateway', 'auth'],
+        message: `${auth.enabled ? 'no credential is configured' : 'auth is disabled'} while listening on non-loopback ${at.host}; configure apiKey/apiKeys/bearer or set gateway.auth.allowInsecure: true`,
+      });
+    }
+  });
+
+export function isLoopbackHost(host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
+/** The validated configuration, as every part of gatehouse sees it (deep-frozen at load). */
+export type Config = z.output<typeof configSchema>;
+export type GatewayConfig = Config['gateway'];
+export type AuthConfig = GatewayConfig['auth'];
+export type JwtConfig = z.output<typeof jwtSettings>;
+export type WebhooksConfig = Config['webhooks'];

@@ -1,0 +1,78 @@
+import type { ServerResponse } from 'node:http';
+
+/**
+ * The one error catalogue: every error a client can see, by stable code.
+ * `message` is the public description; what went wrong in detail goes to the log only.
+ */
+export const errorCatalogue = {
+  not_found: { status: 404, message: 'No such route.' },
+  invalid_path: { status: 400, message: 'The request path is ambiguous or contains characters gatehouse does not forward.' },
+  invalid_client_ip: { status: 400, message: 'The client address could not be determined.' },
+  ip_not_allowed: { status: 403, message: 'Requests from this address are not allowed.' },
+  too_many_failures: { status: 429, message: 'Too many failed authentication attempts; try again later.' },
+  missing_credentials: { status: 401, message: 'Authentication is required.' },
+  invalid_api_key: { status: 401, message: 'The API key is not valid.' },
+  invalid_token: { status: 401, message: 'The bearer token is not valid.' },
+  upstream_unreachable: { status: 502, message: 'The upstream service could not be reached.' },
+  upstream_timeout: { status: 504, message: 'The upstream service did not answer in time.' },
+  method_not_allowed: { status: 405, message: 'This method is not allowed here.' },
+  invalid_webhook_secret: { status: 401, message: 'The webhook secret is missing or wrong.' },
+  unsupported_media_type: { status: 415, message: 'The body must be JSON (application/json).' },
+  payload_too_large: { status: 413, message: 'The body is larger than this endpoint accepts.' },
+  invalid_json: { status: 400, message: 'The body must be a JSON object.' },
+  request_timeout: { status: 408, message: 'The body took too long to arrive.' },
+  store_unavailable: { status: 503, message: 'The event could not be stored; retry later.' },
+  internal_error: { status: 500, message: 'Internal error.' },
+} as const satisfies Record<string, { status: number; message: string }>;
+
+export type ErrorCode = keyof typeof errorCatalogue;
+
+/**
+ * A request failure with a catalogue code. `detail` is for the log, never for the client.
+ * Plain object rather than an Error subclass: rejections are a hot path and need no stack.
+ */
+export class HttpError {
+  readonly status: number;
+  constructor(
+    readonly code: ErrorCode,
+    readonly detail?: string,
+    readonly headers?: Readonly<Record<string, string>>,
+  ) {
+    this.status = errorCatalogue[code].status;
+  }
+}
+
+/** The JSON body for a code, prebuilt once per code. */
+const errorBodies = Object.fromEntries(
+  Object.entries(errorCatalogue).map(([code, { message }]) => [code, JSON.stringify({ error: { code, message } })]),
+) as Record<ErrorCode, string>;
+
+/** Writes `{ error: { code, message } }` with the catalogue status; ends the response. */
+export function sendError(res: ServerResponse, error: HttpError): void {
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const body = errorBodies[error.code];
+  const headers: Record<string, string | number> = {
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+    'cache-control': 'no-store',
+  };
+  if (error.headers) Object.assign(headers, error.headers);
+  res.writeHead(error.status, headers);
+  res.end(body);
+}
+
+/** A problem in the configuration, with one line per issue (`path: reason`). */
+export class ConfigError extends Error {
+  constructor(readonly problems: readonly string[]) {
+    super(problems.join('\n'));
+    this.name = 'ConfigError';
+  }
+}
+
+/** A CLI usage problem the user can fix (bad flag value, missing file). */
+export class UsageError extends Error {
+  override name = 'UsageError';
+}

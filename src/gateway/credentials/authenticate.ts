@@ -1,0 +1,109 @@
+import type { IncomingMessage } from 'node:http';
+import type { AuthConfig } from '../../config/schema.js';
+import { HttpError } from '../../errors.js';
+import { ApiKeyVerifier, hashApiKey } from './api-key.js';
+import { JwtVerifier } from './jwt.js';
+
+export type AuthMethod = 'api-key' | 'bearer';
+
+/** Who the request is, as gatehouse tells the upstream. */
+export interface Identity {
+  methods: AuthMethod[];
+  /** JWT `sub` when a token passed, else the API key id. */
+  subject: string | undefined;
+  keyId: string | undefined;
+}
+
+export type AuthOutcome =
+  | { ok: true; identity: Identity }
+  /** `presentedBadCredential`: a credential was offered and failed (counts toward the lockout). */
+  | { ok: false; error: HttpError; presentedBadCredential: boolean };
+
+const CHALLENGE = 'Bearer realm="gatehouse"';
+const INVALID_TOKEN_CHALLENGE = 'Bearer realm="gatehouse", error="invalid_token"';
+// RFC 6750 b64token.
+const BEARER = /^bearer +([A-Za-z0-9\-._~+/]+=*) *$/i;
+const TIMING_FILLER = 'gth_timing-filler-for-missing-credentials';
+
+/** Checks X-API-Key and Authorization: Bearer under `require: any | all`. */
+export class Authenticator {
+  private constructor(
+    private readonly auth: AuthConfig,
+    private readonly apiKeys: ApiKeyVerifier,
+    readonly jwt: JwtVerifier | undefined,
+  ) {}
+
+  static async create(auth: AuthConfig): Promise<Authenticator> {
+    const jwt = auth.bearer ? await JwtVerifier.create(auth.bearer.jwt) : undefined;
+    return new Authenticator(auth, new ApiKeyVerifier(auth), jwt);
+  }
+
+  /** The methods a request can use; for the start-up log. */
+  get methods(): string[] {
+    const methods: string[] = [];
+    if (this.apiKeys.size > 0) methods.push(`api-key (${this.apiKeys.size} key${this.apiKeys.size === 1 ? '' : 's'})`);
+    if (this.jwt) methods.push(`bearer (jwt via ${this.jwt.source})`);
+    return methods;
+  }
+
+  async authenticate(req: IncomingMessage): Promise<AuthOutcome> {
+    if (!this.auth.enabled) return { ok: true, identity: { methods: [], subject: undefined, keyId: undefined } };
+
+    const wantKey = this.apiKeys.size > 0;
+    const wantBearer = this.jwt !== undefined;
+    const rawKey = wantKey ? req.headers['x-api-key'] : undefined;
+    const token = wantBearer ? bearerToken(req) : undefined;
+
+    let keyFailure: string | undefined;
+    let keyId: string | undefined;
+    if (rawKey !== undefined) {
+      // Several X-API-Key headers arrive joined by ", "; keys never contain a comma or blank.
+      if (typeof rawKey !== 'string' || rawKey.trim() === '' || /[\s,]/.test(rawKey)) keyFailure = 'empty, blank or several X-API-Key values';
+      else {
+        const check = this.apiKeys.verify(rawKey);
+        if (check.ok) keyId = check.id;
+        else keyFailure = `api key ${check.reason}`;
+      }
+    } else {
+      hashApiKey(TIMING_FILLER); // missing and wrong keys cost the same
+    }
+
+    let tokenFailure: string | undefined;
+    let subject: string | undefined;
+    let tokenOk = false;
+    if (token !== undefined) {
+      if (token === null) tokenFailure = 'malformed or repeated Authorization header';
+      else {
+        const check = await this.jwt!.verify(token);
+        if (check.ok) {
+          tokenOk = true;
+          subject = check.subject;
+        } else tokenFailure = check.reason;
+      }
+    }
+
+    // Any credential offered and wrong fails the request, also under `any`: no riding along.
+    if (keyFailure) return { ok: false, error: new HttpError('invalid_api_key', keyFailure, { 'www-authenticate': CHALLENGE }), presentedBadCredential: true };
+    if (tokenFailure) return { ok: false, error: new HttpError('invalid_token', tokenFailure, { 'www-authenticate': INVALID_TOKEN_CHALLENGE }), presentedBadCredential: true };
+
+    const methods: AuthMethod[] = [];
+    if (keyId !== undefined) methods.push('api-key');
+    if (tokenOk) methods.push('bearer');
+    const complete = this.auth.require === 'all'
+      ? (!wantKey || keyId !== undefined) && (!wantBearer || tokenOk) && methods.length > 0
+      : methods.length > 0;
+    if (!complete) {
+      return { ok: false, error: new HttpError('missing_credentials', `require ${this.auth.require}: got ${methods.join(', ') || 'none'}`, { 'www-authenticate': CHALLENGE }), presentedBadCredential: false };
+    }
+    return { ok: true, identity: { methods, subject: subject ?? keyId, keyId } };
+  }
+}
+
+/** undefined: no bearer credential; null: an Authorization header that claims Bearer but is unusable. */
+function bearerToken(req: IncomingMessage): string | null | undefined {
+  const header = req.headers.authorization;
+  if (header === undefined || !/^bearer(\s|$)/i.test(header)) return undefined;
+  // Node keeps only the first of several Authorization headers; we refuse the ambiguity instead.
+  if ((req.headersDistinct.authorization?.length ?? 0) > 1) return null;
+  return BEARER.exec(header)?.[1] ?? null;
+}

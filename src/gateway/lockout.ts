@@ -1,0 +1,88 @@
+/**
+ * Failure lockout: `max` bad credentials from one client within `windowSeconds`
+ * lock that client out for `lockoutSeconds`. A success does not unlock it.
+ *
+ * The counters sit behind `LockoutStore` so a shared store (Redis) can replace the
+ * in-memory one when several gatehouse instances must agree.
+ */
+export interface LockoutSettings {
+  max: number;
+  windowSeconds: number;
+  lockoutSeconds: number;
+}
+
+export interface LockoutStore {
+  /** Seconds left on the lockout of `key`, 0 when not locked. */
+  lockedFor(key: string, now: number): Promise<number>;
+  /** Counts one failure; returns the seconds of lockout it triggered (0 when none). */
+  recordFailure(key: string, now: number, settings: LockoutSettings): Promise<number>;
+}
+
+interface Entry {
+  /** Times (ms) of the failures inside the current window, oldest first. */
+  failures: number[];
+  lockedUntil: number;
+}
+
+/** Per-process counters. Bounded: past `maxEntries` clients, stale entries are swept, then the oldest dropped. */
+export class MemoryLockoutStore implements LockoutStore {
+  private readonly entries = new Map<string, Entry>();
+  constructor(private readonly maxEntries = 100_000) {}
+
+  async lockedFor(key: string, now: number): Promise<number> {
+    const entry = this.entries.get(key);
+    if (!entry || entry.lockedUntil <= now) return 0;
+    return Math.ceil((entry.lockedUntil - now) / 1000);
+  }
+
+  async recordFailure(key: string, now: number, settings: LockoutSettings): Promise<number> {
+    let entry = this.entries.get(key);
+    if (!entry) {
+      if (this.entries.size >= this.maxEntries) this.evict(now, settings);
+      entry = { failures: [], lockedUntil: 0 };
+      this.entries.set(key, entry);
+    }
+    const windowStart = now - settings.windowSeconds * 1000;
+    entry.failures = entry.failures.filter((t) => t > windowStart);
+    entry.failures.push(now);
+    if (entry.failures.length < settings.max) return 0;
+    entry.failures = [];
+    entry.lockedUntil = Math.max(entry.lockedUntil, now + settings.lockoutSeconds * 1000);
+    return settings.lockoutSeconds;
+  }
+
+  private evict(now: number, settings: LockoutSettings): void {
+    const windowStart = now - settings.windowSeconds * 1000;
+    for (const [key, entry] of this.entries) {
+      if (entry.lockedUntil <= now && entry.failures.every((t) => t <= windowStart)) this.entries.delete(key);
+    }
+    // Still full (an address-spraying attack): drop the oldest entries rather than grow without bound.
+    for (const key of this.entries.keys()) {
+      if (this.entries.size < this.maxEntries) break;
+      this.entries.delete(key);
+    }
+  }
+}
+
+/** The lockout as the pipeline uses it: one store, the current settings, a namespace per listener. */
+export class FailureLockout {
+  constructor(
+    private readonly store: LockoutStore,
+    private settings: LockoutSettings,
+    private readonly namespace: string,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  /** Reload: new limits apply to the counters already kept. */
+  configure(settings: LockoutSettings): void {
+    this.settings = settings;
+  }
+
+  lockedFor(ip: string): Promise<number> {
+    return this.store.lockedFor(`${this.namespace}:${ip}`, this.now());
+  }
+
+  recordFailure(ip: string): Promise<number> {
+    return this.store.recordFailure(`${this.namespace}:${ip}`, this.now(), this.settings);
+  }
+}

@@ -1,0 +1,37 @@
+import type { IncomingMessage } from 'node:http';
+import { HttpError } from '../errors.js';
+
+export const API_PREFIX = '/api/';
+
+/*
+ * Characters allowed raw in the path: RFC 3986 pchar minus `;` (path parameters are
+ * read differently by different servers) and `'` (Node's url.parse would escape it,
+ * changing the path on the way up). Everything else must be percent-encoded.
+ */
+const PATH_CHARS = /^[A-Za-z0-9\-._~!$&()*+,=:@/%]*$/;
+/*
+ * Encoded characters that change a path's meaning once a server decodes it:
+ * `.` (dot segments), `/` and `\` (segment breaks), NUL, `;`, `%` (double decoding),
+ * `?` and `#`. Traefik refuses the same set by default.
+ */
+const AMBIGUOUS_ENCODING = /%(2e|2f|5c|00|3b|25|3f|23)/i;
+const MALFORMED_ENCODING = /%(?![0-9a-f]{2})/i;
+
+/**
+ * Decides from the raw request target (never decoded) whether a request may go upstream.
+ * Returns undefined when the path is under /api/ and unambiguous, so the upstream sees
+ * exactly the path that was authenticated; otherwise the error to send (404 or 400).
+ */
+export function checkApiPath(req: IncomingMessage): HttpError | undefined {
+  const target = req.url ?? '';
+  const queryAt = target.indexOf('?');
+  const path = queryAt === -1 ? target : target.slice(0, queryAt);
+  if (!path.startsWith(API_PREFIX)) return new HttpError('not_found', `path outside ${API_PREFIX}`);
+  if (!PATH_CHARS.test(path)) return new HttpError('invalid_path', 'character not allowed in path');
+  if (MALFORMED_ENCODING.test(path) || AMBIGUOUS_ENCODING.test(path)) return new HttpError('invalid_path', 'ambiguous percent-encoding');
+  if (path.includes('//')) return new HttpError('invalid_path', 'empty path segment');
+  for (const segment of path.split('/')) {
+    if (segment === '.' || segment === '..') return new HttpError('invalid_path', 'dot segment');
+  }
+  return undefined;
+}

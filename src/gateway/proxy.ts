@@ -1,0 +1,63 @@
+import http from 'node:http';
+import https from 'node:https';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { createProxyMiddleware, type Plugin, type RequestHandler } from 'http-proxy-middleware';
+import type { GatewayConfig } from '../config/schema.js';
+import { HttpError, sendError } from '../errors.js';
+
+const UPSTREAM_TIMEOUT = 'GATEHOUSE_UPSTREAM_TIMEOUT';
+const TIMEOUT_CODES = new Set([UPSTREAM_TIMEOUT, 'ETIMEDOUT', 'ESOCKETTIMEDOUT']);
+
+/** Upstream failure → client status, in one place: timeouts 504, everything else 502. */
+export function upstreamError(err: NodeJS.ErrnoException): HttpError {
+  const detail = `upstream ${err.code ?? 'error'}: ${err.message}`;
+  return new HttpError(TIMEOUT_CODES.has(err.code ?? '') ? 'upstream_timeout' : 'upstream_unreachable', detail);
+}
+
+export interface UpstreamProxy {
+  handler: RequestHandler<IncomingMessage, ServerResponse>;
+  /** Closes idle upstream connections; in-flight requests finish (their sockets idle out later). */
+  close(): void;
+}
+
+/**
+ * The proxy to the upstream: http-proxy-middleware with its default plugins ejected
+ * (their logging and error pages are replaced by ours) and a keep-alive agent.
+ * Bodies stream both ways; the path goes up byte for byte (`toProxy` skips url.parse).
+ */
+export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError: (req: IncomingMessage, error: HttpError) => void): UpstreamProxy {
+  const target = new URL(upstream.target);
+  const agentOptions = { keepAlive: true, maxFreeSockets: 256, timeout: 60_000, scheduling: 'lifo' as const };
+  const agent = target.protocol === 'https:' ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
+
+  const gatehousePlugin: Plugin = (proxyServer) => {
+    proxyServer.on('proxyReq', (proxyReq) => {
+      proxyReq.setTimeout(upstream.timeoutMs, () => {
+        proxyReq.destroy(Object.assign(new Error(`no answer within ${upstream.timeoutMs} ms`), { code: UPSTREAM_TIMEOUT }));
+      });
+    });
+    proxyServer.on('error', (err, req, res) => {
+      const error = upstreamError(err as NodeJS.ErrnoException);
+      onError(req, error);
+      // Once the upstream's headers went out, the only honest signal left is a cut connection.
+      if ('writeHead' in res) sendError(res, error);
+      else res.destroy();
+    });
+    // The client went away first: http-proxy aborts the upstream request; nothing to answer.
+    proxyServer.on('econnreset', () => {});
+  };
+
+  const handler = createProxyMiddleware<IncomingMessage, ServerResponse>({
+    target: upstream.target,
+    changeOrigin: true,
+    toProxy: true,
+    xfwd: false,
+    agent,
+    ejectPlugins: true,
+    plugins: [gatehousePlugin],
+  });
+  const close = () => {
+    for (const sockets of Object.values(agent.freeSockets)) for (const socket of sockets ?? []) socket.destroy();
+  };
+  return { handler, close };
+}

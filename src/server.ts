@@ -1,0 +1,114 @@
+import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import type { AddressInfo } from 'node:net';
+import type { Logger } from 'pino';
+import { buildGatewayApp, type GatewayApp } from './app.js';
+import { isLoopbackHost, type Config } from './config/schema.js';
+import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
+
+export interface Listening {
+  server: http.Server;
+  /** e.g. http://127.0.0.1:8080 (the port actually bound when configured as 0). */
+  url: string;
+}
+
+export interface RunningGatehouse {
+  gateway: Listening;
+  /** Swaps in a new config without dropping in-flight requests. Listen address and TLS need a restart. */
+  reload(config: Config): Promise<void>;
+  /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes. */
+  close(graceMs?: number): Promise<void>;
+}
+
+/** Starts the listeners for a validated config. */
+export async function startGatehouse(initial: Config, options: { logger: Logger; lockoutStore?: LockoutStore }): Promise<RunningGatehouse> {
+  const { logger } = options;
+  let config = initial;
+  const lockoutStore = options.lockoutStore ?? new MemoryLockoutStore();
+  const gatewayLockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'gateway');
+
+  let app = await buildGatewayApp(config, { logger, lockout: gatewayLockout });
+  const gateway = await listen(config.gateway.listen, config.gateway.tls, (req, res) => app.handle(req, res));
+  describeGateway(logger, config, app, gateway.url);
+  void warmUp(logger, app);
+
+  return {
+    gateway,
+    async reload(next) {
+      for (const [what, before, after] of [
+        ['gateway.listen', config.gateway.listen, next.gateway.listen],
+        ['gateway.tls', config.gateway.tls, next.gateway.tls],
+      ] as const) {
+        if (JSON.stringify(before) !== JSON.stringify(after)) logger.warn(`${what} changed: it takes effect at the next restart`);
+      }
+      const nextApp = await buildGatewayApp(next, { logger, lockout: gatewayLockout });
+      await warmUp(logger, nextApp);
+      const previous = app;
+      app = nextApp;
+      gatewayLockout.configure(next.gateway.auth.failures);
+      config = next;
+      previous.close();
+      describeGateway(logger, config, app, gateway.url);
+      logger.info('configuration reloaded');
+    },
+    async close(graceMs = 10_000) {
+      await closeServer(gateway.server, graceMs);
+      app.close();
+    },
+  };
+}
+
+async function warmUp(logger: Logger, app: GatewayApp): Promise<void> {
+  const problem = await app.warmUp();
+  if (problem) logger.warn({ problem }, 'could not prefetch the JWKS; it will be fetched on the first bearer request');
+}
+
+function describeGateway(logger: Logger, config: Config, app: GatewayApp, url: string): void {
+  const { auth, upstream, trustProxy } = config.gateway;
+  logger.info({
+    url,
+    upstream: upstream.target,
+    auth: auth.enabled ? app.authenticator.methods : 'disabled',
+    require: auth.require,
+    allowedIPs: auth.allowedIPs ?? 'any',
+    trustProxy,
+  }, 'gateway listening');
+  if (auth.allowInsecure && (!auth.enabled || app.authenticator.methods.length === 0) && !isLoopbackHost(config.gateway.listen.host)) {
+    logger.warn(`INSECURE: /api/ on ${url} is open to anyone who can reach it (gateway.auth.allowInsecure is true)`);
+  }
+  if (auth.enabled && app.authenticator.methods.length === 0) {
+    logger.warn('no credential is configured: every /api/ request will be refused with 401');
+  }
+}
+
+async function listen(
+  at: { host: string; port: number },
+  tls: { cert: string; key: string } | undefined,
+  handler: http.RequestListener,
+): Promise<Listening> {
+  const server = tls
+    ? https.createServer({ cert: readFileSync(tls.cert), key: readFileSync(tls.key) }, handler)
+    : http.createServer(handler);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(at.port, at.host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const address = server.address() as AddressInfo;
+  const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
+  return { server, url: `${tls ? 'https' : 'http'}://${host}:${address.port}` };
+}
+
+/** Drain: stop accepting, close idle keep-alive sockets, wait for in-flight requests, then cut the rest. */
+export async function closeServer(server: http.Server, graceMs: number): Promise<void> {
+  if (!server.listening) return;
+  const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+  server.closeIdleConnections();
+  const timer = setTimeout(() => server.closeAllConnections(), graceMs);
+  timer.unref();
+  await closed;
+  clearTimeout(timer);
+}
