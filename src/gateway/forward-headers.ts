@@ -5,6 +5,8 @@ import type { Identity } from './credentials/authenticate.js';
 /** Headers a client may not set for the upstream: gatehouse owns them (compared with `_` read as `-`). */
 const OWNED_HEADERS = new Set(['x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-port', 'forwarded', 'x-real-ip', 'x-request-id']);
 const CREDENTIAL_HEADERS = new Set(['x-api-key']);
+/** Hop-by-hop (RFC 9110 7.6.1): about the client's connection, not the upstream's. A client's `Connection: close` must not end our keep-alive. */
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'upgrade', 'proxy-authorization', 'proxy-authenticate']);
 const OWNED_PREFIX = 'x-gatehouse-';
 
 export interface ForwardContext {
@@ -25,9 +27,13 @@ export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext
   const trustedProto = ctx.origin.viaTrustedProxy ? single(headers['x-forwarded-proto']) : undefined;
   const trustedHost = ctx.origin.viaTrustedProxy ? single(headers['x-forwarded-host']) : undefined;
 
+  const connectionOptions = typeof headers.connection === 'string' ? headers.connection.toLowerCase().split(',').map((t) => t.trim()) : [];
   for (const name of Object.keys(headers)) {
     const canonical = name.includes('_') ? name.replace(/_/g, '-') : name;
-    if (canonical.startsWith(OWNED_PREFIX) || OWNED_HEADERS.has(canonical) || (!ctx.forwardCredentials && CREDENTIAL_HEADERS.has(canonical))) {
+    if (
+      canonical.startsWith(OWNED_PREFIX) || OWNED_HEADERS.has(canonical) || HOP_BY_HOP.has(name) || connectionOptions.includes(name) ||
+      (!ctx.forwardCredentials && CREDENTIAL_HEADERS.has(canonical))
+    ) {
       delete headers[name];
     }
   }
