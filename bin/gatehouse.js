@@ -1,5 +1,3 @@
 #!/usr/bin/env node
-// The built CLI (npm install runs `npm run build` through `prepare`).
-import { runCli } from '../dist/main.js';
-
-process.exitCode = await runCli(process.argv);
+// The built CLI: `npm install` runs `npm run build` (the `prepare` script), which writes dist/.
+import '../dist/bin.js';

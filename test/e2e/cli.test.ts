@@ -1,0 +1,150 @@
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { hasValidKeyChecksum, hashApiKey } from '../../src/gateway/credentials/api-key.js';
+import { request } from '../helpers/http.js';
+import { ROOT, runCli, startServerProcess } from '../helpers/process.js';
+import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+
+const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-cli-'));
+function writeConfig(name: string, text: string): string {
+  const file = path.join(dir, name);
+  writeFileSync(file, text);
+  return file;
+}
+
+describe('gatehouse config check', () => {
+  it('the shipped gateway.json5 is valid: exit 0 and a one-line summary', async () => {
+    const result = await runCli(['config', 'check', '--config', path.join(ROOT, 'gateway.json5')]);
+    assert.equal(result.code, 0, result.stderr);
+    assert.equal(result.stdout.trim().split('\n').length, 1);
+    assert.match(result.stdout, /^ok: .*gateway 127\.0\.0\.1:8080 -> http:\/\/127\.0\.0\.1:3000/);
+  });
+
+  it('a bad config: exit 1 and every problem listed with its path', async () => {
+    const file = writeConfig('bad.json5', `{
+      // comments are fine in JSON5
+      gateway: {
+        upstream: { target: "/relative" },
+        auth: {
+          apiKey: "short",
+          allowedIPs: ["127.0.0.1", "::1", "10.0.0.0/33"],
+          apiKeys: [{ id: "a", hash: "sha256:${'0'.repeat(64)}" }, { id: "a", hash: "sha256:${'1'.repeat(64)}" }],
+          bogus: true,
+        },
+      },
+    }`);
+    const result = await runCli(['config', 'check', '--config', file]);
+    assert.equal(result.code, 1);
+    assert.equal(result.stdout, '');
+    for (const expected of [
+      'gateway.auth.allowedIPs[2]: invalid CIDR "10.0.0.0/33"',
+      'gateway.upstream.target:',
+      'gateway.auth.apiKey:',
+      'gateway.auth.apiKeys[1].id: duplicate key id "a"',
+      'gateway.auth.bogus: unknown key',
+    ]) assert.ok(result.stderr.includes(expected), `missing "${expected}" in:\n${result.stderr}`);
+  });
+
+  it('a missing environment variable is named', async () => {
+    const file = writeConfig('env.json5', '{ gateway: { upstream: { target: "http://127.0.0.1:1" }, auth: { apiKey: "${GATEHOUSE_TEST_UNSET_VAR}" } } }');
+    const result = await runCli(['config', 'check', '--config', file], { env: { GATEHOUSE_TEST_UNSET_VAR: undefined } });
+    assert.equal(result.code, 1);
+    assert.match(result.stderr, /gateway\.auth\.apiKey: environment variable GATEHOUSE_TEST_UNSET_VAR is not set/);
+  });
+});
+
+describe('gatehouse start', () => {
+  let upstream: RecordingServer;
+  before(async () => {
+    upstream = await startRecordingUpstream();
+  });
+  after(async () => {
+    await upstream.close();
+  });
+
+  it('refuses an open gateway on a non-loopback address: exit 1, nothing listens', async () => {
+    const file = writeConfig('open.json5', `{ gateway: { listen: { host: "0.0.0.0", port: 0 }, upstream: { target: "${upstream.url}" }, auth: { enabled: false } } }`);
+    const result = await runCli(['start', '--config', file]);
+    assert.equal(result.code, 1);
+    assert.match(result.stderr, /gateway\.auth: auth is disabled while listening on non-loopback 0\.0\.0\.0/);
+    assert.doesNotMatch(result.stdout, /listening/);
+  });
+
+  it('SIGHUP swaps in a new valid config (key rotation) and keeps the old one when the new is invalid', async () => {
+    const oldKey = 'old-key-0123456789abcdefghijklmnopqrstuv';
+    const newKey = 'new-key-0123456789abcdefghijklmnopqrstuv';
+    const configFor = (hash: string) => `{ gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKeys: [{ id: "k", hash: "${hash}" }] } } }`;
+    const file = writeConfig('reload.json5', configFor(hashApiKey(oldKey)));
+    const server = startServerProcess(file);
+    try {
+      const { url } = await server.waitFor((l) => l.msg === 'gateway listening');
+      assert.equal((await request(url, '/api/s', { headers: { 'x-api-key': oldKey } })).status, 200);
+
+      writeFileSync(file, configFor(hashApiKey(newKey)));
+      server.child.kill('SIGHUP');
+      await server.waitFor((l) => l.msg === 'configuration reloaded');
+      assert.equal((await request(url, '/api/s', { headers: { 'x-api-key': oldKey } })).status, 401);
+      assert.equal((await request(url, '/api/s', { headers: { 'x-api-key': newKey } })).status, 200);
+
+      writeFileSync(file, '{ gateway: { upstream: { target: "nope" } } }');
+      server.child.kill('SIGHUP');
+      const rejected = await server.waitFor((l) => l.msg?.startsWith('reload rejected'));
+      assert.ok(rejected.problems.some((p: string) => p.startsWith('gateway.upstream.target')));
+      assert.equal((await request(url, '/api/s', { headers: { 'x-api-key': newKey } })).status, 200);
+    } finally {
+      assert.equal(await server.stop(), 0);
+    }
+  });
+
+  it('SIGHUP does not drop a request in flight', async () => {
+    const slow = await startRecordingUpstream((_req, res) => setTimeout(() => res.end('slow-done'), 800));
+    const key = 'flight-key-0123456789abcdefghijklmnopqrstuv';
+    const file = writeConfig('flight.json5', `{ gateway: { listen: { port: 0 }, upstream: { target: "${slow.url}" }, auth: { apiKey: "${key}" } } }`);
+    const server = startServerProcess(file);
+    try {
+      const { url } = await server.waitFor((l) => l.msg === 'gateway listening');
+      const inFlight = request(url, '/api/slow', { headers: { 'x-api-key': key } });
+      await new Promise((r) => setTimeout(r, 200));
+      server.child.kill('SIGHUP');
+      await server.waitFor((l) => l.msg === 'configuration reloaded');
+      const reply = await inFlight;
+      assert.equal(reply.status, 200);
+      assert.equal(reply.body, 'slow-done');
+    } finally {
+      await server.stop();
+      await slow.close();
+    }
+  });
+});
+
+describe('gatehouse gateway api-key generate', () => {
+  it('--json: a well-formed key, its hash and expiry; the entry works as config', async () => {
+    const result = await runCli(['gateway', 'api-key', 'generate', '--id', 'ci', '--expires', '90d', '--json']);
+    assert.equal(result.code, 0, result.stderr);
+    const { key, entry } = JSON.parse(result.stdout);
+    assert.match(key, /^gth_[0-9A-Za-z]{38}$/);
+    assert.ok(hasValidKeyChecksum(key));
+    assert.equal(entry.id, 'ci');
+    assert.equal(entry.hash, hashApiKey(key));
+    const days = (Date.parse(entry.expiresAt) - Date.now()) / 86_400_000;
+    assert.ok(days > 89.9 && days <= 90, `expires in ${days} days`);
+  });
+
+  it('plain output prints the key once and a config snippet', async () => {
+    const result = await runCli(['gateway', 'api-key', 'generate']);
+    assert.equal(result.code, 0);
+    const key = /gth_[0-9A-Za-z]{38}/.exec(result.stdout)![0];
+    assert.equal(result.stdout.split(key).length - 1, 1);
+    assert.ok(result.stdout.includes(`hash: "${hashApiKey(key)}"`));
+  });
+
+  it('a bad --expires is a usage error (exit 1)', async () => {
+    const result = await runCli(['gateway', 'api-key', 'generate', '--expires', 'soon']);
+    assert.equal(result.code, 1);
+    assert.match(result.stderr, /--expires/);
+  });
+});
+

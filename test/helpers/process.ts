@@ -1,0 +1,88 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+
+export interface CliResult {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs the CLI from source (`node --import tsx src/bin.ts …`) to completion. */
+export async function runCli(args: string[], options: { env?: NodeJS.ProcessEnv; cwd?: string; timeoutMs?: number } = {}): Promise<CliResult> {
+  const child = spawnCli(args, options);
+  let stdout = '';
+  let stderr = '';
+  child.stdout!.on('data', (d) => (stdout += d));
+  child.stderr!.on('data', (d) => (stderr += d));
+  const timer = setTimeout(() => child.kill('SIGKILL'), options.timeoutMs ?? 20_000);
+  const [code] = (await once(child, 'exit')) as [number | null];
+  clearTimeout(timer);
+  return { code, stdout, stderr };
+}
+
+export function spawnCli(args: string[], options: { env?: NodeJS.ProcessEnv; cwd?: string } = {}): ChildProcess {
+  return spawn(process.execPath, ['--import', 'tsx', `${ROOT}src/bin.ts`, ...args], {
+    cwd: options.cwd ?? ROOT,
+    env: { ...process.env, ...options.env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+}
+
+export interface ServerProcess {
+  child: ChildProcess;
+  /** JSON log lines seen so far. */
+  lines: Record<string, any>[];
+  /** Resolves with the first log line matching, waiting up to `timeoutMs`. */
+  waitFor(match: (line: Record<string, any>) => boolean, timeoutMs?: number): Promise<Record<string, any>>;
+  stop(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+/** Starts `gatehouse start --config F` as a real child process and follows its JSON log. */
+export function startServerProcess(configFile: string, options: { env?: NodeJS.ProcessEnv; cwd?: string } = {}): ServerProcess {
+  const child = spawnCli(['start', '--config', configFile], options);
+  const lines: Record<string, any>[] = [];
+  const waiters: { match: (l: Record<string, any>) => boolean; resolve: (l: Record<string, any>) => void }[] = [];
+  let buffer = '';
+  let stderr = '';
+  child.stderr!.on('data', (d) => (stderr += d));
+  child.stdout!.on('data', (d: Buffer) => {
+    buffer += d.toString();
+    let nl: number;
+    while ((nl = buffer.indexOf('\n')) !== -1) {
+      const text = buffer.slice(0, nl);
+      buffer = buffer.slice(nl + 1);
+      let line: Record<string, any>;
+      try {
+        line = JSON.parse(text);
+      } catch {
+        continue;
+      }
+      lines.push(line);
+      for (const w of [...waiters]) if (w.match(line)) {
+        waiters.splice(waiters.indexOf(w), 1);
+        w.resolve(line);
+      }
+    }
+  });
+  const exited = once(child, 'exit').then(([code]) => code as number | null);
+  return {
+    child,
+    lines,
+    waitFor(match, timeoutMs = 20_000) {
+      const found = lines.find(match);
+      if (found) return Promise.resolve(found);
+      return new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`timed out waiting for a log line; stderr: ${stderr}; lines: ${JSON.stringify(lines)}`)), timeoutMs);
+        waiters.push({ match, resolve: (l) => { clearTimeout(timer); resolve(l); } });
+        void exited.then((code) => { clearTimeout(timer); reject(new Error(`process exited (${code}) before the log line; stderr: ${stderr}`)); });
+      });
+    },
+    async stop(signal = 'SIGTERM') {
+      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      return exited;
+    },
+  };
+}
