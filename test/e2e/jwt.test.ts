@@ -26,8 +26,9 @@ function bearerConfig(upstreamUrl: string, jwt: Record<string, unknown>, auth: R
 
 const now = () => Math.floor(Date.now() / 1000);
 
-function hs256(claims: JWTPayload, secret = SECRET, header: Record<string, unknown> = { alg: 'HS256' }): Promise<string> {
-  const jwt = new SignJWT(claims).setProtectedHeader(header as { alg: string });
+/** HS256 via jose; a 5-minute `exp` unless the claims carry one. */
+function hs256(claims: JWTPayload, secret = SECRET): Promise<string> {
+  const jwt = new SignJWT(claims).setProtectedHeader({ alg: 'HS256' });
   if (claims.exp === undefined) jwt.setExpirationTime('5m');
   return jwt.sign(new TextEncoder().encode(secret));
 }
