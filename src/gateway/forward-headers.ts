@@ -60,5 +60,7 @@ function single(value: string | string[] | undefined): string | undefined {
 
 /** A JWT `sub` can hold anything; percent-encode what a header cannot carry (and `%` itself). */
 function headerSafe(value: string): string {
-  return value.replace(/[^\x20-\x7e]|%/gu, (c) => encodeURIComponent(c));
+  // toWellFormed first: a lone surrogate (valid in JSON) would make encodeURIComponent throw.
+  const wellFormed = (value as string & { toWellFormed(): string }).toWellFormed();
+  return wellFormed.replace(/[^\x20-\x7e]|%/gu, (c) => encodeURIComponent(c));
 }

@@ -51,6 +51,10 @@ function merge(a: any, b: any): any {
   if (b === undefined) return a;
   if (a === null || typeof a !== 'object' || Array.isArray(a) || b === null || typeof b !== 'object' || Array.isArray(b)) return b;
   const out: any = { ...a };
-  for (const [k, v] of Object.entries(b)) out[k] = merge(a[k], v);
+  // An explicit `undefined` removes the key (e.g. `{ apiKey: undefined }` for a bearer-only gateway).
+  for (const [k, v] of Object.entries(b)) {
+    if (v === undefined) delete out[k];
+    else out[k] = merge(a[k], v);
+  }
   return out;
 }
