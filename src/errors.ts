@@ -20,6 +20,7 @@ export const errorCatalogue = {
   unsupported_media_type: { status: 415, message: 'The body must be JSON (application/json).' },
   payload_too_large: { status: 413, message: 'The body is larger than this endpoint accepts.' },
   invalid_json: { status: 400, message: 'The body must be a JSON object.' },
+  invalid_idempotency_key: { status: 400, message: 'The delivery id header (Idempotency-Key, webhook-id, X-GitHub-Delivery) must be 1-256 printable characters.' },
   request_timeout: { status: 408, message: 'The body took too long to arrive.' },
   store_unavailable: { status: 503, message: 'The event could not be stored; retry later.' },
   internal_error: { status: 500, message: 'Internal error.' },

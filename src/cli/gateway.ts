@@ -3,7 +3,7 @@ import type { Command } from 'commander';
 import { UsageError } from '../errors.js';
 import { generateApiKey, hashApiKey } from '../gateway/credentials/api-key.js';
 
-const DURATION = /^(\d+)(m|h|d|w|y)$/;
+const DURATION = /^([1-9]\d*)(m|h|d|w|y)$/;
 const UNIT_MS = { m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000, y: 31_536_000_000 } as const;
 
 /** `90d` → ms; also accepts an ISO date-time as an absolute expiry. */
@@ -11,7 +11,8 @@ export function parseExpiry(value: string, now: number = Date.now()): Date {
   const match = DURATION.exec(value);
   if (match) return new Date(now + Number(match[1]) * UNIT_MS[match[2] as keyof typeof UNIT_MS]);
   const absolute = Date.parse(value);
-  if (/^\d{4}-\d{2}-\d{2}/.test(value) && !Number.isNaN(absolute)) {
+  // Date.parse rolls 2030-02-30 over to March: insist the calendar date survives the round trip.
+  if (/^\d{4}-\d{2}-\d{2}/.test(value) && !Number.isNaN(absolute) && new Date(absolute).toISOString().slice(0, 10) === value.slice(0, 10)) {
     if (absolute <= now) throw new UsageError(`--expires ${value} is in the past`);
     return new Date(absolute);
   }

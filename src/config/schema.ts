@@ -1,5 +1,7 @@
 import { z } from 'zod';
+import { API_KEY_PREFIX, hasValidKeyChecksum } from '../gateway/credentials/api-key.js';
 import { isValidAddressRange } from '../gateway/ip-allowlist.js';
+import { compileTemplate } from '../webhooks/translate.js';
 
 /**
  * The configuration schema: the single source of the Config type.
@@ -82,7 +84,10 @@ const failures = z.strictObject({
 const auth = z.strictObject({
   enabled: z.boolean().default(true),
   allowInsecure: z.boolean().default(false),
-  apiKey: z.string().min(32, 'apiKey must be at least 32 characters').regex(/^[^\s,]+$/, 'apiKey must not contain blanks or commas').optional(),
+  apiKey: z.string().min(32, 'apiKey must be at least 32 characters').regex(/^[^\s,]+$/, 'apiKey must not contain blanks or commas')
+    // Presented gth_ keys are checksum-checked before lookup, so a hand-made one could never match.
+    .refine((key) => !key.startsWith(API_KEY_PREFIX) || hasValidKeyChecksum(key), `an apiKey starting with "${API_KEY_PREFIX}" must be a generated key (its checksum does not match)`)
+    .optional(),
   apiKeys: z.array(apiKeyEntry).default([]).superRefine((keys, ctx) => {
     const seen = new Map<string, number>();
     keys.forEach((key, i) => {
@@ -114,10 +119,18 @@ export const webhookActions = ['system-event', 'message', 'agent'] as const;
 export type WebhookAction = (typeof webhookActions)[number];
 
 const webhookEndpoint = z.strictObject({
-  path: z.string().regex(/^\/webhook\/[A-Za-z0-9._~\-/]+$/, 'path must start with /webhook/ and use only A-Z a-z 0-9 . _ ~ - /'),
+  path: z.string()
+    .regex(/^\/webhook\/[A-Za-z0-9._~\-/]+$/, 'path must start with /webhook/ and use only A-Z a-z 0-9 . _ ~ - /')
+    .refine((p) => !p.includes('//') && !p.endsWith('/') && !p.split('/').some((seg) => seg === '.' || seg === '..'), 'path must not contain empty, "." or ".." segments nor end with "/"'),
   secret: z.string().min(16, 'secret must be at least 16 characters'),
   action: z.enum(webhookActions),
-  template: z.string().optional(),
+  template: z.string().superRefine((template, ctx) => {
+    try {
+      compileTemplate(template);
+    } catch (err) {
+      ctx.addIssue({ code: 'custom', message: (err as Error).message });
+    }
+  }).optional(),
 });
 
 const webhookTarget = z.strictObject({
@@ -131,6 +144,8 @@ const webhooks = z
     enabled: z.boolean().default(false),
     listen: listen(8081).prefault({}),
     maxBodyBytes: positiveInt.default(262_144),
+    /** A body that has not fully arrived after this long gets 408 (slow-loris guard). */
+    bodyTimeoutMs: positiveInt.default(15_000),
     endpoints: z.array(webhookEndpoint).default([]),
     targets: z.strictObject({
       'system-event': webhookTarget.optional(),

@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { parseExpiry } from '../../src/cli/gateway.js';
-import { UsageError } from '../../src/errors.js';
+import { parseConfig } from '../../src/config/load.js';
+import { ConfigError, UsageError } from '../../src/errors.js';
 import { ApiKeyVerifier, generateApiKey, hasValidKeyChecksum, hashApiKey } from '../../src/gateway/credentials/api-key.js';
 
 const BASE62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz';
@@ -110,15 +111,15 @@ describe('api key verification: ApiKeyVerifier', () => {
     assert.deepEqual(empty.verify(current, now), { ok: false, reason: 'unknown' });
   });
 
-  it('a plain apiKey that merely starts with "gth_" still authenticates', () => {
-    // BUG (src/gateway/credentials/api-key.ts, verify()): any presented key starting with
-    // "gth_" must pass hasValidKeyChecksum, so a configured plain apiKey like this one
-    // (accepted by the config schema: >= 32 chars, no blanks or commas) can never
-    // authenticate: it is always 'malformed'. Either the schema should reject such a key
-    // at load time, or the checksum short-cut should not apply to the configured plain key.
+  it('a hand-made plain apiKey using the gth_ prefix is refused at config load (it could never match)', () => {
     const lookalike = 'gth_my-own-handmade-secret-0123456789abcdef';
-    const own = new ApiKeyVerifier({ apiKey: lookalike, apiKeys: [] });
-    assert.deepEqual(own.verify(lookalike, now), { ok: true, id: 'default' });
+    assert.deepEqual(new ApiKeyVerifier({ apiKey: lookalike, apiKeys: [] }).verify(lookalike, now), { ok: false, reason: 'malformed' });
+    assert.throws(
+      () => parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: lookalike } } }),
+      (err: unknown) => err instanceof ConfigError && err.problems.some((p) => p.startsWith('gateway.auth.apiKey:')),
+    );
+    const generated = generateApiKey();
+    assert.doesNotThrow(() => parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: generated } } }));
   });
 });
 
@@ -151,10 +152,7 @@ describe('api key expiry: parseExpiry (gatehouse gateway api-key generate --expi
   });
 
   it('throws UsageError on a calendar date that does not exist', () => {
-    // BUG (src/cli/gateway.ts, parseExpiry): V8's Date.parse rolls "2030-02-30" over to
-    // 2030-03-02 instead of returning NaN, so a typo silently becomes a different expiry.
-    // Fix: after parsing a date-only value, check that new Date(absolute).toISOString()
-    // starts with the given YYYY-MM-DD (or validate with z.iso.date()/z.iso.datetime()).
+    // V8's Date.parse rolls "2030-02-30" over to 2030-03-02: a typo must not become another expiry.
     assert.throws(() => parseExpiry('2030-02-30', now), UsageError);
   });
 });

@@ -1,0 +1,296 @@
+import { randomBytes } from 'node:crypto';
+import { mkdirSync } from 'node:fs';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import type { WebhookAction } from '../config/schema.js';
+
+export type DeliveryStatus = 'queued' | 'delivered' | 'dead';
+
+/** What the receiver hands the store: a verified, parsed webhook ready to be delivered. */
+export interface NewEvent {
+  endpoint: string;
+  action: WebhookAction;
+  /** The sender's delivery id (Idempotency-Key, webhook-id, X-GitHub-Delivery), if any. */
+  idempotencyKey?: string;
+  receivedAt: number;
+  /** Builds the body the target will get, once the event id is known. */
+  envelope: (id: string) => string;
+}
+
+export interface StoredEvent {
+  id: string;
+  endpoint: string;
+  action: WebhookAction;
+  idempotencyKey: string | null;
+  receivedAt: number;
+  envelope: string;
+  status: DeliveryStatus;
+  /** Attempts ever made (numbering of the attempt records). */
+  attempts: number;
+  /** Attempts since accepted or last requeued: what maxAttempts counts. */
+  roundAttempts: number;
+  nextAttemptAt: number;
+  lastError: string | null;
+  deliveredAt: number | null;
+}
+
+export interface AttemptRecord {
+  attempt: number;
+  at: number;
+  /** HTTP status, or null when no response came (see error). */
+  status: number | null;
+  error: string | null;
+  durationMs: number;
+}
+
+export type AttemptOutcome =
+  | { status: 'delivered' }
+  | { status: 'queued'; nextAttemptAt: number }
+  | { status: 'dead' };
+
+/** Accepted: a new event id; or a repeat of a delivery id seen within the idempotency window. */
+export type AcceptResult = { id: string; duplicate: boolean };
+
+/**
+ * Durable webhook state, behind a small async interface so a shared store (Redis) can sit
+ * beside SQLite later. `accept` resolves only once the event is committed.
+ */
+export interface EventStore {
+  accept(event: NewEvent): Promise<AcceptResult>;
+  /** Leases up to `limit` due events for delivery (others will not get them until `leaseMs` passes). */
+  claimDue(now: number, limit: number, leaseMs: number): Promise<StoredEvent[]>;
+  recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome): Promise<void>;
+  /** Frees the leases of a previous run (after a crash). Only for a store this process alone delivers from. */
+  releaseLeases(): Promise<number>;
+  /** The earliest next_attempt_at of queued events, if any. */
+  nextDueAt(): Promise<number | undefined>;
+  list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]>;
+  get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined>;
+  /** Puts an event back in the queue with a fresh attempt budget; false when unknown or already queued. */
+  requeue(id: string, now: number): Promise<boolean>;
+  requeueDead(now: number): Promise<number>;
+  purgeDelivered(olderThan: number): Promise<number>;
+  close(): Promise<void>;
+}
+
+/** How long a sender's delivery id is remembered: a repeat inside it is not delivered again. */
+export const IDEMPOTENCY_WINDOW_MS = 24 * 60 * 60 * 1000;
+
+interface EventRow {
+  id: string;
+  endpoint: string;
+  action: WebhookAction;
+  idempotency_key: string | null;
+  received_at: number;
+  envelope: string;
+  status: DeliveryStatus;
+  attempts: number;
+  round_attempts: number;
+  next_attempt_at: number;
+  last_error: string | null;
+  delivered_at: number | null;
+}
+
+const SCHEMA = `
+CREATE TABLE IF NOT EXISTS events (
+  id              TEXT PRIMARY KEY,
+  endpoint        TEXT NOT NULL,
+  action          TEXT NOT NULL,
+  idempotency_key TEXT,
+  received_at     INTEGER NOT NULL,
+  envelope        TEXT NOT NULL,
+  status          TEXT NOT NULL CHECK (status IN ('queued', 'delivered', 'dead')),
+  attempts        INTEGER NOT NULL DEFAULT 0,
+  round_attempts  INTEGER NOT NULL DEFAULT 0,
+  next_attempt_at INTEGER NOT NULL,
+  lease_until     INTEGER NOT NULL DEFAULT 0,
+  last_error      TEXT,
+  delivered_at    INTEGER
+);
+CREATE UNIQUE INDEX IF NOT EXISTS events_idempotency ON events (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS events_due ON events (status, next_attempt_at);
+CREATE TABLE IF NOT EXISTS attempts (
+  event_id    TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+  attempt     INTEGER NOT NULL,
+  at          INTEGER NOT NULL,
+  status      INTEGER,
+  error       TEXT,
+  duration_ms INTEGER NOT NULL,
+  PRIMARY KEY (event_id, attempt)
+);
+`;
+
+/** `evt_` + 24 random base32hex-ish characters, time-ordered by a millisecond prefix. */
+export function newEventId(now: number = Date.now()): string {
+  return `evt_${now.toString(36).padStart(9, '0')}${randomBytes(10).toString('hex')}`;
+}
+
+interface Pending {
+  event: NewEvent;
+  resolve: (result: AcceptResult) => void;
+  reject: (err: unknown) => void;
+}
+
+/**
+ * SQLite (better-sqlite3, WAL, synchronous=FULL) store. Group commit: the accepts that arrive
+ * in the same turn of the event loop are inserted in one transaction, and each resolves after
+ * that single fsync, so durability costs one commit per batch rather than per request.
+ */
+export class SqliteEventStore implements EventStore {
+  private readonly db: Database.Database;
+  private pending: Pending[] = [];
+  private flushScheduled = false;
+  private readonly statements;
+
+  constructor(file: string) {
+    mkdirSync(path.dirname(file), { recursive: true });
+    this.db = new Database(file);
+    this.db.pragma('journal_mode = WAL');
+    this.db.pragma('synchronous = FULL');
+    this.db.pragma('foreign_keys = ON');
+    // The CLI and the server may use the file at once: wait for the other's write lock.
+    this.db.pragma('busy_timeout = 5000');
+    this.db.exec(SCHEMA);
+    const db = this.db;
+    this.statements = {
+      findByKey: db.prepare<[string, string], { id: string; received_at: number }>('SELECT id, received_at FROM events WHERE endpoint = ? AND idempotency_key = ?'),
+      forgetKey: db.prepare<[string]>('UPDATE events SET idempotency_key = NULL WHERE id = ?'),
+      insert: db.prepare('INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, \'queued\', ?)'),
+      due: db.prepare<[number, number, number], EventRow>('SELECT * FROM events WHERE status = \'queued\' AND next_attempt_at <= ? AND lease_until <= ? ORDER BY next_attempt_at LIMIT ?'),
+      lease: db.prepare<[number, string]>('UPDATE events SET lease_until = ? WHERE id = ?'),
+      insertAttempt: db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)'),
+      settle: db.prepare('UPDATE events SET status = ?, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = ?, lease_until = 0, last_error = ?, delivered_at = ? WHERE id = ?'),
+      releaseLeases: db.prepare('UPDATE events SET lease_until = 0 WHERE lease_until != 0'),
+      nextDue: db.prepare<[], { at: number | null }>('SELECT MIN(next_attempt_at) AS at FROM events WHERE status = \'queued\''),
+      get: db.prepare<[string], EventRow>('SELECT * FROM events WHERE id = ?'),
+      attempts: db.prepare<[string], { attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
+      requeue: db.prepare<[number, string]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ?, lease_until = 0, delivered_at = NULL WHERE id = ? AND status != \'queued\''),
+      requeueDead: db.prepare<[number]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ?, lease_until = 0 WHERE status = \'dead\''),
+      purge: db.prepare<[number]>('DELETE FROM events WHERE status = \'delivered\' AND delivered_at < ?'),
+    };
+  }
+
+  accept(event: NewEvent): Promise<AcceptResult> {
+    return new Promise((resolve, reject) => {
+      this.pending.push({ event, resolve, reject });
+      if (!this.flushScheduled) {
+        this.flushScheduled = true;
+        setImmediate(() => this.flush());
+      }
+    });
+  }
+
+  private flush(): void {
+    this.flushScheduled = false;
+    const batch = this.pending;
+    this.pending = [];
+    const results: AcceptResult[] = [];
+    try {
+      this.db.transaction(() => {
+        for (const { event } of batch) results.push(this.insertOne(event));
+      })();
+    } catch (err) {
+      for (const p of batch) p.reject(err);
+      return;
+    }
+    batch.forEach((p, i) => p.resolve(results[i]!));
+  }
+
+  private insertOne(event: NewEvent): AcceptResult {
+    if (event.idempotencyKey !== undefined) {
+      const seen = this.statements.findByKey.get(event.endpoint, event.idempotencyKey);
+      if (seen && seen.received_at > event.receivedAt - IDEMPOTENCY_WINDOW_MS) return { id: seen.id, duplicate: true };
+      if (seen) this.statements.forgetKey.run(seen.id);
+    }
+    const id = newEventId(event.receivedAt);
+    this.statements.insert.run(id, event.endpoint, event.action, event.idempotencyKey ?? null, event.receivedAt, event.envelope(id), event.receivedAt);
+    return { id, duplicate: false };
+  }
+
+  async claimDue(now: number, limit: number, leaseMs: number): Promise<StoredEvent[]> {
+    return this.db.transaction(() => {
+      const rows = this.statements.due.all(now, now, limit);
+      for (const row of rows) this.statements.lease.run(now + leaseMs, row.id);
+      return rows.map(toEvent);
+    })();
+  }
+
+  async recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome): Promise<void> {
+    this.db.transaction(() => {
+      this.statements.insertAttempt.run(id, attempt.attempt, attempt.at, attempt.status, attempt.error, Math.round(attempt.durationMs));
+      const lastError = outcome.status === 'delivered' ? null : (attempt.error ?? `HTTP ${attempt.status}`);
+      this.statements.settle.run(
+        outcome.status,
+        outcome.status === 'queued' ? outcome.nextAttemptAt : 0,
+        lastError,
+        outcome.status === 'delivered' ? attempt.at + Math.round(attempt.durationMs) : null,
+        id,
+      );
+    })();
+  }
+
+  async releaseLeases(): Promise<number> {
+    return this.statements.releaseLeases.run().changes;
+  }
+
+  async nextDueAt(): Promise<number | undefined> {
+    return this.statements.nextDue.get()?.at ?? undefined;
+  }
+
+  async list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]> {
+    const where: string[] = [];
+    const params: (string | number)[] = [];
+    if (filter.status) {
+      where.push('status = ?');
+      params.push(filter.status);
+    }
+    if (filter.endpoint) {
+      where.push('endpoint = ?');
+      params.push(filter.endpoint);
+    }
+    params.push(filter.limit ?? 100);
+    const sql = `SELECT * FROM events ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY received_at DESC, id DESC LIMIT ?`;
+    return (this.db.prepare(sql).all(...params) as EventRow[]).map(toEvent);
+  }
+
+  async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
+    const row = this.statements.get.get(id);
+    if (!row) return undefined;
+    const attempts = this.statements.attempts.all(id).map((a) => ({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms }));
+    return { event: toEvent(row), attempts };
+  }
+
+  async requeue(id: string, now: number): Promise<boolean> {
+    return this.statements.requeue.run(now, id).changes > 0;
+  }
+
+  async requeueDead(now: number): Promise<number> {
+    return this.statements.requeueDead.run(now).changes;
+  }
+
+  async purgeDelivered(olderThan: number): Promise<number> {
+    return this.statements.purge.run(olderThan).changes;
+  }
+
+  async close(): Promise<void> {
+    if (this.pending.length > 0) this.flush();
+    this.db.close();
+  }
+}
+
+function toEvent(row: EventRow): StoredEvent {
+  return {
+    id: row.id,
+    endpoint: row.endpoint,
+    action: row.action,
+    idempotencyKey: row.idempotency_key,
+    receivedAt: row.received_at,
+    envelope: row.envelope,
+    status: row.status,
+    attempts: row.attempts,
+    roundAttempts: row.round_attempts,
+    nextAttemptAt: row.next_attempt_at,
+    lastError: row.last_error,
+    deliveredAt: row.delivered_at,
+  };
+}
