@@ -2,6 +2,7 @@ import { Command, CommanderError } from 'commander';
 import { registerConfigCommands } from './cli/config.js';
 import { registerGatewayCommands } from './cli/gateway.js';
 import { registerStartCommand } from './cli/start.js';
+import { registerWebhooksCommands } from './cli/webhooks.js';
 import { ConfigError, UsageError } from './errors.js';
 import { VERSION } from './version.js';
 
@@ -20,6 +21,7 @@ export async function runCli(argv: readonly string[]): Promise<number> {
   registerStartCommand(program);
   registerConfigCommands(program);
   registerGatewayCommands(program);
+  registerWebhooksCommands(program);
 
   try {
     await program.parseAsync(argv);

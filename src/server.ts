@@ -6,6 +6,9 @@ import type { Logger } from 'pino';
 import { buildGatewayApp, type GatewayApp } from './app.js';
 import { isLoopbackHost, type Config } from './config/schema.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
+import { Deliverer } from './webhooks/deliverer.js';
+import { buildWebhookApp, type WebhookApp } from './webhooks/receiver.js';
+import { SqliteEventStore, type EventStore } from './webhooks/store.js';
 
 export interface Listening {
   server: http.Server;
@@ -15,6 +18,8 @@ export interface Listening {
 
 export interface RunningGatehouse {
   gateway: Listening;
+  /** The webhook receiver, when `webhooks.enabled`. */
+  webhooks?: Listening & { store: EventStore; deliverer: Deliverer };
   /** Swaps in a new config without dropping in-flight requests. Listen address and TLS need a restart. */
   reload(config: Config): Promise<void>;
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes. */
@@ -22,7 +27,10 @@ export interface RunningGatehouse {
 }
 
 /** Starts the listeners for a validated config. */
-export async function startGatehouse(initial: Config, options: { logger: Logger; lockoutStore?: LockoutStore }): Promise<RunningGatehouse> {
+export async function startGatehouse(
+  initial: Config,
+  options: { logger: Logger; lockoutStore?: LockoutStore; /** default: SQLite at storage.path */ eventStore?: EventStore },
+): Promise<RunningGatehouse> {
   const { logger } = options;
   let config = initial;
   const lockoutStore = options.lockoutStore ?? new MemoryLockoutStore();
@@ -33,12 +41,19 @@ export async function startGatehouse(initial: Config, options: { logger: Logger;
   describeGateway(logger, config, app, gateway.url);
   void warmUp(logger, app);
 
+  const webhooks = config.webhooks.enabled ? await startWebhooks(config, logger, lockoutStore, options.eventStore) : undefined;
+  if (!webhooks) logger.info('webhook receiver off (webhooks.enabled is false)');
+
   return {
     gateway,
+    webhooks: webhooks?.listening,
     async reload(next) {
       for (const [what, before, after] of [
         ['gateway.listen', config.gateway.listen, next.gateway.listen],
         ['gateway.tls', config.gateway.tls, next.gateway.tls],
+        ['webhooks.enabled', config.webhooks.enabled, next.webhooks.enabled],
+        ['webhooks.listen', config.webhooks.listen, next.webhooks.listen],
+        ['storage.path', config.storage.path, next.storage.path],
       ] as const) {
         if (JSON.stringify(before) !== JSON.stringify(after)) logger.warn(`${what} changed: it takes effect at the next restart`);
       }
@@ -47,14 +62,40 @@ export async function startGatehouse(initial: Config, options: { logger: Logger;
       const previous = app;
       app = nextApp;
       gatewayLockout.configure(next.gateway.auth.failures);
+      webhooks?.reload(next);
       config = next;
       previous.close();
       describeGateway(logger, config, app, gateway.url);
       logger.info('configuration reloaded');
     },
     async close(graceMs = 10_000) {
-      await closeServer(gateway.server, graceMs);
+      await Promise.all([closeServer(gateway.server, graceMs), webhooks?.close(graceMs)]);
       app.close();
+    },
+  };
+}
+
+/** The receiver's listener, its store and its deliverer; reload swaps endpoints, targets and delivery settings. */
+async function startWebhooks(config: Config, logger: Logger, lockoutStore: LockoutStore, injectedStore?: EventStore) {
+  const store = injectedStore ?? new SqliteEventStore(config.storage.path);
+  const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
+  const deliverer = new Deliverer(store, config.webhooks, logger);
+  const build = (c: Config): WebhookApp => buildWebhookApp(c, { logger, lockout, store, onAccepted: () => deliverer.notify() });
+  let app = build(config);
+  const listening = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));
+  await deliverer.start();
+  logger.info({ url: listening.url, endpoints: config.webhooks.endpoints.map((e) => `${e.path} -> ${e.action}`), storage: config.storage.path }, 'webhook receiver listening');
+  return {
+    listening: { ...listening, store, deliverer },
+    reload(next: Config) {
+      app = build(next);
+      lockout.configure(next.gateway.auth.failures);
+      deliverer.reconfigure(next.webhooks);
+    },
+    async close(graceMs: number) {
+      await closeServer(listening.server, graceMs);
+      await deliverer.stop(graceMs);
+      await store.close();
     },
   };
 }

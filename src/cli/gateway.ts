@@ -6,10 +6,16 @@ import { generateApiKey, hashApiKey } from '../gateway/credentials/api-key.js';
 const DURATION = /^([1-9]\d*)(m|h|d|w|y)$/;
 const UNIT_MS = { m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000, y: 31_536_000_000 } as const;
 
-/** `90d` → ms; also accepts an ISO date-time as an absolute expiry. */
-export function parseExpiry(value: string, now: number = Date.now()): Date {
+/** `90d` → milliseconds (units m, h, d, w, y); throws UsageError naming `flag` otherwise. */
+export function parseDuration(value: string, flag: string): number {
   const match = DURATION.exec(value);
-  if (match) return new Date(now + Number(match[1]) * UNIT_MS[match[2] as keyof typeof UNIT_MS]);
+  if (!match) throw new UsageError(`${flag}: expected a duration like 90d, 12h, 30m, 2w, 1y, got "${value}"`);
+  return Number(match[1]) * UNIT_MS[match[2] as keyof typeof UNIT_MS];
+}
+
+/** A duration from now (`90d`) or an ISO date-time, as an absolute expiry. */
+export function parseExpiry(value: string, now: number = Date.now()): Date {
+  if (DURATION.test(value)) return new Date(now + parseDuration(value, '--expires'));
   const absolute = Date.parse(value);
   // Date.parse rolls 2030-02-30 over to March: insist the calendar date survives the round trip.
   if (/^\d{4}-\d{2}-\d{2}/.test(value) && !Number.isNaN(absolute) && new Date(absolute).toISOString().slice(0, 10) === value.slice(0, 10)) {

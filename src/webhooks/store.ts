@@ -57,8 +57,8 @@ export type AcceptResult = { id: string; duplicate: boolean };
  */
 export interface EventStore {
   accept(event: NewEvent): Promise<AcceptResult>;
-  /** Leases up to `limit` due events for delivery (others will not get them until `leaseMs` passes). */
-  claimDue(now: number, limit: number, leaseMs: number): Promise<StoredEvent[]>;
+  /** Leases up to `limit` due events of one action (no one else gets them until `leaseMs` passes). */
+  claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<StoredEvent[]>;
   recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome): Promise<void>;
   /** Frees the leases of a previous run (after a crash). Only for a store this process alone delivers from. */
   releaseLeases(): Promise<number>;
@@ -108,7 +108,7 @@ CREATE TABLE IF NOT EXISTS events (
   delivered_at    INTEGER
 );
 CREATE UNIQUE INDEX IF NOT EXISTS events_idempotency ON events (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS events_due ON events (status, next_attempt_at);
+CREATE INDEX IF NOT EXISTS events_due ON events (status, action, next_attempt_at);
 CREATE TABLE IF NOT EXISTS attempts (
   event_id    TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
   attempt     INTEGER NOT NULL,
@@ -156,7 +156,7 @@ export class SqliteEventStore implements EventStore {
       findByKey: db.prepare<[string, string], { id: string; received_at: number }>('SELECT id, received_at FROM events WHERE endpoint = ? AND idempotency_key = ?'),
       forgetKey: db.prepare<[string]>('UPDATE events SET idempotency_key = NULL WHERE id = ?'),
       insert: db.prepare('INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, \'queued\', ?)'),
-      due: db.prepare<[number, number, number], EventRow>('SELECT * FROM events WHERE status = \'queued\' AND next_attempt_at <= ? AND lease_until <= ? ORDER BY next_attempt_at LIMIT ?'),
+      due: db.prepare<[string, number, number, number], EventRow>('SELECT * FROM events WHERE status = \'queued\' AND action = ? AND next_attempt_at <= ? AND lease_until <= ? ORDER BY next_attempt_at LIMIT ?'),
       lease: db.prepare<[number, string]>('UPDATE events SET lease_until = ? WHERE id = ?'),
       insertAttempt: db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)'),
       settle: db.prepare('UPDATE events SET status = ?, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = ?, lease_until = 0, last_error = ?, delivered_at = ? WHERE id = ?'),
@@ -207,9 +207,9 @@ export class SqliteEventStore implements EventStore {
     return { id, duplicate: false };
   }
 
-  async claimDue(now: number, limit: number, leaseMs: number): Promise<StoredEvent[]> {
+  async claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<StoredEvent[]> {
     return this.db.transaction(() => {
-      const rows = this.statements.due.all(now, now, limit);
+      const rows = this.statements.due.all(action, now, now, limit);
       for (const row of rows) this.statements.lease.run(now + leaseMs, row.id);
       return rows.map(toEvent);
     })();

@@ -1,0 +1,119 @@
+import type { Command } from 'commander';
+import { loadConfig } from '../config/load.js';
+import { UsageError } from '../errors.js';
+import { SqliteEventStore, type DeliveryStatus, type StoredEvent } from '../webhooks/store.js';
+import { DEFAULT_CONFIG_FILE } from './config.js';
+import { parseDuration } from './gateway.js';
+
+const STATUSES: readonly DeliveryStatus[] = ['queued', 'delivered', 'dead'];
+
+/**
+ * `gatehouse webhooks deliveries list|show|retry|purge`: reads and edits the same SQLite file
+ * as the running server (WAL mode lets both work at once; the server polls for requeued events).
+ */
+export function registerWebhooksCommands(program: Command): void {
+  const deliveries = program
+    .command('webhooks')
+    .description('the webhook receiver')
+    .command('deliveries')
+    .description('inspect and manage stored webhook events and their deliveries');
+
+  const withStore = async <T>(configFile: string, work: (store: SqliteEventStore) => Promise<T>): Promise<T> => {
+    const store = new SqliteEventStore(loadConfig(configFile).config.storage.path);
+    try {
+      return await work(store);
+    } finally {
+      await store.close();
+    }
+  };
+
+  deliveries
+    .command('list')
+    .description('list events, newest first')
+    .option('-c, --config <file>', 'config file (for storage.path)', DEFAULT_CONFIG_FILE)
+    .option('--status <status>', 'queued | delivered | dead')
+    .option('--endpoint <path>', 'only events received on this endpoint path')
+    .option('--limit <n>', 'at most this many', '100')
+    .option('--json', 'one JSON array')
+    .action(async (options: { config: string; status?: string; endpoint?: string; limit: string; json?: boolean }) => {
+      if (options.status !== undefined && !STATUSES.includes(options.status as DeliveryStatus)) {
+        throw new UsageError(`--status must be one of ${STATUSES.join(', ')} (got "${options.status}")`);
+      }
+      const limit = Number(options.limit);
+      if (!Number.isInteger(limit) || limit < 1) throw new UsageError(`--limit must be a positive integer (got "${options.limit}")`);
+      const events = await withStore(options.config, (store) => store.list({ status: options.status as DeliveryStatus | undefined, endpoint: options.endpoint, limit }));
+      if (options.json) return print(JSON.stringify(events.map(summary)));
+      if (events.length === 0) return print('no events');
+      print(['id', 'status', 'attempts', 'endpoint', 'action', 'received', 'last error'].join('\t'));
+      for (const e of events) {
+        print([e.id, e.status, e.attempts, e.endpoint, e.action, new Date(e.receivedAt).toISOString(), e.lastError ?? ''].join('\t'));
+      }
+    });
+
+  deliveries
+    .command('show <id>')
+    .description('one event: its envelope and every delivery attempt')
+    .option('-c, --config <file>', 'config file (for storage.path)', DEFAULT_CONFIG_FILE)
+    .option('--json', 'as JSON')
+    .action(async (id: string, options: { config: string; json?: boolean }) => {
+      const found = await withStore(options.config, (store) => store.get(id));
+      if (!found) throw new UsageError(`no event ${id}`);
+      if (options.json) return print(JSON.stringify({ event: { ...summary(found.event), envelope: JSON.parse(found.event.envelope) }, attempts: found.attempts }));
+      const e = found.event;
+      print(`${e.id}  ${e.status}  ${e.endpoint} -> ${e.action}  received ${new Date(e.receivedAt).toISOString()}`);
+      if (e.status === 'queued') print(`next attempt ${new Date(e.nextAttemptAt).toISOString()}`);
+      print(`envelope: ${e.envelope}`);
+      if (found.attempts.length === 0) print('no attempts yet');
+      for (const a of found.attempts) {
+        print(`  #${a.attempt} ${new Date(a.at).toISOString()}  ${a.status ?? '-'}  ${a.durationMs} ms${a.error ? `  ${a.error}` : ''}`);
+      }
+    });
+
+  deliveries
+    .command('retry [id]')
+    .description('requeue one event (delivered or dead), or every dead one with --dead')
+    .option('-c, --config <file>', 'config file (for storage.path)', DEFAULT_CONFIG_FILE)
+    .option('--dead', 'requeue every dead event')
+    .action(async (id: string | undefined, options: { config: string; dead?: boolean }) => {
+      if ((id === undefined) === !options.dead) throw new UsageError('give an event id or --dead (not both)');
+      if (options.dead) {
+        const count = await withStore(options.config, (store) => store.requeueDead(Date.now()));
+        return print(`requeued ${count} dead event(s)`);
+      }
+      const done = await withStore(options.config, (store) => store.requeue(id!, Date.now()));
+      if (!done) throw new UsageError(`no event ${id} to requeue (unknown, or already queued)`);
+      print(`requeued ${id}`);
+    });
+
+  deliveries
+    .command('purge')
+    .description('delete delivered events (and their attempts) older than a duration')
+    .option('-c, --config <file>', 'config file (for storage.path)', DEFAULT_CONFIG_FILE)
+    .option('--delivered', 'required: only delivered events are ever purged')
+    .requiredOption('--older-than <duration>', 'e.g. 7d, 12h')
+    .action(async (options: { config: string; delivered?: boolean; olderThan: string }) => {
+      if (!options.delivered) throw new UsageError('purge needs --delivered (queued and dead events are never purged)');
+      const cutoff = Date.now() - parseDuration(options.olderThan, '--older-than');
+      const count = await withStore(options.config, (store) => store.purgeDelivered(cutoff));
+      print(`purged ${count} delivered event(s) older than ${options.olderThan}`);
+    });
+}
+
+function summary(e: StoredEvent) {
+  return {
+    id: e.id,
+    status: e.status,
+    endpoint: e.endpoint,
+    action: e.action,
+    attempts: e.attempts,
+    receivedAt: new Date(e.receivedAt).toISOString(),
+    nextAttemptAt: e.status === 'queued' ? new Date(e.nextAttemptAt).toISOString() : null,
+    deliveredAt: e.deliveredAt !== null ? new Date(e.deliveredAt).toISOString() : null,
+    lastError: e.lastError,
+    idempotencyKey: e.idempotencyKey,
+  };
+}
+
+function print(line: string): void {
+  process.stdout.write(line + '\n');
+}

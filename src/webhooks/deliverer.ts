@@ -1,0 +1,220 @@
+import { createHmac } from 'node:crypto';
+import http from 'node:http';
+import https from 'node:https';
+import type { Logger } from 'pino';
+import { webhookActions, type WebhookAction, type WebhooksConfig } from '../config/schema.js';
+import { VERSION } from '../version.js';
+import type { AttemptOutcome, EventStore, StoredEvent } from './store.js';
+
+/** Idle poll: picks up events requeued by the CLI, or due retries, at least this often. */
+const POLL_MS = 1_000;
+/** A lease outlives the attempt's timeout by this much, so a slow attempt is not claimed twice. */
+const LEASE_MARGIN_MS = 5_000;
+
+/**
+ * Capped exponential backoff with full jitter: a random delay in [0, min(initial·2^(n-1), max)].
+ * A target's Retry-After wins (capped at max): it knows its own recovery better than we do.
+ */
+export function retryDelayMs(
+  attempt: number,
+  settings: { initialBackoffMs: number; maxBackoffMs: number },
+  retryAfterMs?: number,
+  random: () => number = Math.random,
+): number {
+  if (retryAfterMs !== undefined) return Math.min(retryAfterMs, settings.maxBackoffMs);
+  const cap = Math.min(settings.initialBackoffMs * 2 ** Math.min(attempt - 1, 52), settings.maxBackoffMs);
+  return Math.floor(random() * cap);
+}
+
+/** `Retry-After`: delta-seconds or an HTTP date; undefined when absent or unreadable. */
+export function parseRetryAfter(value: string | undefined, now: number): number | undefined {
+  if (value === undefined) return undefined;
+  if (/^\d+$/.test(value.trim())) return Number(value.trim()) * 1000;
+  const date = Date.parse(value);
+  return Number.isNaN(date) ? undefined : Math.max(0, date - now);
+}
+
+/** 408, 429, 5xx and no answer at all are worth retrying; any other 4xx will not get better. */
+export function isRetryable(status: number | null): boolean {
+  return status === null || status === 408 || status === 429 || status >= 500;
+}
+
+/**
+ * Standard Webhooks signature (https://www.standardwebhooks.com): `v1,<base64 HMAC-SHA256 of id.timestamp.body>`.
+ * A `whsec_<base64>` secret is used as the key bytes it encodes; any other secret as its UTF-8 bytes.
+ */
+export function signStandardWebhook(secret: string, id: string, timestampSeconds: number, body: string): string {
+  const key = secret.startsWith('whsec_') ? Buffer.from(secret.slice('whsec_'.length), 'base64') : Buffer.from(secret, 'utf8');
+  return 'v1,' + createHmac('sha256', key).update(`${id}.${timestampSeconds}.${body}`).digest('base64');
+}
+
+interface AttemptResult {
+  status: number | null;
+  error: string | null;
+  retryAfterMs?: number;
+}
+
+/**
+ * Delivers stored events to their action's target, at least once: events are leased from the
+ * store, posted, and settled (delivered, retried later, or dead) with every attempt recorded.
+ * Per-target concurrency is `delivery.concurrency`. No ordering promise.
+ */
+export class Deliverer {
+  private readonly inFlight = new Map<WebhookAction, number>(webhookActions.map((a) => [a, 0]));
+  private readonly running = new Set<Promise<void>>();
+  private readonly agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
+  private timer: NodeJS.Timeout | undefined;
+  private pumping = false;
+  private pumpAgain = false;
+  private stopped = true;
+
+  constructor(
+    private readonly store: EventStore,
+    private config: WebhooksConfig,
+    private readonly logger: Logger,
+    private readonly now: () => number = Date.now,
+  ) {}
+
+  /** Starts delivering; frees leases a crashed previous run left behind (this process owns the store). */
+  async start(): Promise<void> {
+    const released = await this.store.releaseLeases();
+    if (released > 0) this.logger.info({ released }, 'resuming deliveries left in flight by a previous run');
+    this.stopped = false;
+    this.notify();
+  }
+
+  reconfigure(config: WebhooksConfig): void {
+    this.config = config;
+    this.notify();
+  }
+
+  /** Something may be due now (a webhook was accepted). */
+  notify(): void {
+    if (this.stopped) return;
+    if (this.pumping) {
+      this.pumpAgain = true;
+      return;
+    }
+    void this.pump();
+  }
+
+  /** Stops claiming; waits for attempts in flight (they are settled, or their lease lets a restart retry them). */
+  async stop(graceMs = 10_000): Promise<void> {
+    this.stopped = true;
+    clearTimeout(this.timer);
+    const grace = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
+    await Promise.race([Promise.allSettled([...this.running]), grace]);
+    this.agents.http.destroy();
+    this.agents.https.destroy();
+  }
+
+  private async pump(): Promise<void> {
+    this.pumping = true;
+    clearTimeout(this.timer);
+    try {
+      do {
+        this.pumpAgain = false;
+        for (const action of webhookActions) {
+          const target = this.config.targets[action];
+          if (!target) continue;
+          const free = this.config.delivery.concurrency - this.inFlight.get(action)!;
+          if (free <= 0) continue;
+          const timeoutMs = target.timeoutMs ?? this.config.delivery.timeoutMs;
+          const events = await this.store.claimDue(this.now(), free, timeoutMs + LEASE_MARGIN_MS, action);
+          for (const event of events) this.track(this.deliver(event));
+          if (events.length === free) this.pumpAgain = true;
+        }
+      } while (this.pumpAgain && !this.stopped && this.hasFreeSlot());
+    } catch (err) {
+      this.logger.error({ err: (err as Error).message }, 'deliverer could not read the event store; retrying');
+    } finally {
+      this.pumping = false;
+    }
+    if (!this.stopped) await this.scheduleNext();
+  }
+
+  private hasFreeSlot(): boolean {
+    return webhookActions.some((a) => this.config.targets[a] && this.inFlight.get(a)! < this.config.delivery.concurrency);
+  }
+
+  private async scheduleNext(): Promise<void> {
+    let wait = POLL_MS;
+    try {
+      const next = await this.store.nextDueAt();
+      if (next !== undefined) wait = Math.max(0, Math.min(POLL_MS, next - this.now()));
+    } catch {
+      // the next pump reports store errors
+    }
+    if (this.stopped) return;
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => this.notify(), wait);
+    this.timer.unref();
+  }
+
+  private track(work: Promise<void>): void {
+    this.running.add(work);
+    void work.finally(() => this.running.delete(work));
+  }
+
+  private async deliver(event: StoredEvent): Promise<void> {
+    const action = event.action;
+    this.inFlight.set(action, this.inFlight.get(action)! + 1);
+    const startedAt = this.now();
+    const started = performance.now();
+    let result: AttemptResult;
+    try {
+      result = await this.post(event);
+    } catch (err) {
+      result = { status: null, error: (err as Error).message };
+    }
+    const durationMs = performance.now() - started;
+    const { maxAttempts, initialBackoffMs, maxBackoffMs } = this.config.delivery;
+    const roundAttempt = event.roundAttempts + 1;
+    let outcome: AttemptOutcome;
+    if (result.status !== null && result.status >= 200 && result.status < 300) outcome = { status: 'delivered' };
+    else if (!isRetryable(result.status) || roundAttempt >= maxAttempts) outcome = { status: 'dead' };
+    else outcome = { status: 'queued', nextAttemptAt: this.now() + retryDelayMs(roundAttempt, { initialBackoffMs, maxBackoffMs }, result.retryAfterMs) };
+
+    try {
+      await this.store.recordAttempt(event.id, { attempt: event.attempts + 1, at: startedAt, status: result.status, error: result.error, durationMs }, outcome);
+    } catch (err) {
+      // Not settled: the lease runs out and the event is tried again (at least once, never lost).
+      this.logger.error({ err: (err as Error).message, id: event.id }, 'could not record a delivery attempt');
+    }
+    const log = { id: event.id, action, attempt: event.attempts + 1, status: result.status, error: result.error ?? undefined, ms: Math.round(durationMs), outcome: outcome.status };
+    if (outcome.status === 'dead') this.logger.warn(log, 'delivery failed for good (dead)');
+    else this.logger.info(log, 'delivery attempt');
+    this.inFlight.set(action, this.inFlight.get(action)! - 1);
+    this.notify();
+  }
+
+  private post(event: StoredEvent): Promise<AttemptResult> {
+    const target = this.config.targets[event.action]!;
+    const url = new URL(target.url);
+    const timeoutMs = target.timeoutMs ?? this.config.delivery.timeoutMs;
+    const headers: Record<string, string | number> = {
+      'content-type': 'application/json',
+      'content-length': Buffer.byteLength(event.envelope),
+      'idempotency-key': event.id,
+      'x-gatehouse-action': event.action,
+      'user-agent': `gatehouse/${VERSION}`,
+    };
+    if (target.secret !== undefined) {
+      const timestamp = Math.floor(this.now() / 1000);
+      headers['webhook-id'] = event.id;
+      headers['webhook-timestamp'] = String(timestamp);
+      headers['webhook-signature'] = signStandardWebhook(target.secret, event.id, timestamp, event.envelope);
+    }
+    const client = url.protocol === 'https:' ? https : http;
+    return new Promise((resolve) => {
+      const req = client.request(url, { method: 'POST', headers, agent: url.protocol === 'https:' ? this.agents.https : this.agents.http, timeout: timeoutMs }, (res) => {
+        res.resume(); // the answer's body is not needed; draining it frees the connection
+        res.on('end', () => resolve({ status: res.statusCode ?? null, error: null, retryAfterMs: parseRetryAfter(res.headers['retry-after'], this.now()) }));
+        res.on('error', (err) => resolve({ status: null, error: err.message }));
+      });
+      req.on('timeout', () => req.destroy(new Error(`timeout after ${timeoutMs} ms`)));
+      req.on('error', (err: NodeJS.ErrnoException) => resolve({ status: null, error: err.code ? `${err.code}: ${err.message}` : err.message }));
+      req.end(event.envelope);
+    });
+  }
+}
