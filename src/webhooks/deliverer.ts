@@ -30,6 +30,8 @@ export function retryDelayMs(
 export function parseRetryAfter(value: string | undefined, now: number): number | undefined {
   if (value === undefined) return undefined;
   if (/^\d+$/.test(value.trim())) return Number(value.trim()) * 1000;
+  // Every HTTP-date form starts with a day name; Date.parse alone would read "1.5" or "-1" as a (past) date.
+  if (!/^(Mon|Tue|Wed|Thu|Fri|Sat|Sun)/.test(value.trim())) return undefined;
   const date = Date.parse(value);
   return Number.isNaN(date) ? undefined : Math.max(0, date - now);
 }
@@ -139,6 +141,12 @@ export class Deliverer {
 
   private async scheduleNext(): Promise<void> {
     let wait = POLL_MS;
+    // All slots busy: each finishing attempt calls notify(), so only the idle poll is needed.
+    if (!this.hasFreeSlot()) {
+      this.timer = setTimeout(() => this.notify(), wait);
+      this.timer.unref();
+      return;
+    }
     try {
       const next = await this.store.nextDueAt();
       if (next !== undefined) wait = Math.max(0, Math.min(POLL_MS, next - this.now()));

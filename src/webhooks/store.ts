@@ -161,7 +161,8 @@ export class SqliteEventStore implements EventStore {
       insertAttempt: db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)'),
       settle: db.prepare('UPDATE events SET status = ?, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = ?, lease_until = 0, last_error = ?, delivered_at = ? WHERE id = ?'),
       releaseLeases: db.prepare('UPDATE events SET lease_until = 0 WHERE lease_until != 0'),
-      nextDue: db.prepare<[], { at: number | null }>('SELECT MIN(next_attempt_at) AS at FROM events WHERE status = \'queued\''),
+      // A leased event is not due before its lease ends, whatever its next_attempt_at says.
+      nextDue: db.prepare<[], { at: number | null }>('SELECT MIN(MAX(next_attempt_at, lease_until)) AS at FROM events WHERE status = \'queued\''),
       get: db.prepare<[string], EventRow>('SELECT * FROM events WHERE id = ?'),
       attempts: db.prepare<[string], { attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
       requeue: db.prepare<[number, string]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ?, lease_until = 0, delivered_at = NULL WHERE id = ? AND status != \'queued\''),

@@ -1,0 +1,302 @@
+/**
+ * `npm run bench`: every case side by side in one run, on loopback, each after a warm-up.
+ * The machine is shared and noisy, so the numbers that matter are the ratios to the
+ * references started by this same run (node-bare for the /api/ edge, ingest-bare for webhooks).
+ *
+ *   BENCH_DURATION=10 BENCH_CONNECTIONS=64 npm run bench
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import autocannon from 'autocannon';
+import { exportJWK, generateKeyPair, SignJWT } from 'jose';
+import { generateApiKey, hashApiKey } from '../src/gateway/credentials/api-key.js';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const DURATION = Number(process.env.BENCH_DURATION ?? 10);
+const WARMUP = Number(process.env.BENCH_WARMUP ?? 3);
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
+const ONLY = process.env.BENCH_ONLY?.split(',');
+
+interface CaseResult {
+  name: string;
+  requestsPerSec: number;
+  p50: number;
+  p99: number;
+  errors: number;
+  non2xx: number;
+  expectedStatus: number;
+  ratio?: number;
+  ratioTo?: string;
+  extra?: Record<string, number | string>;
+}
+
+const children: ChildProcess[] = [];
+process.on('exit', () => children.forEach((c) => c.kill('SIGKILL')));
+
+/** Starts a Node process and resolves with the port it prints as `ready <port>`, or finds in its JSON log. */
+function startProcess(args: string[], portFrom: (line: string) => number | undefined = readyPort): Promise<{ child: ChildProcess; port: number }> {
+  const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', 'pipe', 'inherit'] });
+  children.push(child);
+  return new Promise((resolve, reject) => {
+    let buffer = '';
+    let found = false;
+    child.stdout!.on('data', (d: Buffer) => {
+      if (found) return; // keep draining the log (pino writes it), ignore it
+      buffer += d.toString();
+      for (const line of buffer.split('\n')) {
+        const port = portFrom(line);
+        if (port !== undefined) {
+          found = true;
+          resolve({ child, port });
+          return;
+        }
+      }
+    });
+    child.once('exit', (code) => !found && reject(new Error(`${args.join(' ')} exited ${code}`)));
+  });
+}
+
+function readyPort(line: string): number | undefined {
+  const m = /^ready (\d+)$/.exec(line.trim());
+  return m ? Number(m[1]) : undefined;
+}
+
+function logPort(message: string) {
+  return (line: string): number | undefined => {
+    try {
+      const entry = JSON.parse(line);
+      return entry.msg === message ? Number(new URL(entry.url).port) : undefined;
+    } catch {
+      return undefined;
+    }
+  };
+}
+
+const tsx = (file: string, ...args: string[]) => ['--import', 'tsx', path.join(ROOT, 'bench', file), ...args];
+
+async function load(name: string, options: autocannon.Options, expectedStatus: number): Promise<CaseResult> {
+  await autocannon({ ...options, duration: WARMUP, connections: CONNECTIONS });
+  const r = await autocannon({ ...options, duration: DURATION, connections: CONNECTIONS });
+  const wrongStatus = Object.entries(r.statusCodeStats ?? {}).filter(([code]) => Number(code) !== expectedStatus).reduce((n, [, v]) => n + (v as { count: number }).count, 0);
+  return {
+    name,
+    requestsPerSec: Math.round(r.requests.average),
+    p50: r.latency.p50,
+    p99: r.latency.p99,
+    errors: r.errors + r.timeouts,
+    non2xx: wrongStatus,
+    expectedStatus,
+  };
+}
+
+async function stop(child: ChildProcess) {
+  if (child.exitCode !== null) return;
+  const exited = new Promise((r) => child.once('exit', r));
+  child.kill('SIGTERM');
+  await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
+  child.kill('SIGKILL');
+}
+
+async function main() {
+  const work = mkdtempSync(path.join(os.tmpdir(), 'gatehouse-bench-'));
+  const results: CaseResult[] = [];
+  const want = (name: string) => !ONLY || ONLY.some((o) => name.startsWith(o));
+  const key = generateApiKey();
+  const hs256Secret = 'bench-hs256-secret-0123456789abcdefghijkl';
+
+  const upstream = await startProcess(tsx('upstream.ts'));
+  const upstreamUrl = `http://127.0.0.1:${upstream.port}`;
+
+  // A JWKS server in this process: gatehouse fetches it once at start and caches it.
+  const { publicKey, privateKey } = await generateKeyPair('RS256');
+  const jwk = { ...(await exportJWK(publicKey)), kid: 'bench', alg: 'RS256', use: 'sig' };
+  let jwksFetches = 0;
+  const jwksServer = http.createServer((_req, res) => {
+    jwksFetches++;
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.end(JSON.stringify({ keys: [jwk] }));
+  });
+  await new Promise<void>((r) => jwksServer.listen(0, '127.0.0.1', r));
+  const jwksUri = `http://127.0.0.1:${(jwksServer.address() as AddressInfo).port}/jwks.json`;
+  const exp = Math.floor(Date.now() / 1000) + 3600;
+  const hsToken = await new SignJWT({ sub: 'bench-user' }).setProtectedHeader({ alg: 'HS256' }).setExpirationTime(exp).sign(new TextEncoder().encode(hs256Secret));
+  const rsToken = await new SignJWT({ sub: 'bench-user' }).setProtectedHeader({ alg: 'RS256', kid: 'bench' }).setExpirationTime(exp).sign(privateKey);
+
+  if (want('direct')) results.push(await load('direct', { url: `${upstreamUrl}/api/items` }, 200));
+
+  if (want('node-bare')) {
+    const bare = await startProcess(tsx('node-bare.ts', String(upstream.port), key));
+    results.push(await load('node-bare', { url: `http://127.0.0.1:${bare.port}/api/items`, headers: { 'x-api-key': key } }, 200));
+    await stop(bare.child);
+  }
+
+  const gatewayCases: [string, Record<string, unknown>, Record<string, string>, number][] = [
+    ['gatehouse api-key', {}, { 'x-api-key': key }, 200],
+    ['gatehouse jwt-hs256', { bearer: { jwt: { secret: hs256Secret, algorithms: ['HS256'] } } }, { authorization: `Bearer ${hsToken}` }, 200],
+    ['gatehouse jwt-rs256', { bearer: { jwt: { jwksUri, algorithms: ['RS256'] } } }, { authorization: `Bearer ${rsToken}` }, 200],
+    ['gatehouse rejected', {}, { 'x-api-key': generateApiKey() }, 401],
+  ];
+  for (const [name, auth, headers, status] of gatewayCases) {
+    if (!want(name)) continue;
+    const config = {
+      storage: { path: path.join(work, 'gateway.db') },
+      gateway: {
+        listen: { host: '127.0.0.1', port: 0 },
+        upstream: { target: upstreamUrl },
+        auth: {
+          apiKeys: [{ id: 'bench', hash: hashApiKey(key) }],
+          allowedIPs: ['127.0.0.1', '::1', '10.0.0.0/8'],
+          // The rejected case sends only wrong keys: a lockout would turn them into 429s.
+          failures: { max: 1_000_000_000 },
+          ...auth,
+        },
+      },
+    };
+    const file = path.join(work, 'gateway.json5');
+    writeFileSync(file, JSON.stringify(config));
+    const gatehouse = await startProcess([path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('gateway listening'));
+    const before = jwksFetches;
+    results.push(await load(name, { url: `http://127.0.0.1:${gatehouse.port}/api/items`, headers }, status));
+    if (name.includes('rs256')) results.at(-1)!.extra = { jwksFetchesDuringLoad: jwksFetches - before };
+    await stop(gatehouse.child);
+  }
+
+  const body = JSON.stringify({ event: 'deploy', service: 'bench', padding: 'x'.repeat(1024 - 60) });
+  const secret = 'bench-webhook-secret-0123456789';
+  const hookHeaders = { 'content-type': 'application/json', 'x-webhook-secret': secret };
+
+  if (want('ingest-bare')) {
+    const bare = await startProcess(tsx('ingest-bare.ts', path.join(work, 'bare.db'), secret));
+    results.push(await load('ingest-bare', { url: `http://127.0.0.1:${bare.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202));
+    await stop(bare.child);
+  }
+
+  if (want('webhook ingest')) {
+    const target = await startProcess(tsx('target.ts'));
+    const dbFile = path.join(work, 'ingest.db');
+    const config = {
+      storage: { path: dbFile },
+      gateway: { listen: { port: 0 }, upstream: { target: upstreamUrl }, auth: { apiKeys: [{ id: 'bench', hash: hashApiKey(key) }] } },
+      webhooks: {
+        enabled: true,
+        listen: { host: '127.0.0.1', port: 0 },
+        endpoints: [{ path: '/webhook/bench', secret, action: 'system-event' }],
+        targets: { 'system-event': { url: `http://127.0.0.1:${target.port}/events` } },
+        delivery: { concurrency: 32 },
+      },
+    };
+    const file = path.join(work, 'ingest.json5');
+    writeFileSync(file, JSON.stringify(config));
+    const gatehouse = await startProcess([path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('webhook receiver listening'));
+    const startedAt = Date.now();
+    const result = await load('webhook ingest', { url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202);
+    // Delivered/s: everything accepted (warm-up included) reaching the target, timed from the first request.
+    const accepted = await countAccepted(dbFile);
+    const deadline = Date.now() + 120_000;
+    let count = { delivered: 0, lastAt: 0 };
+    while (Date.now() < deadline) {
+      count = await getJson(`http://127.0.0.1:${target.port}/count`);
+      if (count.delivered >= accepted) break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    const seconds = (count.lastAt - startedAt) / 1000;
+    result.extra = {
+      accepted,
+      delivered: count.delivered,
+      deliveredPerSec: Math.round(count.delivered / seconds),
+      acceptedPerSecOverall: Math.round(accepted / ((WARMUP + DURATION))),
+    };
+    results.push(result);
+    await stop(gatehouse.child);
+    await stop(target.child);
+  }
+
+  jwksServer.close();
+  await stop(upstream.child);
+  rmSync(work, { recursive: true, force: true });
+
+  const ref = (name: string) => results.find((r) => r.name === name);
+  for (const r of results) {
+    const reference = r.name.startsWith('gatehouse') ? ref('node-bare') : r.name === 'webhook ingest' ? ref('ingest-bare') : undefined;
+    if (reference) {
+      r.ratio = Math.round((r.requestsPerSec / reference.requestsPerSec) * 100) / 100;
+      r.ratioTo = reference.name;
+    }
+  }
+  printTable(results);
+  const report = {
+    at: new Date().toISOString(),
+    machine: { cpus: os.cpus().length, cpuModel: os.cpus()[0]?.model, node: process.version, platform: `${os.platform()} ${os.arch()}`, memoryGiB: Math.round(os.totalmem() / 2 ** 30) },
+    settings: { durationSeconds: DURATION, warmupSeconds: WARMUP, connections: CONNECTIONS },
+    results,
+    targets: checkTargets(results),
+  };
+  mkdirSync(path.join(ROOT, 'bench/results'), { recursive: true });
+  writeFileSync(path.join(ROOT, 'bench/results/latest.json'), JSON.stringify(report, null, 2) + '\n');
+  console.log('\ntargets:');
+  for (const t of report.targets) console.log(`  ${t.met ? 'met ' : 'MISS'}  ${t.target}: ${t.measured}`);
+  console.log('\nwritten: bench/results/latest.json');
+}
+
+function checkTargets(results: CaseResult[]) {
+  const r = (name: string) => results.find((x) => x.name === name);
+  const out: { target: string; measured: string; met: boolean }[] = [];
+  const bare = r('node-bare');
+  const apiKey = r('gatehouse api-key');
+  if (bare && apiKey) {
+    out.push({ target: 'api-key >= 0.7 x node-bare req/s', measured: `${apiKey.ratio}`, met: apiKey.ratio! >= 0.7 });
+    out.push({ target: 'api-key p99 <= 1.5 x node-bare p99', measured: `${apiKey.p99} ms vs ${bare.p99} ms`, met: apiKey.p99 <= 1.5 * bare.p99 });
+  }
+  const rs = r('gatehouse jwt-rs256');
+  if (bare && rs) out.push({ target: 'jwt-rs256 >= 0.6 x node-bare', measured: `${rs.ratio}`, met: rs.ratio! >= 0.6 });
+  const rejected = r('gatehouse rejected');
+  if (apiKey && rejected) out.push({ target: 'rejected req/s >= api-key req/s', measured: `${rejected.requestsPerSec} vs ${apiKey.requestsPerSec}`, met: rejected.requestsPerSec >= apiKey.requestsPerSec });
+  const ingest = r('webhook ingest');
+  if (ingest && r('ingest-bare')) {
+    out.push({ target: 'webhook ingest >= 0.6 x ingest-bare', measured: `${ingest.ratio}`, met: ingest.ratio! >= 0.6 });
+    out.push({ target: 'webhook ingest p99 < 25 ms', measured: `${ingest.p99} ms`, met: ingest.p99 < 25 });
+  }
+  if (ingest?.extra) {
+    const { accepted, delivered } = ingest.extra as { accepted: number; delivered: number };
+    out.push({ target: 'every accepted event delivered', measured: `${delivered}/${accepted}`, met: delivered >= accepted });
+  }
+  for (const x of results) if (x.errors > 0 || x.non2xx > 0) out.push({ target: `${x.name}: no errors, every answer ${x.expectedStatus}`, measured: `${x.errors} errors, ${x.non2xx} other statuses`, met: false });
+  return out;
+}
+
+function printTable(results: CaseResult[]) {
+  const rows = results.map((r) => [
+    r.name, String(r.requestsPerSec), `${r.p50}`, `${r.p99}`, String(r.errors + r.non2xx), r.ratio !== undefined ? `${r.ratio} x ${r.ratioTo}` : '',
+    r.extra ? Object.entries(r.extra).map(([k, v]) => `${k}=${v}`).join(' ') : '',
+  ]);
+  const header = ['case', 'req/s', 'p50 ms', 'p99 ms', 'errors', 'ratio', 'notes'];
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
+  const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i]!)).join('  ');
+  console.log(`\n${line(header)}\n${widths.map((w) => '-'.repeat(w)).join('  ')}`);
+  for (const row of rows) console.log(line(row));
+}
+
+async function countAccepted(file: string): Promise<number> {
+  const { default: Database } = await import('better-sqlite3');
+  const db = new Database(file, { readonly: true });
+  const { n } = db.prepare('SELECT COUNT(*) AS n FROM events').get() as { n: number };
+  db.close();
+  return n;
+}
+
+function getJson<T>(url: string): Promise<T> {
+  return new Promise((resolve, reject) => {
+    http.get(url, (res) => {
+      let text = '';
+      res.on('data', (d) => (text += d));
+      res.on('end', () => resolve(JSON.parse(text)));
+    }).on('error', reject);
+  });
+}
+
+await main();
