@@ -387,11 +387,7 @@ describe('SqliteEventStore', () => {
       assert.equal(await store.nextDueAt(), T0 + 1_000);
     });
 
-    // BUG (src/webhooks/store.ts:164, nextDue): MIN(next_attempt_at) counts events under lease, whose
-    // next_attempt_at is in the past. Deliverer.scheduleNext (deliverer.ts:143-144) then waits 0 ms,
-    // claims nothing, and repeats: a hot loop of ~800 claimDue+nextDueAt queries/s for as long as any
-    // delivery is in flight (measured with a target that answers after 2 s).
-    // Fix: 'SELECT MIN(MAX(next_attempt_at, lease_until)) AS at FROM events WHERE status = 'queued''.
+    // A leased event counted as due made the deliverer poll in a hot loop while a delivery was in flight.
     it('nextDueAt does not report a leased event as due before its lease ends', async () => {
       await acceptAt(T0);
       await store.claimDue(T0, 1, LEASE, 'message');
