@@ -21,6 +21,8 @@ const DURATION = Number(process.env.BENCH_DURATION ?? 10);
 const WARMUP = Number(process.env.BENCH_WARMUP ?? 3);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
 const ONLY = process.env.BENCH_ONLY?.split(',');
+/** BENCH_PROFILE=1: gatehouse runs with --cpu-prof, profiles land in bench/results/ (open in Chrome DevTools). */
+const PROFILE = process.env.BENCH_PROFILE === '1' ? ['--cpu-prof', '--cpu-prof-dir', path.join(ROOT, 'bench/results')] : [];
 
 interface CaseResult {
   name: string;
@@ -159,7 +161,7 @@ async function main() {
     };
     const file = path.join(work, 'gateway.json5');
     writeFileSync(file, JSON.stringify(config));
-    const gatehouse = await startProcess([path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('gateway listening'));
+    const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('gateway listening'));
     const before = jwksFetches;
     results.push(await load(name, { url: `http://127.0.0.1:${gatehouse.port}/api/items`, headers }, status));
     if (name.includes('rs256')) results.at(-1)!.extra = { jwksFetchesDuringLoad: jwksFetches - before };
@@ -192,9 +194,10 @@ async function main() {
     };
     const file = path.join(work, 'ingest.json5');
     writeFileSync(file, JSON.stringify(config));
-    const gatehouse = await startProcess([path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('webhook receiver listening'));
+    const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('webhook receiver listening'));
     const startedAt = Date.now();
     const result = await load('webhook ingest', { url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202);
+    await new Promise((r) => setTimeout(r, 500)); // requests still in flight when the load stopped get committed too
     // Delivered/s: everything accepted (warm-up included) reaching the target, timed from the first request.
     const accepted = await countAccepted(dbFile);
     const deadline = Date.now() + 120_000;

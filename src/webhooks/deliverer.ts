@@ -68,6 +68,7 @@ export class Deliverer {
   private timer: NodeJS.Timeout | undefined;
   private pumping = false;
   private pumpAgain = false;
+  private pumpScheduled = false;
   private stopped = true;
 
   constructor(
@@ -90,14 +91,20 @@ export class Deliverer {
     this.notify();
   }
 
-  /** Something may be due now (a webhook was accepted). */
+  /** Something may be due now (a webhook was accepted). Coalesced: one pump per turn of the event loop. */
   notify(): void {
     if (this.stopped) return;
     if (this.pumping) {
       this.pumpAgain = true;
       return;
     }
-    void this.pump();
+    if (this.pumpScheduled) return;
+    this.pumpScheduled = true;
+    setImmediate(() => {
+      this.pumpScheduled = false;
+      if (this.pumping) this.pumpAgain = true;
+      else if (!this.stopped) void this.pump();
+    });
   }
 
   /** Stops claiming; waits for attempts in flight (they are settled, or their lease lets a restart retry them). */
@@ -148,7 +155,7 @@ export class Deliverer {
       return;
     }
     try {
-      const next = await this.store.nextDueAt();
+      const next = await this.store.nextDueAt(this.now());
       if (next !== undefined) wait = Math.max(0, Math.min(POLL_MS, next - this.now()));
     } catch {
       // the next pump reports store errors

@@ -60,10 +60,10 @@ export interface EventStore {
   /** Leases up to `limit` due events of one action (no one else gets them until `leaseMs` passes). */
   claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<StoredEvent[]>;
   recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome): Promise<void>;
-  /** Frees the leases of a previous run (after a crash). Only for a store this process alone delivers from. */
+  /** Frees every lease (a deliverer starting afresh); returns how many were held. */
   releaseLeases(): Promise<number>;
   /** The earliest next_attempt_at of queued events, if any. */
-  nextDueAt(): Promise<number | undefined>;
+  nextDueAt(now: number): Promise<number | undefined>;
   list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]>;
   get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined>;
   /** Puts an event back in the queue with a fresh attempt budget; false when unknown or already queued. */
@@ -103,7 +103,6 @@ CREATE TABLE IF NOT EXISTS events (
   attempts        INTEGER NOT NULL DEFAULT 0,
   round_attempts  INTEGER NOT NULL DEFAULT 0,
   next_attempt_at INTEGER NOT NULL,
-  lease_until     INTEGER NOT NULL DEFAULT 0,
   last_error      TEXT,
   delivered_at    INTEGER
 );
@@ -125,21 +124,28 @@ export function newEventId(now: number = Date.now()): string {
   return `evt_${now.toString(36).padStart(9, '0')}${randomBytes(10).toString('hex')}`;
 }
 
-interface Pending {
-  event: NewEvent;
-  resolve: (result: AcceptResult) => void;
+interface PendingWrite {
+  run: () => unknown;
+  resolve: (result: any) => void;
   reject: (err: unknown) => void;
 }
 
 /**
- * SQLite (better-sqlite3, WAL, synchronous=FULL) store. Group commit: the accepts that arrive
- * in the same turn of the event loop are inserted in one transaction, and each resolves after
- * that single fsync, so durability costs one commit per batch rather than per request.
+ * SQLite (better-sqlite3, WAL, synchronous=FULL) store. Group commit: the writes (accepts and
+ * attempt records) that arrive in the same turn of the event loop share one transaction, and
+ * each resolves after that single fsync, so durability costs one commit per batch rather than
+ * per request. Each write runs in its own savepoint: one failing write fails alone.
+ *
+ * Leases live in this process's memory: reading due events never writes, and a restart after
+ * a crash starts with none, so everything undelivered is due again. One delivering process per
+ * SQLite file.
  */
 export class SqliteEventStore implements EventStore {
   private readonly db: Database.Database;
-  private pending: Pending[] = [];
+  private pending: PendingWrite[] = [];
   private flushScheduled = false;
+  /** Event id → lease end (ms). */
+  private readonly leases = new Map<string, number>();
   private readonly statements;
 
   constructor(file: string) {
@@ -156,24 +162,26 @@ export class SqliteEventStore implements EventStore {
       findByKey: db.prepare<[string, string], { id: string; received_at: number }>('SELECT id, received_at FROM events WHERE endpoint = ? AND idempotency_key = ?'),
       forgetKey: db.prepare<[string]>('UPDATE events SET idempotency_key = NULL WHERE id = ?'),
       insert: db.prepare('INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, \'queued\', ?)'),
-      due: db.prepare<[string, number, number, number], EventRow>('SELECT * FROM events WHERE status = \'queued\' AND action = ? AND next_attempt_at <= ? AND lease_until <= ? ORDER BY next_attempt_at LIMIT ?'),
-      lease: db.prepare<[number, string]>('UPDATE events SET lease_until = ? WHERE id = ?'),
+      due: db.prepare<[string, number, number], EventRow>('SELECT * FROM events WHERE status = \'queued\' AND action = ? AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?'),
       insertAttempt: db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)'),
-      settle: db.prepare('UPDATE events SET status = ?, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = ?, lease_until = 0, last_error = ?, delivered_at = ? WHERE id = ?'),
-      releaseLeases: db.prepare('UPDATE events SET lease_until = 0 WHERE lease_until != 0'),
-      // A leased event is not due before its lease ends, whatever its next_attempt_at says.
-      nextDue: db.prepare<[], { at: number | null }>('SELECT MIN(MAX(next_attempt_at, lease_until)) AS at FROM events WHERE status = \'queued\''),
+      settle: db.prepare('UPDATE events SET status = ?, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = ?, last_error = ?, delivered_at = ? WHERE id = ?'),
+      nextDue: db.prepare<[number], { id: string; next_attempt_at: number }>('SELECT id, next_attempt_at FROM events WHERE status = \'queued\' ORDER BY next_attempt_at LIMIT ?'),
       get: db.prepare<[string], EventRow>('SELECT * FROM events WHERE id = ?'),
       attempts: db.prepare<[string], { attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
-      requeue: db.prepare<[number, string]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ?, lease_until = 0, delivered_at = NULL WHERE id = ? AND status != \'queued\''),
-      requeueDead: db.prepare<[number]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ?, lease_until = 0 WHERE status = \'dead\''),
+      requeue: db.prepare<[number, string]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ?, delivered_at = NULL WHERE id = ? AND status != \'queued\''),
+      requeueDead: db.prepare<[number]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ? WHERE status = \'dead\''),
       purge: db.prepare<[number]>('DELETE FROM events WHERE status = \'delivered\' AND delivered_at < ?'),
     };
   }
 
   accept(event: NewEvent): Promise<AcceptResult> {
-    return new Promise((resolve, reject) => {
-      this.pending.push({ event, resolve, reject });
+    return this.write(() => this.insertOne(event));
+  }
+
+  /** Queues a write for the next group commit; resolves once it is durable. */
+  private write<T>(run: () => T): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      this.pending.push({ run, resolve, reject });
       if (!this.flushScheduled) {
         this.flushScheduled = true;
         setImmediate(() => this.flush());
@@ -185,16 +193,26 @@ export class SqliteEventStore implements EventStore {
     this.flushScheduled = false;
     const batch = this.pending;
     this.pending = [];
-    const results: AcceptResult[] = [];
+    const outcomes: ({ ok: true; value: unknown } | { ok: false; err: unknown })[] = [];
     try {
       this.db.transaction(() => {
-        for (const { event } of batch) results.push(this.insertOne(event));
+        for (const w of batch) {
+          try {
+            outcomes.push({ ok: true, value: this.db.transaction(w.run)() }); // nested: a savepoint
+          } catch (err) {
+            outcomes.push({ ok: false, err });
+          }
+        }
       })();
     } catch (err) {
-      for (const p of batch) p.reject(err);
+      for (const w of batch) w.reject(err); // the commit itself failed: nothing in the batch is stored
       return;
     }
-    batch.forEach((p, i) => p.resolve(results[i]!));
+    batch.forEach((w, i) => {
+      const outcome = outcomes[i]!;
+      if (outcome.ok) w.resolve(outcome.value);
+      else w.reject(outcome.err);
+    });
   }
 
   private insertOne(event: NewEvent): AcceptResult {
@@ -209,15 +227,18 @@ export class SqliteEventStore implements EventStore {
   }
 
   async claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<StoredEvent[]> {
-    return this.db.transaction(() => {
-      const rows = this.statements.due.all(action, now, now, limit);
-      for (const row of rows) this.statements.lease.run(now + leaseMs, row.id);
-      return rows.map(toEvent);
-    })();
+    const claimed: StoredEvent[] = [];
+    for (const row of this.statements.due.all(action, now, limit + this.leases.size)) {
+      if ((this.leases.get(row.id) ?? 0) > now) continue;
+      this.leases.set(row.id, now + leaseMs);
+      claimed.push(toEvent(row));
+      if (claimed.length === limit) break;
+    }
+    return claimed;
   }
 
-  async recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome): Promise<void> {
-    this.db.transaction(() => {
+  recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome): Promise<void> {
+    return this.write(() => {
       this.statements.insertAttempt.run(id, attempt.attempt, attempt.at, attempt.status, attempt.error, Math.round(attempt.durationMs));
       const lastError = outcome.status === 'delivered' ? null : (attempt.error ?? `HTTP ${attempt.status}`);
       this.statements.settle.run(
@@ -227,15 +248,30 @@ export class SqliteEventStore implements EventStore {
         outcome.status === 'delivered' ? attempt.at + Math.round(attempt.durationMs) : null,
         id,
       );
-    })();
+    }).then(() => {
+      this.leases.delete(id);
+    });
   }
 
   async releaseLeases(): Promise<number> {
-    return this.statements.releaseLeases.run().changes;
+    const held = this.leases.size;
+    this.leases.clear();
+    return held;
   }
 
-  async nextDueAt(): Promise<number | undefined> {
-    return this.statements.nextDue.get()?.at ?? undefined;
+  /** The earliest time a queued event can be claimed: leased events count from their lease's end. */
+  async nextDueAt(now: number): Promise<number | undefined> {
+    let earliest: number | undefined;
+    for (const [id, until] of this.leases) {
+      if (until <= now) this.leases.delete(id);
+      else earliest = Math.min(earliest ?? until, until);
+    }
+    for (const row of this.statements.nextDue.all(this.leases.size + 1)) {
+      if (this.leases.has(row.id)) continue;
+      earliest = Math.min(earliest ?? row.next_attempt_at, row.next_attempt_at);
+      break;
+    }
+    return earliest;
   }
 
   async list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]> {

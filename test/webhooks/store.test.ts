@@ -254,7 +254,7 @@ describe('SqliteEventStore', () => {
       assert.equal(got?.event.status, 'queued');
       assert.equal(got?.event.nextAttemptAt, T0 + 2_000);
       assert.equal(got?.event.lastError, 'HTTP 503');
-      assert.equal(await store.nextDueAt(), T0 + 2_000);
+      assert.equal(await store.nextDueAt(T0), T0 + 2_000);
       // The lease taken at T0 would last until T0 + LEASE; settling freed it.
       assert.deepEqual(await store.claimDue(T0 + 1_999, 1, LEASE, 'message'), []);
       assert.deepEqual((await store.claimDue(T0 + 2_000, 1, LEASE, 'message')).map((e) => e.id), [id]);
@@ -274,7 +274,7 @@ describe('SqliteEventStore', () => {
       assert.equal(got?.event.status, 'dead');
       assert.equal(got?.event.lastError, 'HTTP 410');
       assert.equal(got?.event.deliveredAt, null);
-      assert.equal(await store.nextDueAt(), undefined);
+      assert.equal(await store.nextDueAt(T0), undefined);
     });
 
     it('rejects a repeated attempt number without changing the event', async () => {
@@ -381,17 +381,17 @@ describe('SqliteEventStore', () => {
 
   describe('nextDueAt and list', () => {
     it('nextDueAt is the earliest next attempt of queued events, or undefined', async () => {
-      assert.equal(await store.nextDueAt(), undefined);
+      assert.equal(await store.nextDueAt(T0), undefined);
       await acceptAt(T0 + 3_000);
       await acceptAt(T0 + 1_000, 'agent');
-      assert.equal(await store.nextDueAt(), T0 + 1_000);
+      assert.equal(await store.nextDueAt(T0), T0 + 1_000);
     });
 
     // A leased event counted as due made the deliverer poll in a hot loop while a delivery was in flight.
     it('nextDueAt does not report a leased event as due before its lease ends', async () => {
       await acceptAt(T0);
       await store.claimDue(T0, 1, LEASE, 'message');
-      assert.equal(await store.nextDueAt(), T0 + LEASE);
+      assert.equal(await store.nextDueAt(T0), T0 + LEASE);
     });
 
     it('list filters by status and endpoint, newest first, with a limit', async () => {
