@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
+import { HttpError, sendError } from '../errors.js';
 import type { ClientOrigin } from './client-ip.js';
 import type { Identity } from './credentials/authenticate.js';
 
@@ -55,4 +56,24 @@ function logRequest(logger: Logger, req: IncomingMessage, res: ServerResponse, c
     error: ctx.errorCode,
     detail: ctx.detail,
   }, 'request');
+}
+
+/** Records an error on the request's context, for its log line. */
+export function noteError(req: IncomingMessage, error: HttpError): void {
+  if (req.gatehouse) {
+    req.gatehouse.errorCode = error.code;
+    req.gatehouse.detail = error.detail;
+  }
+}
+
+/** Answers with a catalogue error; anything that is not an HttpError is logged and becomes a 500. */
+export function respondWithError(req: IncomingMessage, res: ServerResponse, err: unknown, logger: Logger): void {
+  let error: HttpError;
+  if (err instanceof HttpError) error = err;
+  else {
+    logger.error({ err, id: req.gatehouse?.id }, 'unexpected error');
+    error = new HttpError('internal_error', err instanceof Error ? err.message : String(err));
+  }
+  noteError(req, error);
+  sendError(res, error);
 }

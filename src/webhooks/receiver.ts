@@ -3,10 +3,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
 import type { Config, WebhookAction } from '../config/schema.js';
-import { HttpError, sendError } from '../errors.js';
+import { HttpError } from '../errors.js';
 import { createClientIpResolver } from '../gateway/client-ip.js';
 import type { FailureLockout } from '../gateway/lockout.js';
-import { beginRequest } from '../gateway/request-context.js';
+import { beginRequest, respondWithError } from '../gateway/request-context.js';
 import type { EventStore } from './store.js';
 import { buildEnvelope, compileTemplate, type CompiledTemplate } from './translate.js';
 
@@ -120,23 +120,13 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     res.end(reply);
   }
 
-  function errorResponse(err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) {
-    const error = err instanceof HttpError ? err : new HttpError('internal_error', err instanceof Error ? err.message : String(err));
-    if (!(err instanceof HttpError)) logger.error({ err, id: req.gatehouse?.id }, 'unexpected error');
-    if (req.gatehouse) {
-      req.gatehouse.errorCode = error.code;
-      req.gatehouse.detail = error.detail;
-    }
-    sendError(res, error);
-  }
-
   const app = express();
   app.disable('x-powered-by');
   app.disable('etag');
   app.use(startContext);
   app.get('/healthz', healthz);
   app.use(receiveWebhook);
-  app.use(errorResponse);
+  app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) => respondWithError(req, res, err, logger));
   return { handle: app };
 }
 
