@@ -10,7 +10,7 @@ import { compileAddressMatcher, parseAddress } from './gateway/ip-allowlist.js';
 import type { FailureLockout } from './gateway/lockout.js';
 import { API_PREFIX, checkApiPath } from './gateway/path-gate.js';
 import { createUpstreamProxy } from './gateway/proxy.js';
-import { beginRequest, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
+import { beginRequest, requestLogger, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
 
 type Next = NextFunction;
 type Req = IncomingMessage & { gatehouse: RequestContext };
@@ -38,6 +38,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   const allowed = gateway.auth.allowedIPs ? compileAddressMatcher(gateway.auth.allowedIPs) : undefined;
   const authenticator = await Authenticator.create(gateway.auth);
   const encrypted = gateway.tls !== undefined;
+  const requestLog = requestLogger(logger);
   const proxy = createUpstreamProxy(gateway.upstream, (req, error) => noteError(req, error));
 
   function healthz(_req: IncomingMessage, res: ServerResponse) {
@@ -106,7 +107,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) => respondWithError(req, res, err, logger));
 
   function handle(req: IncomingMessage, res: ServerResponse): void {
-    beginRequest(req, res, logger);
+    beginRequest(req, res, requestLog);
     if (req.url?.startsWith(API_PREFIX)) {
       apiPipeline(req as Req, res).catch((err: unknown) => respondWithError(req, res, err, logger));
     } else {

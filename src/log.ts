@@ -26,5 +26,7 @@ export function createLogger(options: LoggerOptions = {}): Logger {
   if (options.pretty ?? process.stdout.isTTY) {
     return pino({ ...base, transport: { target: 'pino-pretty', options: { translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname,name' } } });
   }
-  return pino(base);
+  // Asynchronous stdout: lines written while a write is pending go out together in one syscall.
+  // pino flushes it on a normal exit; a crash can lose the last lines, never a request.
+  return pino(base, pino.destination({ dest: 1, sync: false }));
 }

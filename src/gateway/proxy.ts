@@ -48,7 +48,14 @@ export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError
   };
 
   const handler = createProxyMiddleware<IncomingMessage, ServerResponse>({
-    target: upstream.target,
+    // Pre-parsed: given a string, http-proxy would url.parse() it on every request.
+    target: {
+      protocol: target.protocol,
+      host: target.host,
+      hostname: target.hostname.replace(/^\[|\]$/g, ''),
+      port: target.port || (target.protocol === 'https:' ? '443' : '80'),
+      path: target.pathname === '/' ? '' : target.pathname,
+    } as never,
     changeOrigin: true,
     toProxy: true,
     xfwd: false,

@@ -6,7 +6,7 @@ import type { Config, WebhookAction } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import { createClientIpResolver } from '../gateway/client-ip.js';
 import type { FailureLockout } from '../gateway/lockout.js';
-import { beginRequest, respondWithError } from '../gateway/request-context.js';
+import { beginRequest, requestLogger, respondWithError } from '../gateway/request-context.js';
 import type { EventStore } from './store.js';
 import { buildEnvelope, compileTemplate, type CompiledTemplate } from './translate.js';
 
@@ -47,6 +47,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   const { webhooks } = config;
   const { logger, lockout, store } = deps;
   const resolveClientIp = createClientIpResolver(config.gateway.trustProxy);
+  const requestLog = requestLogger(logger);
   const endpoints = new Map<string, Endpoint>(webhooks.endpoints.map((e) => [e.path, {
     path: e.path,
     action: e.action,
@@ -55,7 +56,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   }]));
 
   function startContext(req: IncomingMessage, res: ServerResponse, next: Next) {
-    beginRequest(req, res, logger);
+    beginRequest(req, res, requestLog);
     next();
   }
 
