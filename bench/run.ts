@@ -131,16 +131,22 @@ async function main() {
 
   if (want('direct')) results.push(await load('direct', { url: `${upstreamUrl}/api/items` }, 200));
 
-  if (want('node-bare')) {
-    const bare = await startProcess(tsx('node-bare.ts', String(upstream.port), key));
-    results.push(await load('node-bare', { url: `http://127.0.0.1:${bare.port}/api/items`, headers: { 'x-api-key': key } }, 200));
-    await stop(bare.child);
-  }
+  // node-bare stays up and is measured right next to each gatehouse case (alternating which goes
+  // first): on a shared machine, the ratio of two adjacent runs is what survives the noise.
+  const bare = await startProcess(tsx('node-bare.ts', String(upstream.port), key));
+  const bareRuns: CaseResult[] = [];
+  const measureBare = async () => {
+    const run = await load('node-bare', { url: `http://127.0.0.1:${bare.port}/api/items`, headers: { 'x-api-key': key } }, 200);
+    bareRuns.push(run);
+    return run;
+  };
 
   const gatewayCases: [string, Record<string, unknown>, Record<string, string>, number][] = [
     ['gatehouse api-key', {}, { 'x-api-key': key }, 200],
     ['gatehouse jwt-hs256', { bearer: { jwt: { secret: hs256Secret, algorithms: ['HS256'] } } }, { authorization: `Bearer ${hsToken}` }, 200],
     ['gatehouse jwt-rs256', { bearer: { jwt: { jwksUri, algorithms: ['RS256'] } } }, { authorization: `Bearer ${rsToken}` }, 200],
+    // The same without the verified-token cache: what a first sight of each token costs.
+    ['gatehouse jwt-rs256 uncached', { bearer: { jwt: { jwksUri, algorithms: ['RS256'], cacheSeconds: 0 } } }, { authorization: `Bearer ${rsToken}` }, 200],
     ['gatehouse rejected', {}, { 'x-api-key': generateApiKey() }, 401],
   ];
   for (const [name, auth, headers, status] of gatewayCases) {
@@ -154,7 +160,7 @@ async function main() {
           apiKeys: [{ id: 'bench', hash: hashApiKey(key) }],
           allowedIPs: ['127.0.0.1', '::1', '10.0.0.0/8'],
           // The rejected case sends only wrong keys: a lockout would turn them into 429s.
-          failures: { max: 1_000_000_000 },
+          failures: { max: 1_000_000 },
           ...auth,
         },
       },
@@ -163,9 +169,24 @@ async function main() {
     writeFileSync(file, JSON.stringify(config));
     const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('gateway listening'));
     const before = jwksFetches;
-    results.push(await load(name, { url: `http://127.0.0.1:${gatehouse.port}/api/items`, headers }, status));
-    if (name.includes('rs256')) results.at(-1)!.extra = { jwksFetchesDuringLoad: jwksFetches - before };
+    const bareFirst = bareRuns.length % 2 === 0;
+    const pairedBare = bareFirst ? await measureBare() : undefined;
+    const result = await load(name, { url: `http://127.0.0.1:${gatehouse.port}/api/items`, headers }, status);
+    const reference = pairedBare ?? (await measureBare());
+    result.ratio = Math.round((result.requestsPerSec / reference.requestsPerSec) * 100) / 100;
+    result.ratioTo = 'node-bare';
+    result.extra = { pairedNodeBare: reference.requestsPerSec, pairedNodeBareP99: reference.p99 };
+    if (name.includes('rs256')) result.extra.jwksFetchesDuringLoad = jwksFetches - before;
+    results.push(result);
     await stop(gatehouse.child);
+  }
+  if (bareRuns.length === 0 && want('node-bare')) await measureBare();
+  await stop(bare.child);
+  if (bareRuns.length > 0) {
+    // The node-bare row: the median of its paired runs.
+    const median = [...bareRuns].sort((x, y) => x.requestsPerSec - y.requestsPerSec)[Math.floor(bareRuns.length / 2)]!;
+    results.splice(results.findIndex((r) => r.name.startsWith('gatehouse')) === -1 ? results.length : results.findIndex((r) => r.name.startsWith('gatehouse')), 0,
+      { ...median, extra: { runs: bareRuns.map((r) => r.requestsPerSec).join('/') } });
   }
 
   const body = JSON.stringify({ event: 'deploy', service: 'bench', padding: 'x'.repeat(1024 - 60) });
@@ -225,7 +246,7 @@ async function main() {
 
   const ref = (name: string) => results.find((r) => r.name === name);
   for (const r of results) {
-    const reference = r.name.startsWith('gatehouse') ? ref('node-bare') : r.name === 'webhook ingest' ? ref('ingest-bare') : undefined;
+    const reference = r.name === 'webhook ingest' ? ref('ingest-bare') : undefined;
     if (reference) {
       r.ratio = Math.round((r.requestsPerSec / reference.requestsPerSec) * 100) / 100;
       r.ratioTo = reference.name;
@@ -253,7 +274,8 @@ function checkTargets(results: CaseResult[]) {
   const apiKey = r('gatehouse api-key');
   if (bare && apiKey) {
     out.push({ target: 'api-key >= 0.7 x node-bare req/s', measured: `${apiKey.ratio}`, met: apiKey.ratio! >= 0.7 });
-    out.push({ target: 'api-key p99 <= 1.5 x node-bare p99', measured: `${apiKey.p99} ms vs ${bare.p99} ms`, met: apiKey.p99 <= 1.5 * bare.p99 });
+    const bareP99 = Number(apiKey.extra?.pairedNodeBareP99 ?? bare.p99);
+    out.push({ target: 'api-key p99 <= 1.5 x node-bare p99', measured: `${apiKey.p99} ms vs ${bareP99} ms`, met: apiKey.p99 <= 1.5 * bareP99 });
   }
   const rs = r('gatehouse jwt-rs256');
   if (bare && rs) out.push({ target: 'jwt-rs256 >= 0.6 x node-bare', measured: `${rs.ratio}`, met: rs.ratio! >= 0.6 });

@@ -3,7 +3,7 @@ import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
 import type { Config } from './config/schema.js';
 import { HttpError } from './errors.js';
-import { createClientIpResolver } from './gateway/client-ip.js';
+import { createClientIpResolver, type ClientOrigin } from './gateway/client-ip.js';
 import { Authenticator } from './gateway/credentials/authenticate.js';
 import { prepareUpstreamHeaders } from './gateway/forward-headers.js';
 import { compileAddressMatcher, parseAddress } from './gateway/ip-allowlist.js';
@@ -56,10 +56,17 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     return undefined;
   }
 
+  // Decisions per origin: without trusted proxies an origin is per connection (see client-ip.ts).
+  const allowedOrigins = new WeakMap<ClientOrigin, boolean>();
   function ipAllowlist(req: Req): HttpError | undefined {
-    const ip = req.gatehouse.clientIp!;
-    if (allowed && !allowed.matches(parseAddress(ip)!)) return new HttpError('ip_not_allowed', `${ip} is not in allowedIPs`);
-    return undefined;
+    if (!allowed) return undefined;
+    const origin = req.gatehouse.origin!;
+    let ok = allowedOrigins.get(origin);
+    if (ok === undefined) {
+      ok = allowed.matches(parseAddress(origin.ip!)!);
+      allowedOrigins.set(origin, ok);
+    }
+    return ok ? undefined : new HttpError('ip_not_allowed', `${origin.ip} is not in allowedIPs`);
   }
 
   async function failureLockout(req: Req): Promise<HttpError | undefined> {

@@ -57,6 +57,8 @@ const jwtSettings = z
     /** How long fetched JWKS keys are trusted, and the minimum time between two fetches (key rotation). */
     jwksCacheSeconds: positiveInt.default(600),
     jwksCooldownSeconds: z.number().int().min(0).default(30),
+    /** How long a verified token is trusted again without re-verifying (never past its exp); 0 disables. */
+    cacheSeconds: z.number().int().min(0).max(3600).default(30),
   })
   .superRefine((jwt, ctx) => {
     const sources = (['jwksUri', 'secret', 'publicKey'] as const).filter((k) => jwt[k] !== undefined);

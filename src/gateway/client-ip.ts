@@ -2,12 +2,12 @@ import type { IncomingMessage } from 'node:http';
 import proxyaddr from 'proxy-addr';
 import { compileAddressMatcher, parseAddress } from './ip-allowlist.js';
 
-/** Where a request came from: the client address and the hops it crossed to reach us. */
+/** Where a request came from: the client address and the hops it crossed to reach us. Read-only (it may be shared). */
 export interface ClientOrigin {
   /** Canonical client address (IPv4-mapped IPv6 normalised to IPv4), or undefined when unusable. */
   ip: string | undefined;
   /** Addresses from the client to our peer, in X-Forwarded-For order (client first). */
-  chain: string[];
+  readonly chain: readonly string[];
   /** The peer is a trusted proxy, so its X-Forwarded-Proto/-Host may be believed too. */
   viaTrustedProxy: boolean;
 }
@@ -22,9 +22,16 @@ export type ClientIpResolver = (req: IncomingMessage) => ClientOrigin;
  */
 export function createClientIpResolver(trustProxy: readonly string[]): ClientIpResolver {
   if (trustProxy.length === 0) {
+    // One answer per connection: keep-alive clients send many requests over one socket.
+    const bySocket = new WeakMap<object, ClientOrigin>();
     return function socketAddress(req) {
-      const ip = canonical(req.socket.remoteAddress);
-      return { ip, chain: ip ? [ip] : [], viaTrustedProxy: false };
+      let origin = bySocket.get(req.socket);
+      if (origin === undefined) {
+        const ip = canonical(req.socket.remoteAddress);
+        origin = Object.freeze({ ip, chain: ip ? [ip] : [], viaTrustedProxy: false });
+        if (ip !== undefined) bySocket.set(req.socket, origin);
+      }
+      return origin;
     };
   }
   const trusted = compileAddressMatcher(trustProxy);

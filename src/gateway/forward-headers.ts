@@ -1,13 +1,17 @@
-import type { IncomingMessage } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
 import type { ClientOrigin } from './client-ip.js';
 import type { Identity } from './credentials/authenticate.js';
 
 /** Headers a client may not set for the upstream: gatehouse owns them (compared with `_` read as `-`). */
-const OWNED_HEADERS = new Set(['x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-port', 'forwarded', 'x-real-ip', 'x-request-id']);
-const CREDENTIAL_HEADERS = new Set(['x-api-key']);
+const OWNED_HEADERS = ['x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-port', 'forwarded', 'x-real-ip', 'x-request-id'];
+const CREDENTIAL_HEADERS = ['x-api-key'];
 /** Hop-by-hop (RFC 9110 7.6.1): about the client's connection, not the upstream's. A client's `Connection: close` must not end our keep-alive. */
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'upgrade', 'proxy-authorization', 'proxy-authenticate']);
+const HOP_BY_HOP = ['connection', 'keep-alive', 'proxy-connection', 'te', 'upgrade', 'proxy-authorization', 'proxy-authenticate'];
 const OWNED_PREFIX = 'x-gatehouse-';
+const STRIPPED = new Set([...OWNED_HEADERS, ...HOP_BY_HOP]);
+const STRIPPED_WITH_CREDENTIALS = new Set([...STRIPPED, ...CREDENTIAL_HEADERS]);
+/** Connection values that name no other header: the common case skips parsing it. */
+const PLAIN_CONNECTION = /^\s*(keep-alive|close)\s*$/i;
 
 export interface ForwardContext {
   requestId: string;
@@ -18,37 +22,44 @@ export interface ForwardContext {
 }
 
 /**
- * Rewrites the request's headers in place into what the upstream may see:
- * client-sent identity and forwarding headers removed (any case, `_` variants too),
+ * Replaces the request's headers with what the upstream may see: client-sent identity and
+ * forwarding headers removed (any case, `_` variants too), hop-by-hop headers removed,
  * credentials removed unless configured otherwise, then gatehouse's own set.
+ * A new object rather than deletes: deleting keys would slow every later read of it.
  */
 export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext): void {
   const headers = req.headers;
   const trustedProto = ctx.origin.viaTrustedProxy ? single(headers['x-forwarded-proto']) : undefined;
   const trustedHost = ctx.origin.viaTrustedProxy ? single(headers['x-forwarded-host']) : undefined;
+  const stripped = ctx.forwardCredentials ? STRIPPED : STRIPPED_WITH_CREDENTIALS;
+  const connection = headers.connection;
+  const namedByConnection = connection !== undefined && !PLAIN_CONNECTION.test(connection)
+    ? connection.toLowerCase().split(',').map((t) => t.trim())
+    : undefined;
 
-  const connectionOptions = typeof headers.connection === 'string' ? headers.connection.toLowerCase().split(',').map((t) => t.trim()) : [];
-  for (const name of Object.keys(headers)) {
-    const canonical = name.includes('_') ? name.replace(/_/g, '-') : name;
-    if (
-      canonical.startsWith(OWNED_PREFIX) || OWNED_HEADERS.has(canonical) || HOP_BY_HOP.has(name) || connectionOptions.includes(name) ||
-      (!ctx.forwardCredentials && CREDENTIAL_HEADERS.has(canonical))
-    ) {
-      delete headers[name];
+  const out: IncomingHttpHeaders = {};
+  for (const name in headers) {
+    if (stripped.has(name) || name.startsWith(OWNED_PREFIX) || namedByConnection?.includes(name)) continue;
+    if (name.includes('_')) {
+      const canonical = name.replace(/_/g, '-');
+      if (stripped.has(canonical) || canonical.startsWith(OWNED_PREFIX)) continue;
     }
+    out[name] = headers[name];
   }
-  if (!ctx.forwardCredentials && headers.authorization !== undefined && /^bearer(\s|$)/i.test(headers.authorization)) {
-    delete headers.authorization;
+  // A bearer Authorization is a credential; other schemes (Basic…) are the upstream's business.
+  if (!ctx.forwardCredentials && out.authorization !== undefined && /^bearer(\s|$)/i.test(out.authorization)) {
+    delete out.authorization;
   }
 
-  headers['x-forwarded-for'] = ctx.origin.chain.join(', ');
-  headers['x-forwarded-proto'] = trustedProto === 'http' || trustedProto === 'https' ? trustedProto : ctx.encrypted ? 'https' : 'http';
+  out['x-forwarded-for'] = ctx.origin.chain.join(', ');
+  out['x-forwarded-proto'] = trustedProto === 'http' || trustedProto === 'https' ? trustedProto : ctx.encrypted ? 'https' : 'http';
   const host = trustedHost ?? headers.host;
-  if (host !== undefined) headers['x-forwarded-host'] = host;
-  headers['x-request-id'] = ctx.requestId;
-  headers['x-gatehouse-auth'] = ctx.identity.methods.length ? ctx.identity.methods.join(',') : 'none';
-  if (ctx.identity.subject !== undefined) headers['x-gatehouse-subject'] = headerSafe(ctx.identity.subject);
-  if (ctx.identity.keyId !== undefined) headers['x-gatehouse-key-id'] = ctx.identity.keyId;
+  if (host !== undefined) out['x-forwarded-host'] = host;
+  out['x-request-id'] = ctx.requestId;
+  out['x-gatehouse-auth'] = ctx.identity.methods.length ? ctx.identity.methods.join(',') : 'none';
+  if (ctx.identity.subject !== undefined) out['x-gatehouse-subject'] = headerSafe(ctx.identity.subject);
+  if (ctx.identity.keyId !== undefined) out['x-gatehouse-key-id'] = ctx.identity.keyId;
+  req.headers = out;
 }
 
 /** The nearest proxy's value: the last of a comma list (anything left of it may come from the client). */
@@ -59,7 +70,9 @@ function single(value: string | string[] | undefined): string | undefined {
 }
 
 /** A JWT `sub` can hold anything; percent-encode what a header cannot carry (and `%` itself). */
+const HEADER_SAFE = /^[\x20-\x24\x26-\x7e]*$/;
 function headerSafe(value: string): string {
+  if (HEADER_SAFE.test(value)) return value;
   // toWellFormed first: a lone surrogate (valid in JSON) would make encodeURIComponent throw.
   const wellFormed = (value as string & { toWellFormed(): string }).toWellFormed();
   return wellFormed.replace(/[^\x20-\x7e]|%/gu, (c) => encodeURIComponent(c));

@@ -19,8 +19,9 @@ export interface LockoutStore {
 }
 
 interface Entry {
-  /** Times (ms) of the failures inside the current window, oldest first. */
+  /** Times (ms) of recent failures, oldest first; those before `head` have left the window. */
   failures: number[];
+  head: number;
   lockedUntil: number;
 }
 
@@ -39,14 +40,23 @@ export class MemoryLockoutStore implements LockoutStore {
     let entry = this.entries.get(key);
     if (!entry) {
       if (this.entries.size >= this.maxEntries) this.evict(now, settings);
-      entry = { failures: [], lockedUntil: 0 };
+      entry = { failures: [], head: 0, lockedUntil: 0 };
       this.entries.set(key, entry);
     }
+    // Amortised O(1) per failure: a head index instead of filtering the whole list each time
+    // (a flood of bad keys from one address made that list, and each failure, grow).
     const windowStart = now - settings.windowSeconds * 1000;
-    entry.failures = entry.failures.filter((t) => t > windowStart);
-    entry.failures.push(now);
-    if (entry.failures.length < settings.max) return 0;
+    const { failures } = entry;
+    while (entry.head < failures.length && failures[entry.head]! <= windowStart) entry.head++;
+    failures.push(now);
+    if (failures.length - entry.head > settings.max) entry.head = failures.length - settings.max;
+    if (entry.head > 32 && entry.head * 2 > failures.length) {
+      entry.failures = failures.slice(entry.head);
+      entry.head = 0;
+    }
+    if (entry.failures.length - entry.head < settings.max) return 0;
     entry.failures = [];
+    entry.head = 0;
     entry.lockedUntil = Math.max(entry.lockedUntil, now + settings.lockoutSeconds * 1000);
     return settings.lockoutSeconds;
   }
@@ -54,7 +64,7 @@ export class MemoryLockoutStore implements LockoutStore {
   private evict(now: number, settings: LockoutSettings): void {
     const windowStart = now - settings.windowSeconds * 1000;
     for (const [key, entry] of this.entries) {
-      if (entry.lockedUntil <= now && entry.failures.every((t) => t <= windowStart)) this.entries.delete(key);
+      if (entry.lockedUntil <= now && (entry.failures.at(-1) ?? 0) <= windowStart) this.entries.delete(key);
     }
     // Still full (an address-spraying attack): drop the oldest entries rather than grow without bound.
     for (const key of this.entries.keys()) {

@@ -16,6 +16,7 @@ const PATH_CHARS = /^[A-Za-z0-9\-._~!$&()*+,=:@/%]*$/;
  */
 const AMBIGUOUS_ENCODING = /%(2e|2f|5c|00|3b|25|3f|23)/i;
 const MALFORMED_ENCODING = /%(?![0-9a-f]{2})/i;
+const DOT_SEGMENT = /\/\.\.?(?:\/|$)/;
 
 /**
  * Decides from the raw request target (never decoded) whether a request may go upstream.
@@ -30,8 +31,6 @@ export function checkApiPath(req: IncomingMessage): HttpError | undefined {
   if (!PATH_CHARS.test(path)) return new HttpError('invalid_path', 'character not allowed in path');
   if (MALFORMED_ENCODING.test(path) || AMBIGUOUS_ENCODING.test(path)) return new HttpError('invalid_path', 'ambiguous percent-encoding');
   if (path.includes('//')) return new HttpError('invalid_path', 'empty path segment');
-  for (const segment of path.split('/')) {
-    if (segment === '.' || segment === '..') return new HttpError('invalid_path', 'dot segment');
-  }
+  if (DOT_SEGMENT.test(path)) return new HttpError('invalid_path', 'dot segment');
   return undefined;
 }

@@ -1,11 +1,13 @@
 import http from 'node:http';
 import https from 'node:https';
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { createProxyMiddleware, type Plugin, type RequestHandler } from 'http-proxy-middleware';
 import type { GatewayConfig } from '../config/schema.js';
 import { HttpError, sendError } from '../errors.js';
 
 const UPSTREAM_TIMEOUT = 'GATEHOUSE_UPSTREAM_TIMEOUT';
+/** Response headers about the upstream connection, not the client's (RFC 9110 7.6.1). */
+const HOP_BY_HOP_RESPONSE = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade']);
 const TIMEOUT_CODES = new Set([UPSTREAM_TIMEOUT, 'ETIMEDOUT', 'ESOCKETTIMEDOUT']);
 
 /** Upstream failure → client status, in one place: timeouts 504, everything else 502. */
@@ -27,7 +29,9 @@ export interface UpstreamProxy {
  */
 export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError: (req: IncomingMessage, error: HttpError) => void): UpstreamProxy {
   const target = new URL(upstream.target);
-  const agentOptions = { keepAlive: true, maxFreeSockets: 256, timeout: 60_000, scheduling: 'lifo' as const };
+  // No agent-level socket timeout: Node keeps idle sockets for the upstream's Keep-Alive hint
+  // minus a second, and a per-reuse setTimeout showed up in profiles.
+  const agentOptions = { keepAlive: true, maxFreeSockets: 256, scheduling: 'lifo' as const };
   const agent = target.protocol === 'https:' ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
 
   const gatehousePlugin: Plugin = (proxyServer) => {
@@ -45,6 +49,19 @@ export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError
     });
     // The client went away first: http-proxy aborts the upstream request; nothing to answer.
     proxyServer.on('econnreset', () => {});
+    // selfHandleResponse: one writeHead with the upstream's headers instead of http-proxy's
+    // header-by-header copy (a measured hot spot), hop-by-hop headers left behind.
+    proxyServer.on('proxyRes', (proxyRes, _req, res) => {
+      const headers: OutgoingHttpHeaders = {};
+      for (const name in proxyRes.headers) if (!HOP_BY_HOP_RESPONSE.has(name)) headers[name] = proxyRes.headers[name];
+      res.writeHead(proxyRes.statusCode ?? 502, proxyRes.statusMessage, headers);
+      proxyRes.pipe(res);
+      proxyRes.on('error', () => res.destroy());
+      // The client left mid-response (or a stream that never ends): stop reading the upstream.
+      res.on('close', () => {
+        if (!res.writableFinished) proxyRes.destroy();
+      });
+    });
   };
 
   const handler = createProxyMiddleware<IncomingMessage, ServerResponse>({
@@ -60,6 +77,7 @@ export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError
     toProxy: true,
     xfwd: false,
     agent,
+    selfHandleResponse: true,
     ejectPlugins: true,
     plugins: [gatehousePlugin],
   });

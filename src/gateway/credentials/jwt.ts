@@ -1,9 +1,11 @@
+import { createHash } from 'node:crypto';
 import { createRemoteJWKSet, errors, importSPKI, jwtVerify, type JWTVerifyGetKey, type CryptoKey } from 'jose';
 import type { JwtConfig } from '../../config/schema.js';
 
 export type JwtCheck = { ok: true; subject: string | undefined } | { ok: false; reason: string };
 
 type KeySource = Uint8Array | JWTVerifyGetKey;
+const MAX_CACHED_TOKENS = 10_000;
 
 /**
  * Verifies bearer JWTs with jose against one key source (HMAC secret, PEM public key or JWKS URL).
@@ -11,11 +13,16 @@ type KeySource = Uint8Array | JWTVerifyGetKey;
  * HS256 signed with an RSA public key fail. `exp` is required; `iss`/`aud` when configured.
  */
 export class JwtVerifier {
+  /** sha256(token) → what its verification found, reused until `until` (bounded, oldest evicted first). */
+  private readonly verified = new Map<string, { subject: string | undefined; until: number; kid: string | undefined }>();
+
   private constructor(
     private readonly settings: JwtConfig,
     private readonly key: KeySource,
     readonly source: 'secret' | 'publicKey' | 'jwksUri',
     private readonly warmUp: () => Promise<void>,
+    /** For a JWKS: whether a key id is in the key set as last fetched (a rotated-out key stops counting). */
+    private readonly hasKid?: (kid: string) => boolean,
   ) {}
 
   static async create(settings: JwtConfig): Promise<JwtVerifier> {
@@ -38,7 +45,13 @@ export class JwtVerifier {
       cooldownDuration: settings.jwksCooldownSeconds * 1000,
       timeoutDuration: 5_000,
     });
-    return new JwtVerifier(settings, jwks, 'jwksUri', () => jwks.reload());
+    let kidsOf: { set: object | undefined; kids: Set<string> } = { set: undefined, kids: new Set() };
+    const hasKid = (kid: string) => {
+      const set = jwks.jwks();
+      if (set !== kidsOf.set) kidsOf = { set, kids: new Set((set?.keys ?? []).flatMap((k) => (k.kid ? [k.kid] : []))) };
+      return kidsOf.kids.has(kid);
+    };
+    return new JwtVerifier(settings, jwks, 'jwksUri', () => jwks.reload(), hasKid);
   }
 
   /** Fetches the JWKS ahead of the first request, so no request waits for it. Never throws. */
@@ -51,7 +64,15 @@ export class JwtVerifier {
     }
   }
 
-  async verify(token: string): Promise<JwtCheck> {
+  async verify(token: string, now: number = Date.now()): Promise<JwtCheck> {
+    // Clients send the same token many times: a verified one is trusted again for a short while
+    // (never past its exp), keyed by its hash so no bearer token is kept in memory.
+    const cacheKey = this.settings.cacheSeconds > 0 ? createHash('sha256').update(token).digest('base64') : undefined;
+    if (cacheKey !== undefined) {
+      const hit = this.verified.get(cacheKey);
+      if (hit && hit.until > now && (this.hasKid === undefined || this.hasKid(hit.kid!))) return { ok: true, subject: hit.subject };
+      if (hit) this.verified.delete(cacheKey);
+    }
     try {
       const options = {
         algorithms: this.settings.algorithms,
@@ -60,12 +81,24 @@ export class JwtVerifier {
         clockTolerance: this.settings.clockToleranceSeconds,
         requiredClaims: ['exp'],
       };
-      const { payload } = typeof this.key === 'function'
+      const { payload, protectedHeader } = typeof this.key === 'function'
         ? await jwtVerify(token, this.key, options)
         : await jwtVerify(token, this.key, options);
-      return { ok: true, subject: typeof payload.sub === 'string' ? payload.sub : undefined };
+      const subject = typeof payload.sub === 'string' ? payload.sub : undefined;
+      // From a JWKS, only tokens naming their key are remembered: the hit re-checks that key is still published.
+      if (cacheKey !== undefined && (this.hasKid === undefined || protectedHeader.kid !== undefined)) {
+        this.remember(cacheKey, { subject, until: 0, kid: protectedHeader.kid }, payload.exp!, now);
+      }
+      return { ok: true, subject };
     } catch (err) {
       return { ok: false, reason: err instanceof errors.JOSEError ? `${err.code}: ${err.message}` : 'invalid token' };
     }
+  }
+
+  private remember(cacheKey: string, entry: { subject: string | undefined; until: number; kid: string | undefined }, exp: number, now: number): void {
+    entry.until = Math.min(exp * 1000 + this.settings.clockToleranceSeconds * 1000, now + this.settings.cacheSeconds * 1000);
+    if (entry.until <= now) return;
+    if (this.verified.size >= MAX_CACHED_TOKENS) this.verified.delete(this.verified.keys().next().value!);
+    this.verified.set(cacheKey, entry);
   }
 }
