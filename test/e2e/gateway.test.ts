@@ -154,3 +154,68 @@ describe('gateway: upstream failures', () => {
   });
 });
 
+
+describe('gateway: what the upstream answers reaches the client intact', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  before(async () => {
+    upstream = await startRecordingUpstream((req, res) => {
+      if (req.url.startsWith('/base/api/chunked')) {
+        res.writeHead(207, 'Multi Things', { 'set-cookie': ['a=1; HttpOnly', 'b=2'], 'x-custom': 'v', 'keep-alive': 'timeout=99', connection: 'keep-alive' });
+        res.write('part1-');
+        setTimeout(() => res.end('part2'), 20);
+        return;
+      }
+      res.end(req.method === 'HEAD' ? undefined : 'plain');
+    });
+    // An upstream target with a base path: the request path is appended to it.
+    gatehouse = await startTestGatehouse(testConfig(`${upstream.url}/base`));
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+
+  it('status, reason, repeated Set-Cookie and a chunked body pass through; hop-by-hop headers do not', async () => {
+    const reply = await request(gatehouse.url, '/api/chunked?x=1', { headers: { 'x-api-key': TEST_PLAIN_KEY } });
+    assert.equal(upstream.received.at(-1)!.url, '/base/api/chunked?x=1');
+    assert.equal(reply.status, 207);
+    assert.deepEqual(reply.headers['set-cookie'], ['a=1; HttpOnly', 'b=2']);
+    assert.equal(reply.headers['x-custom'], 'v');
+    assert.equal(reply.body, 'part1-part2');
+    assert.notEqual(reply.headers['keep-alive'], 'timeout=99');
+  });
+
+  it('HEAD gets the headers and no body', async () => {
+    const reply = await request(gatehouse.url, '/api/head', { method: 'HEAD', headers: { 'x-api-key': TEST_PLAIN_KEY } });
+    assert.equal(reply.status, 200);
+    assert.equal(reply.body, '');
+    assert.equal(upstream.received.at(-1)!.method, 'HEAD');
+  });
+});
+
+describe('gateway: TLS', () => {
+  it('serves HTTPS with gateway.tls and says so upstream (X-Forwarded-Proto: https)', async () => {
+    const { default: https } = await import('node:https');
+    const { readFileSync } = await import('node:fs');
+    const { fileURLToPath } = await import('node:url');
+    const fixtures = fileURLToPath(new URL('../fixtures/tls/', import.meta.url));
+    const upstream = await startRecordingUpstream();
+    const gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { tls: { cert: `${fixtures}cert.pem`, key: `${fixtures}key.pem` } } }));
+    try {
+      assert.match(gatehouse.url, /^https:\/\//);
+      const body = await new Promise<string>((resolve, reject) => {
+        https.get(`${gatehouse.url}/api/secure`, { ca: readFileSync(`${fixtures}cert.pem`), headers: { 'x-api-key': TEST_PLAIN_KEY } }, (res) => {
+          let text = '';
+          res.on('data', (d) => (text += d));
+          res.on('end', () => resolve(`${res.statusCode} ${text}`));
+        }).on('error', reject);
+      });
+      assert.equal(body, '200 {"ok":true}');
+      assert.equal(upstream.received.at(-1)!.headers['x-forwarded-proto'], 'https');
+    } finally {
+      await gatehouse.close();
+      await upstream.close();
+    }
+  });
+});
