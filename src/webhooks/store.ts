@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
@@ -73,6 +73,8 @@ export interface EventStore {
   close(): Promise<void>;
 }
 
+const MAX_FRESH_EVENTS = 10_000;
+
 /** How long a sender's delivery id is remembered: a repeat inside it is not delivered again. */
 export const IDEMPOTENCY_WINDOW_MS = 24 * 60 * 60 * 1000;
 
@@ -107,7 +109,7 @@ CREATE TABLE IF NOT EXISTS events (
   delivered_at    INTEGER
 );
 CREATE UNIQUE INDEX IF NOT EXISTS events_idempotency ON events (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS events_due ON events (status, action, next_attempt_at);
+CREATE INDEX IF NOT EXISTS events_due ON events (status, action, next_attempt_at, id);
 CREATE TABLE IF NOT EXISTS attempts (
   event_id    TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
   attempt     INTEGER NOT NULL,
@@ -119,9 +121,11 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 `;
 
-/** `evt_` + 24 random base32hex-ish characters, time-ordered by a millisecond prefix. */
+/** `evt_` + a base36 millisecond prefix (time-ordered) + 80 random bits (randomUUID's pooled randomness). */
 export function newEventId(now: number = Date.now()): string {
-  return `evt_${now.toString(36).padStart(9, '0')}${randomBytes(10).toString('hex')}`;
+  const random = randomUUID();
+  // 20 hex digits, leaving out the UUID's fixed version and variant digits (positions 14 and 19).
+  return `evt_${now.toString(36).padStart(9, '0')}${random.slice(0, 8)}${random.slice(9, 13)}${random.slice(15, 18)}${random.slice(20, 23)}${random.slice(24, 26)}`;
 }
 
 interface PendingWrite {
@@ -146,6 +150,12 @@ export class SqliteEventStore implements EventStore {
   private flushScheduled = false;
   /** Event id → lease end (ms). */
   private readonly leases = new Map<string, number>();
+  /**
+   * Events this process accepted and no deliverer has claimed yet, per action: handed out
+   * without reading them back from the file. Bounded; beyond it, events wait for a scan.
+   */
+  private readonly fresh = new Map<WebhookAction, StoredEvent[]>();
+  private readonly freshIds = new Set<string>();
   private readonly statements;
 
   constructor(file: string) {
@@ -162,7 +172,8 @@ export class SqliteEventStore implements EventStore {
       findByKey: db.prepare<[string, string], { id: string; received_at: number }>('SELECT id, received_at FROM events WHERE endpoint = ? AND idempotency_key = ?'),
       forgetKey: db.prepare<[string]>('UPDATE events SET idempotency_key = NULL WHERE id = ?'),
       insert: db.prepare('INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, \'queued\', ?)'),
-      due: db.prepare<[string, number, number], EventRow>('SELECT * FROM events WHERE status = \'queued\' AND action = ? AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?'),
+      // Ids only (a covering index): leased rows are skipped without reading their envelopes.
+      due: db.prepare<[string, number, number], { id: string }>('SELECT id FROM events WHERE status = \'queued\' AND action = ? AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?'),
       insertAttempt: db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)'),
       settle: db.prepare('UPDATE events SET status = ?, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = ?, last_error = ?, delivered_at = ? WHERE id = ?'),
       nextDue: db.prepare<[number], { id: string; next_attempt_at: number }>('SELECT id, next_attempt_at FROM events WHERE status = \'queued\' ORDER BY next_attempt_at LIMIT ?'),
@@ -174,8 +185,15 @@ export class SqliteEventStore implements EventStore {
     };
   }
 
-  accept(event: NewEvent): Promise<AcceptResult> {
-    return this.write(() => this.insertOne(event));
+  async accept(event: NewEvent): Promise<AcceptResult> {
+    const { stored, ...result } = await this.write(() => this.insertOne(event));
+    if (stored && this.freshIds.size < MAX_FRESH_EVENTS) {
+      const queue = this.fresh.get(stored.action) ?? [];
+      this.fresh.set(stored.action, queue);
+      queue.push(stored);
+      this.freshIds.add(stored.id);
+    }
+    return result;
   }
 
   /** Queues a write for the next group commit; resolves once it is durable. */
@@ -215,22 +233,49 @@ export class SqliteEventStore implements EventStore {
     });
   }
 
-  private insertOne(event: NewEvent): AcceptResult {
+  private insertOne(event: NewEvent): AcceptResult & { stored?: StoredEvent } {
     if (event.idempotencyKey !== undefined) {
       const seen = this.statements.findByKey.get(event.endpoint, event.idempotencyKey);
       if (seen && seen.received_at > event.receivedAt - IDEMPOTENCY_WINDOW_MS) return { id: seen.id, duplicate: true };
       if (seen) this.statements.forgetKey.run(seen.id);
     }
     const id = newEventId(event.receivedAt);
-    this.statements.insert.run(id, event.endpoint, event.action, event.idempotencyKey ?? null, event.receivedAt, event.envelope(id), event.receivedAt);
-    return { id, duplicate: false };
+    const envelope = event.envelope(id);
+    this.statements.insert.run(id, event.endpoint, event.action, event.idempotencyKey ?? null, event.receivedAt, envelope, event.receivedAt);
+    const stored: StoredEvent = {
+      id, endpoint: event.endpoint, action: event.action, idempotencyKey: event.idempotencyKey ?? null, receivedAt: event.receivedAt,
+      envelope, status: 'queued', attempts: 0, roundAttempts: 0, nextAttemptAt: event.receivedAt, lastError: null, deliveredAt: null,
+    };
+    return { id, duplicate: false, stored };
   }
 
   async claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<StoredEvent[]> {
     const claimed: StoredEvent[] = [];
-    for (const row of this.statements.due.all(action, now, limit + this.leases.size)) {
-      if ((this.leases.get(row.id) ?? 0) > now) continue;
-      this.leases.set(row.id, now + leaseMs);
+    const queue = this.fresh.get(action);
+    if (queue?.length) {
+      // Just accepted by this process: handed out from memory, not read back from the file.
+      // An id no longer in freshIds was settled some other way meanwhile and is dropped.
+      const notDue: StoredEvent[] = [];
+      let i = 0;
+      for (; i < queue.length && claimed.length < limit; i++) {
+        const event = queue[i]!;
+        if (!this.freshIds.has(event.id)) continue;
+        if (event.nextAttemptAt > now) {
+          notDue.push(event);
+          continue;
+        }
+        this.freshIds.delete(event.id);
+        this.leases.set(event.id, now + leaseMs);
+        claimed.push(event);
+      }
+      queue.splice(0, i, ...notDue);
+      if (claimed.length === limit) return claimed;
+    }
+    for (const { id } of this.statements.due.all(action, now, limit + this.leases.size + this.freshIds.size)) {
+      if ((this.leases.get(id) ?? 0) > now || this.freshIds.has(id)) continue;
+      const row = this.statements.get.get(id);
+      if (!row) continue;
+      this.leases.set(id, now + leaseMs);
       claimed.push(toEvent(row));
       if (claimed.length === limit) break;
     }
@@ -238,6 +283,7 @@ export class SqliteEventStore implements EventStore {
   }
 
   recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome): Promise<void> {
+    this.freshIds.delete(id);
     return this.write(() => {
       this.statements.insertAttempt.run(id, attempt.attempt, attempt.at, attempt.status, attempt.error, Math.round(attempt.durationMs));
       const lastError = outcome.status === 'delivered' ? null : (attempt.error ?? `HTTP ${attempt.status}`);
@@ -254,6 +300,8 @@ export class SqliteEventStore implements EventStore {
   }
 
   async releaseLeases(): Promise<number> {
+    this.fresh.clear();
+    this.freshIds.clear();
     const held = this.leases.size;
     this.leases.clear();
     return held;
@@ -262,12 +310,17 @@ export class SqliteEventStore implements EventStore {
   /** The earliest time a queued event can be claimed: leased events count from their lease's end. */
   async nextDueAt(now: number): Promise<number | undefined> {
     let earliest: number | undefined;
+    for (const queue of this.fresh.values()) {
+      const head = queue.find((e) => this.freshIds.has(e.id));
+      if (head) earliest = Math.min(earliest ?? head.nextAttemptAt, head.nextAttemptAt);
+    }
+    if (earliest !== undefined && earliest <= now) return earliest; // work is waiting: no need to ask the file
     for (const [id, until] of this.leases) {
       if (until <= now) this.leases.delete(id);
       else earliest = Math.min(earliest ?? until, until);
     }
-    for (const row of this.statements.nextDue.all(this.leases.size + 1)) {
-      if (this.leases.has(row.id)) continue;
+    for (const row of this.statements.nextDue.all(this.leases.size + this.freshIds.size + 1)) {
+      if (this.leases.has(row.id) || this.freshIds.has(row.id)) continue;
       earliest = Math.min(earliest ?? row.next_attempt_at, row.next_attempt_at);
       break;
     }
