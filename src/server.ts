@@ -84,7 +84,7 @@ async function startWebhooks(config: Config, logger: Logger, lockoutStore: Locko
   let app = build(config);
   const listening = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));
   await deliverer.start();
-  logger.info({ url: listening.url, endpoints: config.webhooks.endpoints.map((e) => `${e.path} -> ${e.action}`), storage: config.storage.path }, 'webhook receiver listening');
+  logger.info({ url: listening.url, endpoints: config.webhooks.endpoints.map((e) => `${e.path} (${e.verify.type}) -> ${e.action}`), storage: config.storage.path }, 'webhook receiver listening');
   return {
     listening: { ...listening, store, deliverer },
     reload(next: Config) {

@@ -1,47 +1,38 @@
-import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
-import type { Config, WebhookAction } from '../config/schema.js';
+import type { Config, VerifyConfig, WebhookAction } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import { createClientIpResolver } from '../gateway/client-ip.js';
 import type { FailureLockout } from '../gateway/lockout.js';
 import { beginRequest, requestLogger, respondWithError } from '../gateway/request-context.js';
 import type { EventStore } from './store.js';
 import { buildEnvelope, compileTemplate, type CompiledTemplate } from './translate.js';
+import { createVerifier, type DirectAnswer, type WebhookVerifier } from './verifiers/index.js';
 
 type Next = NextFunction;
 
 interface Endpoint {
   path: string;
   action: WebhookAction;
-  secretDigest: Buffer;
+  verifyType: VerifyConfig['type'];
+  verifier: WebhookVerifier;
   template?: CompiledTemplate;
 }
 
-/** Delivery id headers senders use, in order of preference. */
-const DELIVERY_ID_HEADERS = ['idempotency-key', 'webhook-id', 'x-github-delivery'] as const;
 const SANE_DELIVERY_ID = /^[\x21-\x7e]{1,256}$/;
 const JSON_MEDIA_TYPE = /^application\/(?:[\w.+-]+\+)?json\s*(?:;.*)?$/i;
 const STORE_RETRY_AFTER_SECONDS = '5';
-
-function digest(value: string): Buffer {
-  return createHash('sha256').update(value, 'utf8').digest();
-}
-
-/** Constant time: both sides are hashed to 32 bytes first, so length does not leak either. */
-export function verifyWebhookSecret(presented: string | string[] | undefined, expectedDigest: Buffer): boolean {
-  const value = typeof presented === 'string' ? presented : '';
-  return timingSafeEqual(digest(value), expectedDigest) && value !== '';
-}
 
 export interface WebhookApp {
   handle: (req: IncomingMessage, res: ServerResponse) => void;
 }
 
 /**
- * The webhook receiver: path → method → lockout and secret → content type → body → durable
- * store → 202. Nothing unverified is read, parsed or stored. Never listens (server.ts does).
+ * The webhook receiver: path → method → lockout and the sender's proof (header secret, or
+ * signature headers) → content type → raw body → signature over those bytes → JSON → the
+ * sender's handshake, or durable store → 202. Nothing unverified is parsed or stored.
+ * Never listens (server.ts does).
  */
 export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; store: EventStore; onAccepted: () => void }): WebhookApp {
   const { webhooks } = config;
@@ -51,7 +42,8 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   const endpoints = new Map<string, Endpoint>(webhooks.endpoints.map((e) => [e.path, {
     path: e.path,
     action: e.action,
-    secretDigest: digest(e.secret),
+    verifyType: e.verify.type,
+    verifier: createVerifier(e.verify),
     template: e.template !== undefined ? compileTemplate(e.template) : undefined,
   }]));
 
@@ -65,41 +57,75 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     res.end('{"status":"ok"}');
   }
 
+  function answer(res: ServerResponse, direct: DirectAnswer) {
+    res.writeHead(direct.status, { 'content-type': direct.contentType, 'content-length': Buffer.byteLength(direct.body), 'cache-control': 'no-store' });
+    res.end(direct.body);
+  }
+
+  async function rejectSender(req: IncomingMessage, endpoint: Endpoint, reason: string): Promise<HttpError> {
+    await lockout.recordFailure(req.gatehouse!.clientIp!);
+    return new HttpError(endpoint.verifyType === 'secret' ? 'invalid_webhook_secret' : 'invalid_webhook_signature', `${endpoint.verifyType}: ${reason}`);
+  }
+
   async function receiveWebhook(req: IncomingMessage, res: ServerResponse, next: Next) {
     const url = req.url ?? '';
     const queryAt = url.indexOf('?');
     const endpoint = endpoints.get(queryAt === -1 ? url : url.slice(0, queryAt));
     if (!endpoint) return next(new HttpError('not_found', 'no webhook endpoint at this path'));
-    if (req.method !== 'POST') return next(new HttpError('method_not_allowed', `${req.method} on a webhook endpoint`, { allow: 'POST' }));
+    const { verifier } = endpoint;
+    const getAllowed = verifier.answerGet !== undefined;
+    if (req.method !== 'POST' && !(getAllowed && req.method === 'GET')) {
+      return next(new HttpError('method_not_allowed', `${req.method} on a webhook endpoint`, { allow: getAllowed ? 'GET, POST' : 'POST' }));
+    }
 
     const origin = resolveClientIp(req);
     if (origin.ip === undefined) return next(new HttpError('invalid_client_ip', 'unusable client address'));
     req.gatehouse!.clientIp = origin.ip;
     const lockedFor = await lockout.lockedFor(origin.ip);
     if (lockedFor > 0) return next(new HttpError('too_many_failures', `locked out for ${lockedFor}s more`, { 'retry-after': String(lockedFor) }));
-    // A secret in the query string is never looked at: only the header counts.
-    if (!verifyWebhookSecret(req.headers['x-webhook-secret'], endpoint.secretDigest)) {
-      await lockout.recordFailure(origin.ip);
-      return next(new HttpError('invalid_webhook_secret', req.headers['x-webhook-secret'] === undefined ? 'no X-Webhook-Secret' : 'wrong X-Webhook-Secret'));
+
+    if (req.method === 'GET') {
+      // The sender's subscription check (Meta): answered here, nothing stored.
+      const { answer: direct, failed } = verifier.answerGet!(new URLSearchParams(queryAt === -1 ? '' : url.slice(queryAt + 1)));
+      if (failed) {
+        await lockout.recordFailure(origin.ip);
+        req.gatehouse!.detail = failed;
+      }
+      return answer(res, direct);
     }
 
-    if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) return next(new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`));
-    const deliveryId = firstDeliveryId(req);
-    if (deliveryId === null) return next(new HttpError('invalid_idempotency_key', 'delivery id header too long or not printable'));
+    // Only headers count: a secret or signature in the query string is never looked at.
+    const now = Date.now();
+    const headerVerdict = await verifier.checkHeaders(req.headers, now);
+    if (!headerVerdict.ok) return next(await rejectSender(req, endpoint, headerVerdict.reason));
 
-    let rawBody: string;
+    if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) return next(new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`));
+
+    let rawBody: Buffer;
     try {
       rawBody = await readBody(req, res, webhooks.maxBodyBytes, webhooks.bodyTimeoutMs);
     } catch (err) {
       return next(err);
     }
+    const bodyVerdict = verifier.verifyBody?.(req.headers, rawBody, now) ?? { ok: true };
+    if (!bodyVerdict.ok) return next(await rejectSender(req, endpoint, bodyVerdict.reason));
+
+    const text = rawBody.toString('utf8');
     let body: unknown;
     try {
-      body = JSON.parse(rawBody);
+      body = JSON.parse(text);
     } catch {
       return next(new HttpError('invalid_json', 'body is not valid JSON'));
     }
     if (body === null || typeof body !== 'object' || Array.isArray(body)) return next(new HttpError('invalid_json', 'top level is not an object'));
+    const fields = body as Record<string, unknown>;
+
+    const handshake = verifier.handshake?.(fields);
+    if (handshake) return answer(res, handshake);
+
+    const deliveryId = verifier.deliveryId(req.headers, fields);
+    if (deliveryId !== undefined && !SANE_DELIVERY_ID.test(deliveryId)) return next(new HttpError('invalid_idempotency_key', 'delivery id too long or not printable'));
+    const payloadText = verifier.payload ? JSON.stringify(verifier.payload(fields)) : text;
 
     const receivedAt = Date.now();
     let result;
@@ -109,7 +135,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
         action: endpoint.action,
         idempotencyKey: deliveryId,
         receivedAt,
-        envelope: (id) => buildEnvelope(id, { action: endpoint.action, endpoint: endpoint.path, receivedAt, template: endpoint.template }, body as Record<string, unknown>, rawBody),
+        envelope: (id) => buildEnvelope(id, { action: endpoint.action, endpoint: endpoint.path, receivedAt, template: endpoint.template }, fields, payloadText),
       });
     } catch (err) {
       logger.error({ err: (err as Error).message, endpoint: endpoint.path }, 'event store refused a webhook');
@@ -131,21 +157,11 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   return { handle: app };
 }
 
-/** The sender's delivery id: undefined when none is given, null when one is given but unusable. */
-function firstDeliveryId(req: IncomingMessage): string | undefined | null {
-  for (const name of DELIVERY_ID_HEADERS) {
-    const value = req.headers[name];
-    if (value === undefined) continue;
-    return typeof value === 'string' && SANE_DELIVERY_ID.test(value) ? value : null;
-  }
-  return undefined;
-}
-
 /**
  * Reads the body up to `limit` bytes within `timeoutMs`. Past the limit (declared or actual) it
  * stops reading at once: 413, and the connection is closed rather than drained.
  */
-function readBody(req: IncomingMessage, res: ServerResponse, limit: number, timeoutMs: number): Promise<string> {
+function readBody(req: IncomingMessage, res: ServerResponse, limit: number, timeoutMs: number): Promise<Buffer> {
   // The rest of the body is never read: tell the client, and close once the answer is out.
   const abandonBody = () => {
     req.pause();
@@ -165,7 +181,7 @@ function readBody(req: IncomingMessage, res: ServerResponse, limit: number, time
       req.off('data', onData);
       req.off('end', onEnd);
       req.off('error', onError);
-      if (!error) return resolve(Buffer.concat(chunks).toString('utf8'));
+      if (!error) return resolve(Buffer.concat(chunks));
       abandonBody();
       reject(error);
     };

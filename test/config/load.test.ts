@@ -182,7 +182,7 @@ describe('config: { file } secrets', () => {
       },
     }), { baseDir: dir });
     assert.equal(config.gateway.auth.bearer?.jwt.secret, 'j'.repeat(40));
-    assert.equal(config.webhooks.endpoints[0]?.secret, 'webhook-secret-0123456789');
+    assert.deepEqual(config.webhooks.endpoints[0]?.verify, { type: 'secret', secret: 'webhook-secret-0123456789' });
   });
 
   it('the file path may use ${VAR}', () => {

@@ -1,0 +1,24 @@
+import { digestEquals, fromHex, hmacSha256 } from './hmac.js';
+import { headerValue, type WebhookVerifier } from './types.js';
+
+/**
+ * GitHub: `X-Hub-Signature-256: sha256=<hex HMAC-SHA256(secret, body)>`; any of `secrets` (rotation).
+ * https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries
+ */
+export function githubVerifier(config: { secrets: string[] }): WebhookVerifier {
+  return {
+    checkHeaders(headers) {
+      const signature = headerValue(headers, 'x-hub-signature-256');
+      if (signature === undefined) return { ok: false, reason: 'no X-Hub-Signature-256' };
+      if (!signature.startsWith('sha256=') || !fromHex(signature.slice(7), 32)) return { ok: false, reason: 'malformed X-Hub-Signature-256' };
+      return { ok: true };
+    },
+    verifyBody(headers, rawBody) {
+      const presented = fromHex(headerValue(headers, 'x-hub-signature-256')!.slice(7), 32)!;
+      // Every secret is tried, so timing does not tell which one matched.
+      const matches = config.secrets.map((secret) => digestEquals(presented, hmacSha256(secret, rawBody)));
+      return matches.includes(true) ? { ok: true } : { ok: false, reason: 'X-Hub-Signature-256 does not match the body' };
+    },
+    deliveryId: (headers) => headerValue(headers, 'x-github-delivery'),
+  };
+}

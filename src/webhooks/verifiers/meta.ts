@@ -1,0 +1,43 @@
+import { digestEquals, fromHex, hmacSha256, secretEquals, sha256 } from './hmac.js';
+import { dig, headerValue, saneId, type WebhookVerifier } from './types.js';
+
+/**
+ * Meta (WhatsApp Cloud API, Messenger, Instagram): POST `X-Hub-Signature-256: sha256=<hex HMAC-SHA256(appSecret, body)>`;
+ * GET `hub.mode=subscribe&hub.verify_token=…&hub.challenge=…` echoes the challenge when the token matches, else 403.
+ * https://developers.facebook.com/docs/graph-api/webhooks/getting-started
+ */
+export function metaVerifier(config: { appSecret: string; verifyToken: string }): WebhookVerifier {
+  const verifyToken = sha256(config.verifyToken);
+  return {
+    checkHeaders(headers) {
+      const signature = headerValue(headers, 'x-hub-signature-256');
+      if (signature === undefined) return { ok: false, reason: 'no X-Hub-Signature-256' };
+      if (!signature.startsWith('sha256=') || !fromHex(signature.slice(7), 32)) return { ok: false, reason: 'malformed X-Hub-Signature-256' };
+      return { ok: true };
+    },
+    verifyBody(headers, rawBody) {
+      const presented = fromHex(headerValue(headers, 'x-hub-signature-256')!.slice(7), 32)!;
+      return digestEquals(presented, hmacSha256(config.appSecret, rawBody)) ? { ok: true } : { ok: false, reason: 'X-Hub-Signature-256 does not match the body' };
+    },
+    // WhatsApp message id, Messenger message id, else the entry's id and time.
+    deliveryId(_headers, body) {
+      const entry = dig(body, 'entry', 0);
+      const id = dig(entry, 'changes', 0, 'value', 'messages', 0, 'id') ?? dig(entry, 'changes', 0, 'value', 'statuses', 0, 'id') ??
+        dig(entry, 'messaging', 0, 'message', 'mid');
+      if (id !== undefined) return saneId(id);
+      const entryId = dig(entry, 'id');
+      const time = dig(entry, 'time');
+      return entryId !== undefined && time !== undefined ? saneId(`${String(entryId)}:${String(time)}`) : undefined;
+    },
+    answerGet(query) {
+      const challenge = query.get('hub.challenge') ?? '';
+      if (query.get('hub.mode') === 'subscribe' && secretEquals(query.get('hub.verify_token') ?? undefined, verifyToken) && /^[\x21-\x7e]{1,512}$/.test(challenge)) {
+        return { answer: { status: 200, contentType: 'text/plain; charset=utf-8', body: challenge } };
+      }
+      return {
+        answer: { status: 403, contentType: 'application/json; charset=utf-8', body: '{"error":{"code":"invalid_verify_token","message":"The subscription verify token does not match."}}' },
+        failed: 'Meta subscription check with a wrong or missing hub.verify_token',
+      };
+    },
+  };
+}
