@@ -23,6 +23,12 @@ describe('gatehouse config check', () => {
     assert.match(result.stdout, /^ok: .*gateway 127\.0\.0\.1:8080 -> http:\/\/127\.0\.0\.1:3000/);
   });
 
+  it('examples/providers.json5 (one endpoint per verify type) is valid', async () => {
+    const result = await runCli(['config', 'check', '--config', path.join(ROOT, 'examples/providers.json5')]);
+    assert.equal(result.code, 0, result.stderr);
+    assert.match(result.stdout, /webhooks on 127\.0\.0\.1:8081 \(9 endpoint\(s\)\)/);
+  });
+
   it('a bad config: exit 1 and every problem listed with its path', async () => {
     const file = writeConfig('bad.json5', `{
       // comments are fine in JSON5
