@@ -47,11 +47,6 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     template: e.template !== undefined ? compileTemplate(e.template) : undefined,
   }]));
 
-  function startContext(req: IncomingMessage, res: ServerResponse, next: Next) {
-    beginRequest(req, res, requestLog);
-    next();
-  }
-
   function healthz(_req: IncomingMessage, res: ServerResponse) {
     res.writeHead(200, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' });
     res.end('{"status":"ok"}');
@@ -150,11 +145,24 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   const app = express();
   app.disable('x-powered-by');
   app.disable('etag');
-  app.use(startContext);
   app.get('/healthz', healthz);
   app.use(receiveWebhook);
   app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) => respondWithError(req, res, err, logger));
-  return { handle: app };
+
+  // As for /api/: requests to a configured endpoint skip Express's router (the hot path);
+  // everything else (health, 404) is the Express app.
+  function handle(req: IncomingMessage, res: ServerResponse): void {
+    beginRequest(req, res, requestLog);
+    const url = req.url ?? '';
+    const queryAt = url.indexOf('?');
+    if (endpoints.has(queryAt === -1 ? url : url.slice(0, queryAt))) {
+      const fail = (err?: unknown) => respondWithError(req, res, err, logger);
+      receiveWebhook(req, res, fail).catch(fail);
+    } else {
+      app(req, res);
+    }
+  }
+  return { handle };
 }
 
 /**
