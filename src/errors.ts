@@ -18,6 +18,7 @@ export const errorCatalogue = {
   method_not_allowed: { status: 405, message: 'This method is not allowed here.' },
   invalid_webhook_secret: { status: 401, message: 'The webhook secret is missing or wrong.' },
   invalid_webhook_signature: { status: 401, message: 'The webhook signature is missing, stale or does not match.' },
+  invalid_verify_token: { status: 403, message: 'The subscription verify token does not match.' },
   unsupported_media_type: { status: 415, message: 'The body must be JSON (application/json).' },
   payload_too_large: { status: 413, message: 'The body is larger than this endpoint accepts.' },
   invalid_json: { status: 400, message: 'The body must be a JSON object.' },

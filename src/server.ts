@@ -7,6 +7,7 @@ import { buildGatewayApp, type GatewayApp } from './app.js';
 import { isLoopbackHost, type Config } from './config/schema.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
 import { Deliverer } from './webhooks/deliverer.js';
+import { DeliveryWorker, type DeliveryRunner } from './webhooks/delivery-worker.js';
 import { buildWebhookApp, type WebhookApp } from './webhooks/receiver.js';
 import { SqliteEventStore, type EventStore } from './webhooks/store.js';
 
@@ -19,7 +20,7 @@ export interface Listening {
 export interface RunningGatehouse {
   gateway: Listening;
   /** The webhook receiver, when `webhooks.enabled`. */
-  webhooks?: Listening & { store: EventStore; deliverer: Deliverer };
+  webhooks?: Listening & { store: EventStore; deliverer: DeliveryRunner };
   /** Swaps in a new config without dropping in-flight requests. Listen address and TLS need a restart. */
   reload(config: Config): Promise<void>;
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes. */
@@ -29,7 +30,14 @@ export interface RunningGatehouse {
 /** Starts the listeners for a validated config. */
 export async function startGatehouse(
   initial: Config,
-  options: { logger: Logger; lockoutStore?: LockoutStore; /** default: SQLite at storage.path */ eventStore?: EventStore },
+  options: {
+    logger: Logger;
+    lockoutStore?: LockoutStore;
+    /** default: SQLite at storage.path */
+    eventStore?: EventStore;
+    /** Run the deliverer on a worker thread (what `gatehouse start` does); default in-process. */
+    deliverInWorker?: boolean;
+  },
 ): Promise<RunningGatehouse> {
   const { logger } = options;
   let config = initial;
@@ -41,7 +49,7 @@ export async function startGatehouse(
   describeGateway(logger, config, app, gateway.url);
   void warmUp(logger, app);
 
-  const webhooks = config.webhooks.enabled ? await startWebhooks(config, logger, lockoutStore, options.eventStore) : undefined;
+  const webhooks = config.webhooks.enabled ? await startWebhooks(config, logger, lockoutStore, options.eventStore, options.deliverInWorker ?? false) : undefined;
   if (!webhooks) logger.info('webhook receiver off (webhooks.enabled is false)');
 
   return {
@@ -76,10 +84,12 @@ export async function startGatehouse(
 }
 
 /** The receiver's listener, its store and its deliverer; reload swaps endpoints, targets and delivery settings. */
-async function startWebhooks(config: Config, logger: Logger, lockoutStore: LockoutStore, injectedStore?: EventStore) {
+async function startWebhooks(config: Config, logger: Logger, lockoutStore: LockoutStore, injectedStore: EventStore | undefined, inWorker: boolean) {
   const store = injectedStore ?? new SqliteEventStore(config.storage.path);
   const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
-  const deliverer = new Deliverer(store, config.webhooks, logger);
+  const deliverer: DeliveryRunner = inWorker
+    ? new DeliveryWorker(store, config.webhooks, logger, config.log.level)
+    : new Deliverer(store, config.webhooks, logger);
   const build = (c: Config): WebhookApp => buildWebhookApp(c, { logger, lockout, store, onAccepted: () => deliverer.notify() });
   let app = build(config);
   const listening = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));

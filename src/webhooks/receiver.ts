@@ -81,12 +81,12 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
 
     if (req.method === 'GET') {
       // The sender's subscription check (Meta): answered here, nothing stored.
-      const { answer: direct, failed } = verifier.answerGet!(new URLSearchParams(queryAt === -1 ? '' : url.slice(queryAt + 1)));
-      if (failed) {
+      const outcome = verifier.answerGet!(new URLSearchParams(queryAt === -1 ? '' : url.slice(queryAt + 1)));
+      if ('failed' in outcome) {
         await lockout.recordFailure(origin.ip);
-        req.gatehouse!.detail = failed;
+        return next(new HttpError('invalid_verify_token', outcome.failed));
       }
-      return answer(res, direct);
+      return answer(res, outcome.answer);
     }
 
     // Only headers count: a secret or signature in the query string is never looked at.

@@ -34,10 +34,7 @@ export function metaVerifier(config: { appSecret: string; verifyToken: string })
       if (query.get('hub.mode') === 'subscribe' && secretEquals(query.get('hub.verify_token') ?? undefined, verifyToken) && /^[\x21-\x7e]{1,512}$/.test(challenge)) {
         return { answer: { status: 200, contentType: 'text/plain; charset=utf-8', body: challenge } };
       }
-      return {
-        answer: { status: 403, contentType: 'application/json; charset=utf-8', body: '{"error":{"code":"invalid_verify_token","message":"The subscription verify token does not match."}}' },
-        failed: 'Meta subscription check with a wrong or missing hub.verify_token',
-      };
+      return { failed: 'Meta subscription check with a wrong or missing hub.verify_token' };
     },
   };
 }

@@ -24,8 +24,8 @@ export interface WebhookVerifier {
   deliveryId(headers: IncomingHttpHeaders, body: Record<string, unknown>): string | undefined;
   /** The sender's handshake (Slack url_verification, Discord PING): answered, not queued. */
   handshake?(body: Record<string, unknown>): DirectAnswer | undefined;
-  /** GET on the endpoint (Meta's subscription check); absent: GET is 405. */
-  answerGet?(query: URLSearchParams): { answer: DirectAnswer; failed?: string };
+  /** GET on the endpoint (Meta's subscription check): the answer, or why it failed (403). Absent: GET is 405. */
+  answerGet?(query: URLSearchParams): { answer: DirectAnswer } | { failed: string };
   /** The `payload` the target receives when it is not the body as sent (Pub/Sub's base64 data). */
   payload?(body: Record<string, unknown>): Record<string, unknown>;
 }
