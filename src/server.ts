@@ -7,7 +7,6 @@ import { buildGatewayApp, type GatewayApp } from './app.js';
 import { isLoopbackHost, type Config } from './config/schema.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
 import { Deliverer } from './webhooks/deliverer.js';
-import { DeliveryWorker, type DeliveryRunner } from './webhooks/delivery-worker.js';
 import { buildWebhookApp, type WebhookApp } from './webhooks/receiver.js';
 import { SqliteEventStore, type EventStore } from './webhooks/store.js';
 
@@ -20,7 +19,7 @@ export interface Listening {
 export interface RunningGatehouse {
   gateway: Listening;
   /** The webhook receiver, when `webhooks.enabled`. */
-  webhooks?: Listening & { store: EventStore; deliverer: DeliveryRunner };
+  webhooks?: Listening & { store: EventStore; deliverer: Deliverer };
   /** Swaps in a new config without dropping in-flight requests. Listen address and TLS need a restart. */
   reload(config: Config): Promise<void>;
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes. */
@@ -35,8 +34,6 @@ export async function startGatehouse(
     lockoutStore?: LockoutStore;
     /** default: SQLite at storage.path */
     eventStore?: EventStore;
-    /** Run the deliverer on a worker thread (what `gatehouse start` does); default in-process. */
-    deliverInWorker?: boolean;
   },
 ): Promise<RunningGatehouse> {
   const { logger } = options;
@@ -49,7 +46,7 @@ export async function startGatehouse(
   describeGateway(logger, config, app, gateway.url);
   void warmUp(logger, app);
 
-  const webhooks = config.webhooks.enabled ? await startWebhooks(config, logger, lockoutStore, options.eventStore, options.deliverInWorker ?? false) : undefined;
+  const webhooks = config.webhooks.enabled ? await startWebhooks(config, logger, lockoutStore, options.eventStore) : undefined;
   if (!webhooks) logger.info('webhook receiver off (webhooks.enabled is false)');
 
   return {
@@ -84,12 +81,10 @@ export async function startGatehouse(
 }
 
 /** The receiver's listener, its store and its deliverer; reload swaps endpoints, targets and delivery settings. */
-async function startWebhooks(config: Config, logger: Logger, lockoutStore: LockoutStore, injectedStore: EventStore | undefined, inWorker: boolean) {
+async function startWebhooks(config: Config, logger: Logger, lockoutStore: LockoutStore, injectedStore: EventStore | undefined) {
   const store = injectedStore ?? new SqliteEventStore(config.storage.path);
   const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
-  const deliverer: DeliveryRunner = inWorker
-    ? new DeliveryWorker(store, config.webhooks, logger, config.log.level)
-    : new Deliverer(store, config.webhooks, logger);
+  const deliverer = new Deliverer(store, config.webhooks, logger);
   const build = (c: Config): WebhookApp => buildWebhookApp(c, { logger, lockout, store, onAccepted: () => deliverer.notify() });
   let app = build(config);
   const listening = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));

@@ -14,7 +14,7 @@ export function registerStartCommand(program: Command): void {
     .action(async (options: { config: string }) => {
       const { config, file } = loadConfig(options.config);
       const logger = createLogger({ level: config.log.level });
-      const running = await startGatehouse(config, { logger, deliverInWorker: true });
+      const running = await startGatehouse(config, { logger });
       logger.info({ config: file, pid: process.pid }, 'gatehouse started');
 
       let reloading = Promise.resolve();
