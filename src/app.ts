@@ -5,7 +5,7 @@ import type { Config } from './config/schema.js';
 import { HttpError } from './errors.js';
 import { createClientIpResolver, type ClientOrigin } from './gateway/client-ip.js';
 import { Authenticator } from './gateway/credentials/authenticate.js';
-import { prepareUpstreamHeaders } from './gateway/forward-headers.js';
+import { checkConnectionHeader, prepareUpstreamHeaders } from './gateway/forward-headers.js';
 import { compileAddressMatcher, parseAddress } from './gateway/ip-allowlist.js';
 import type { FailureLockout } from './gateway/lockout.js';
 import { API_PREFIX, checkApiPath } from './gateway/path-gate.js';
@@ -101,7 +101,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
    * cost gatehouse added on top of proxying. Everything that is not /api/ still goes to Express.
    */
   async function apiPipeline(req: Req, res: ServerResponse): Promise<void> {
-    const error = checkApiPath(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
+    const error = checkApiPath(req) ?? checkConnectionHeader(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
     if (error) return respondWithError(req, res, error, logger);
     await proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
   }

@@ -1,15 +1,35 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
+import { HttpError } from '../errors.js';
 import type { ClientOrigin } from './client-ip.js';
 import type { Identity } from './credentials/authenticate.js';
 
 /** Headers a client may not set for the upstream: gatehouse owns them (compared with `_` read as `-`). */
-const OWNED_HEADERS = ['x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-port', 'forwarded', 'x-real-ip', 'x-request-id'];
+const OWNED_HEADERS = [
+  'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-port', 'forwarded', 'x-real-ip', 'x-request-id',
+  // Read by common frameworks as "what the proxy saw" (Spring, Rack, Symfony, IIS, CDNs): a client may not set them.
+  'x-forwarded-prefix', 'x-forwarded-scheme', 'x-forwarded-ssl', 'x-forwarded-server', 'x-forwarded-path', 'x-original-forwarded-for',
+  'x-original-url', 'x-rewrite-url', 'x-original-host', 'true-client-ip', 'x-client-ip', 'cf-connecting-ip', 'x-cluster-client-ip', 'fastly-client-ip',
+];
 const CREDENTIAL_HEADERS = ['x-api-key'];
 /** Hop-by-hop (RFC 9110 7.6.1): about the client's connection, not the upstream's. A client's `Connection: close` must not end our keep-alive. */
 const HOP_BY_HOP = ['connection', 'keep-alive', 'proxy-connection', 'te', 'upgrade', 'proxy-authorization', 'proxy-authenticate'];
 const OWNED_PREFIX = 'x-gatehouse-';
 const STRIPPED = new Set([...OWNED_HEADERS, ...HOP_BY_HOP]);
 const STRIPPED_WITH_CREDENTIALS = new Set([...STRIPPED, ...CREDENTIAL_HEADERS]);
+/** Headers that frame the message: a client may not have them dropped by naming them in Connection. */
+const FRAMING = ['content-length', 'transfer-encoding', 'host'];
+
+/**
+ * Refuses a Connection header that names a framing header: honouring it would strip the body's
+ * length on the way up and let the body pass for a second request (smuggling).
+ */
+export function checkConnectionHeader(req: IncomingMessage): HttpError | undefined {
+  const connection = req.headers.connection;
+  if (connection === undefined || PLAIN_CONNECTION.test(connection)) return undefined;
+  const named = connection.toLowerCase().split(',').map((t) => t.trim());
+  return named.some((name) => FRAMING.includes(name)) ? new HttpError('invalid_request', `Connection names a framing header: ${connection}`) : undefined;
+}
+
 /** Connection values that name no other header: the common case skips parsing it. */
 const PLAIN_CONNECTION = /^\s*(keep-alive|close)\s*$/i;
 
@@ -34,7 +54,7 @@ export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext
   const stripped = ctx.forwardCredentials ? STRIPPED : STRIPPED_WITH_CREDENTIALS;
   const connection = headers.connection;
   const namedByConnection = connection !== undefined && !PLAIN_CONNECTION.test(connection)
-    ? connection.toLowerCase().split(',').map((t) => t.trim())
+    ? connection.toLowerCase().split(',').map((t) => t.trim()).filter((name) => !FRAMING.includes(name))
     : undefined;
 
   const out: IncomingHttpHeaders = {};

@@ -35,6 +35,12 @@ export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError
   const agent = target.protocol === 'https:' ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
 
   const gatehousePlugin: Plugin = (proxyServer) => {
+    // http-proxy's deleteLength pass turns a chunked DELETE/OPTIONS into `Content-Length: 0` and
+    // still pipes the body: the upstream would read that body as a second, smuggled request
+    // (http-party/node-http-proxy#1720). Without it, Node frames the body as the headers say.
+    const passes = proxyServer as unknown as { webPasses: { name: string }[] };
+    passes.webPasses = passes.webPasses.filter((pass) => pass.name !== 'deleteLength');
+
     proxyServer.on('proxyReq', (proxyReq) => {
       proxyReq.setTimeout(upstream.timeoutMs, () => {
         proxyReq.destroy(Object.assign(new Error(`no answer within ${upstream.timeoutMs} ms`), { code: UPSTREAM_TIMEOUT }));

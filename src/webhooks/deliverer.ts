@@ -241,6 +241,9 @@ export class Deliverer {
         res.on('error', (err) => resolve({ status: null, error: err.message }));
       });
       req.on('timeout', () => req.destroy(new Error(`timeout after ${timeoutMs} ms`)));
+      // `timeout` above is per idle socket; a target trickling its answer must not outlive the lease either.
+      const deadline = setTimeout(() => req.destroy(new Error(`timeout: no complete answer within ${timeoutMs} ms`)), timeoutMs);
+      req.on('close', () => clearTimeout(deadline));
       req.on('error', (err: NodeJS.ErrnoException) => resolve({ status: null, error: err.code ? `${err.code}: ${err.message}` : err.message }));
       req.end(event.envelope);
     });

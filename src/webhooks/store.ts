@@ -221,6 +221,8 @@ export class SqliteEventStore implements EventStore {
           try {
             outcomes.push({ ok: true, value: w.run() });
           } catch (err) {
+            // SQLITE_FULL, IOERR, BUSY… roll the whole transaction back: then the batch as a whole fails.
+            if (!this.db.inTransaction) throw err;
             outcomes.push({ ok: false, err });
           }
         }

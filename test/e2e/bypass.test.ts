@@ -287,3 +287,76 @@ describe('failure lockout', () => {
     }
   });
 });
+
+describe('bypass: request smuggling through the proxy', () => {
+  /** A raw upstream: counts the request lines it reads on each connection, answers each with 200. */
+  async function startRawUpstream() {
+    const requestLines: string[] = [];
+    const bodies: string[] = [];
+    const server = (await import('node:net')).createServer((socket) => {
+      let buffer = '';
+      socket.on('data', (d) => {
+        buffer += d.toString('latin1');
+        for (const m of buffer.matchAll(/(?:^|\r\n)((?:GET|POST|DELETE|OPTIONS|PUT|PATCH|HEAD) \S+ HTTP\/1\.[01])\r\n/g)) requestLines.push(m[1]!);
+        bodies.push(buffer);
+        buffer = '';
+        socket.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok');
+      });
+      socket.on('error', () => {});
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const { port } = server.address() as import('node:net').AddressInfo;
+    return { url: `http://127.0.0.1:${port}`, requestLines, bodies, close: () => new Promise<void>((r) => server.close(() => r())) };
+  }
+  const smuggled = 'GET /admin HTTP/1.1\r\nHost: upstream\r\nX-Gatehouse-Subject: root\r\n\r\n';
+
+  it('a chunked DELETE keeps its framing: the upstream sees one request, never the body as another', async () => {
+    // A real HTTP parser upstream: a smuggled request would show up as a second request.
+    const upstream = await startRecordingUpstream();
+    const gatehouse = await startTestGatehouse(testConfig(upstream.url));
+    try {
+      const reply = await rawRequest(gatehouse.url,
+        `DELETE /api/items/1 HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nTransfer-Encoding: chunked\r\n\r\n` +
+        `${smuggled.length.toString(16)}\r\n${smuggled}\r\n0\r\n\r\n`);
+      assert.equal(reply.status, 200);
+      await new Promise((r) => setTimeout(r, 100));
+      assert.deepEqual(upstream.received.map((r) => `${r.method} ${r.url}`), ['DELETE /api/items/1']);
+      assert.equal(upstream.received[0]!.body, smuggled);
+    } finally {
+      await gatehouse.close(100);
+      await upstream.close();
+    }
+  });
+
+  it('Connection naming Content-Length (to strip the framing) is refused: 400, upstream untouched', async () => {
+    const upstream = await startRawUpstream();
+    const gatehouse = await startTestGatehouse(testConfig(upstream.url));
+    try {
+      for (const named of ['content-length', 'Transfer-Encoding', 'host']) {
+        const reply = await rawRequest(gatehouse.url,
+          `POST /api/items HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nConnection: close, ${named}\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`);
+        assert.equal(reply.status, 400, named);
+        assert.equal(JSON.parse(reply.body).error.code, 'invalid_request');
+      }
+      await new Promise((r) => setTimeout(r, 100));
+      assert.deepEqual(upstream.requestLines, []);
+    } finally {
+      await gatehouse.close(100);
+      await upstream.close();
+    }
+  });
+
+  it('proxy-identity headers that frameworks believe (X-Forwarded-Prefix, X-Original-URL, True-Client-IP…) are stripped', async () => {
+    const upstream = await startRecordingUpstream();
+    const gatehouse = await startTestGatehouse(testConfig(upstream.url));
+    try {
+      const names = ['x-forwarded-prefix', 'x-forwarded-scheme', 'x-forwarded-ssl', 'x-original-url', 'x-rewrite-url', 'true-client-ip', 'x-client-ip', 'cf-connecting-ip'];
+      const reply = await request(gatehouse.url, '/api/s', { headers: { 'x-api-key': TEST_PLAIN_KEY, ...Object.fromEntries(names.map((n) => [n, '/admin'])) } });
+      assert.equal(reply.status, 200);
+      for (const name of names) assert.equal(upstream.received.at(-1)!.headers[name], undefined, name);
+    } finally {
+      await gatehouse.close();
+      await upstream.close();
+    }
+  });
+});
