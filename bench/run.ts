@@ -6,7 +6,7 @@
  *   BENCH_DURATION=10 BENCH_CONNECTIONS=64 npm run bench
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import os from 'node:os';
@@ -21,6 +21,8 @@ const DURATION = Number(process.env.BENCH_DURATION ?? 10);
 const WARMUP = Number(process.env.BENCH_WARMUP ?? 3);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
 const ONLY = process.env.BENCH_ONLY?.split(',');
+/** Each gatehouse case alternates with node-bare this many times; its ratio is the median of the rounds. */
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 /** BENCH_PROFILE=1: gatehouse runs with --cpu-prof, profiles land in bench/results/ (open in Chrome DevTools). */
 const PROFILE = process.env.BENCH_PROFILE === '1' ? ['--cpu-prof', '--cpu-prof-dir', path.join(ROOT, 'bench/results')] : [];
 
@@ -34,7 +36,20 @@ interface CaseResult {
   expectedStatus: number;
   ratio?: number;
   ratioTo?: string;
+  /** CPU time (user + system) the server process spent per answered request: steadier than req/s on a shared machine. */
+  cpuMicrosPerRequest?: number;
   extra?: Record<string, number | string>;
+}
+
+/** The process's CPU time in µs from /proc (Linux); undefined elsewhere. */
+function processCpuMicros(pid: number | undefined): number | undefined {
+  if (pid === undefined) return undefined;
+  try {
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
+    return (Number(fields[11]) + Number(fields[12])) * (1_000_000 / 100); // clock ticks at USER_HZ 100
+  } catch {
+    return undefined;
+  }
 }
 
 const children: ChildProcess[] = [];
@@ -81,9 +96,11 @@ function logPort(message: string) {
 
 const tsx = (file: string, ...args: string[]) => ['--import', 'tsx', path.join(ROOT, 'bench', file), ...args];
 
-async function load(name: string, options: autocannon.Options, expectedStatus: number): Promise<CaseResult> {
-  await autocannon({ ...options, duration: WARMUP, connections: CONNECTIONS });
-  const r = await autocannon({ ...options, duration: DURATION, connections: CONNECTIONS });
+async function load(name: string, options: autocannon.Options, expectedStatus: number, duration = DURATION, warmup = WARMUP, pid?: number): Promise<CaseResult> {
+  if (warmup > 0) await autocannon({ ...options, duration: warmup, connections: CONNECTIONS });
+  const cpuBefore = processCpuMicros(pid);
+  const r = await autocannon({ ...options, duration, connections: CONNECTIONS });
+  const cpuAfter = processCpuMicros(pid);
   const wrongStatus = Object.entries(r.statusCodeStats ?? {}).filter(([code]) => Number(code) !== expectedStatus).reduce((n, [, v]) => n + (v as { count: number }).count, 0);
   return {
     name,
@@ -93,6 +110,7 @@ async function load(name: string, options: autocannon.Options, expectedStatus: n
     errors: r.errors + r.timeouts,
     non2xx: wrongStatus,
     expectedStatus,
+    cpuMicrosPerRequest: cpuBefore !== undefined && cpuAfter !== undefined && r.requests.total > 0 ? Math.round((cpuAfter - cpuBefore) / r.requests.total) : undefined,
   };
 }
 
@@ -135,8 +153,8 @@ async function main() {
   // first): on a shared machine, the ratio of two adjacent runs is what survives the noise.
   const bare = await startProcess(tsx('node-bare.ts', String(upstream.port), key));
   const bareRuns: CaseResult[] = [];
-  const measureBare = async () => {
-    const run = await load('node-bare', { url: `http://127.0.0.1:${bare.port}/api/items`, headers: { 'x-api-key': key } }, 200);
+  const measureBare = async (duration = DURATION, warmup = WARMUP) => {
+    const run = await load('node-bare', { url: `http://127.0.0.1:${bare.port}/api/items`, headers: { 'x-api-key': key } }, 200, duration, warmup, bare.child.pid);
     bareRuns.push(run);
     return run;
   };
@@ -169,13 +187,36 @@ async function main() {
     writeFileSync(file, JSON.stringify(config));
     const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('gateway listening'));
     const before = jwksFetches;
-    const bareFirst = bareRuns.length % 2 === 0;
-    const pairedBare = bareFirst ? await measureBare() : undefined;
-    const result = await load(name, { url: `http://127.0.0.1:${gatehouse.port}/api/items`, headers }, status);
-    const reference = pairedBare ?? (await measureBare());
-    result.ratio = Math.round((result.requestsPerSec / reference.requestsPerSec) * 100) / 100;
-    result.ratioTo = 'node-bare';
-    result.extra = { pairedNodeBare: reference.requestsPerSec, pairedNodeBareP99: reference.p99 };
+    // Rounds of (node-bare, case) in alternating order; the machine drifts less within a round.
+    const perRound = Math.max(2, Math.round(DURATION / ROUNDS));
+    const rounds: { run: CaseResult; reference: CaseResult }[] = [];
+    for (let round = 0; round < ROUNDS; round++) {
+      const warmup = round === 0 ? WARMUP : 1;
+      const bareFirst = round % 2 === 0;
+      const pairedBare = bareFirst ? await measureBare(perRound, warmup) : undefined;
+      const run = await load(name, { url: `http://127.0.0.1:${gatehouse.port}/api/items`, headers }, status, perRound, warmup, gatehouse.child.pid);
+      rounds.push({ run, reference: pairedBare ?? (await measureBare(perRound, warmup)) });
+    }
+    const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+    const sum = (pick: (r: CaseResult) => number) => rounds.reduce((n, r) => n + pick(r.run), 0);
+    const result: CaseResult = {
+      name,
+      requestsPerSec: Math.round(sum((r) => r.requestsPerSec) / rounds.length),
+      p50: median(rounds.map((r) => r.run.p50)),
+      p99: median(rounds.map((r) => r.run.p99)),
+      errors: sum((r) => r.errors),
+      non2xx: sum((r) => r.non2xx),
+      expectedStatus: status,
+      ratio: Math.round(median(rounds.map((r) => r.run.requestsPerSec / r.reference.requestsPerSec)) * 100) / 100,
+      ratioTo: 'node-bare',
+      cpuMicrosPerRequest: median(rounds.map((r) => r.run.cpuMicrosPerRequest ?? NaN)),
+    };
+    const reference = rounds.map((r) => r.reference);
+    result.extra = {
+      roundRatios: rounds.map((r) => (r.run.requestsPerSec / r.reference.requestsPerSec).toFixed(2)).join('/'),
+      pairedNodeBareP99: median(reference.map((r) => r.p99)),
+      pairedNodeBareCpuMicros: median(reference.map((r) => r.cpuMicrosPerRequest ?? NaN)),
+    };
     if (name.includes('rs256')) result.extra.jwksFetchesDuringLoad = jwksFetches - before;
     results.push(result);
     await stop(gatehouse.child);
@@ -195,7 +236,7 @@ async function main() {
 
   if (want('ingest-bare')) {
     const bare = await startProcess(tsx('ingest-bare.ts', path.join(work, 'bare.db'), secret));
-    results.push(await load('ingest-bare', { url: `http://127.0.0.1:${bare.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202));
+    results.push(await load('ingest-bare', { url: `http://127.0.0.1:${bare.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202, DURATION, WARMUP, bare.child.pid));
     await stop(bare.child);
   }
 
@@ -217,7 +258,7 @@ async function main() {
     writeFileSync(file, JSON.stringify(config));
     const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('webhook receiver listening'));
     const startedAt = Date.now();
-    const result = await load('webhook ingest', { url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202);
+    const result = await load('webhook ingest', { url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202, DURATION, WARMUP, gatehouse.child.pid);
     await new Promise((r) => setTimeout(r, 500)); // requests still in flight when the load stopped get committed too
     // Delivered/s: everything accepted (warm-up included) reaching the target, timed from the first request.
     const accepted = await countAccepted(dbFile);
@@ -296,10 +337,10 @@ function checkTargets(results: CaseResult[]) {
 
 function printTable(results: CaseResult[]) {
   const rows = results.map((r) => [
-    r.name, String(r.requestsPerSec), `${r.p50}`, `${r.p99}`, String(r.errors + r.non2xx), r.ratio !== undefined ? `${r.ratio} x ${r.ratioTo}` : '',
+    r.name, String(r.requestsPerSec), `${r.p50}`, `${r.p99}`, r.cpuMicrosPerRequest !== undefined ? String(r.cpuMicrosPerRequest) : '', String(r.errors + r.non2xx), r.ratio !== undefined ? `${r.ratio} x ${r.ratioTo}` : '',
     r.extra ? Object.entries(r.extra).map(([k, v]) => `${k}=${v}`).join(' ') : '',
   ]);
-  const header = ['case', 'req/s', 'p50 ms', 'p99 ms', 'errors', 'ratio', 'notes'];
+  const header = ['case', 'req/s', 'p50 ms', 'p99 ms', 'cpu µs/req', 'errors', 'ratio', 'notes'];
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
   const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i]!)).join('  ');
   console.log(`\n${line(header)}\n${widths.map((w) => '-'.repeat(w)).join('  ')}`);

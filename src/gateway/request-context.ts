@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Logger } from 'pino';
+import pino, { type Logger } from 'pino';
 import { HttpError, sendError } from '../errors.js';
 import type { ClientOrigin } from './client-ip.js';
 import type { Identity } from './credentials/authenticate.js';
@@ -27,16 +27,26 @@ declare module 'node:http' {
 // Printable, no spaces, bounded: safe to echo into logs and upstream headers.
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:@\-]{1,128}$/;
 
+/** Writes the one line per request; made once per app from the configured logger. */
+export type RequestLog = (line: Record<string, unknown>) => void;
+
 /**
- * The logger for request lines. Its fields are built by logRequest alone and never hold a
- * secret, so it skips pino's redaction, which cost ~3% of the /api/ hot path under load.
+ * The request-line writer. Its fields are built by logRequest alone and never hold a secret, so
+ * it skips pino's redaction and generic serialiser (together ~5 % of the /api/ hot path under
+ * load) and writes pino's own line format (level, time, name, msg) to the logger's destination.
  */
-export function requestLogger(logger: Logger): Logger {
-  return logger.child({}, { redact: [] });
+export function requestLogger(logger: Logger): RequestLog {
+  const stream = (logger as unknown as Record<symbol, { write(line: string): void } | undefined>)[pino.symbols.streamSym];
+  if (!stream) return (fields) => logger.info(fields, 'request');
+  const name = (logger.bindings() as { name?: string }).name;
+  return function writeRequestLine(fields) {
+    if (!logger.isLevelEnabled('info')) return;
+    stream.write(JSON.stringify({ level: 30, time: Date.now(), name, ...fields, msg: 'request' }) + '\n');
+  };
 }
 
 /** Starts the context: keeps a client's sane X-Request-Id, else makes one; logs one line (to `logger`) when done. */
-export function beginRequest(req: IncomingMessage, res: ServerResponse, logger: Logger): RequestContext {
+export function beginRequest(req: IncomingMessage, res: ServerResponse, log: RequestLog): RequestContext {
   const given = req.headers['x-request-id'];
   const ctx: RequestContext = {
     id: typeof given === 'string' && SANE_REQUEST_ID.test(given) ? given : randomUUID(),
@@ -44,14 +54,14 @@ export function beginRequest(req: IncomingMessage, res: ServerResponse, logger: 
   };
   req.gatehouse = ctx;
   res.setHeader('x-request-id', ctx.id);
-  res.once('close', () => logRequest(logger, req, res, ctx));
+  res.once('close', () => logRequest(log, req, res, ctx));
   return ctx;
 }
 
-function logRequest(logger: Logger, req: IncomingMessage, res: ServerResponse, ctx: RequestContext): void {
+function logRequest(log: RequestLog, req: IncomingMessage, res: ServerResponse, ctx: RequestContext): void {
   const url = req.url ?? '';
   const queryAt = url.indexOf('?');
-  logger.info({
+  log({
     id: ctx.id,
     method: req.method,
     // The query string is left out: clients put credentials there despite being told not to.
@@ -63,7 +73,7 @@ function logRequest(logger: Logger, req: IncomingMessage, res: ServerResponse, c
     ip: ctx.clientIp ?? req.socket.remoteAddress,
     error: ctx.errorCode,
     detail: ctx.detail,
-  }, 'request');
+  });
 }
 
 /** Records an error on the request's context, for its log line. */
