@@ -2,10 +2,10 @@ import { digestEquals, fromHex, hmacSha256 } from './hmac.js';
 import { headerValue, type WebhookVerifier } from './types.js';
 
 /**
- * GitHub: `X-Hub-Signature-256: sha256=<hex HMAC-SHA256(secret, body)>`; any of `secrets` (rotation).
- * https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries
+ * The `X-Hub-Signature-256: sha256=<hex HMAC-SHA256(secret, body)>` scheme GitHub and Meta share;
+ * any of `secrets` passes (rotation). Every secret is tried, so timing does not tell which matched.
  */
-export function githubVerifier(config: { secrets: string[] }): WebhookVerifier {
+export function hubSignature(secrets: readonly string[]): Pick<WebhookVerifier, 'checkHeaders' | 'verifyBody'> {
   return {
     checkHeaders(headers) {
       const signature = headerValue(headers, 'x-hub-signature-256');
@@ -15,10 +15,19 @@ export function githubVerifier(config: { secrets: string[] }): WebhookVerifier {
     },
     verifyBody(headers, rawBody) {
       const presented = fromHex(headerValue(headers, 'x-hub-signature-256')!.slice(7), 32)!;
-      // Every secret is tried, so timing does not tell which one matched.
-      const matches = config.secrets.map((secret) => digestEquals(presented, hmacSha256(secret, rawBody)));
+      const matches = secrets.map((secret) => digestEquals(presented, hmacSha256(secret, rawBody)));
       return matches.includes(true) ? { ok: true } : { ok: false, reason: 'X-Hub-Signature-256 does not match the body' };
     },
+  };
+}
+
+/**
+ * GitHub: `X-Hub-Signature-256` over the body with any of `secrets`; deduped on `X-GitHub-Delivery`.
+ * https://docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries
+ */
+export function githubVerifier(config: { secrets: string[] }): WebhookVerifier {
+  return {
+    ...hubSignature(config.secrets),
     deliveryId: (headers) => headerValue(headers, 'x-github-delivery'),
   };
 }

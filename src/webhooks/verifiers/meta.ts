@@ -1,5 +1,6 @@
-import { digestEquals, fromHex, hmacSha256, secretEquals, sha256 } from './hmac.js';
-import { dig, headerValue, saneId, type WebhookVerifier } from './types.js';
+import { hubSignature } from './github.js';
+import { secretEquals, sha256 } from './hmac.js';
+import { dig, saneId, type WebhookVerifier } from './types.js';
 
 /**
  * Meta (WhatsApp Cloud API, Messenger, Instagram): POST `X-Hub-Signature-256: sha256=<hex HMAC-SHA256(appSecret, body)>`;
@@ -9,16 +10,7 @@ import { dig, headerValue, saneId, type WebhookVerifier } from './types.js';
 export function metaVerifier(config: { appSecret: string; verifyToken: string }): WebhookVerifier {
   const verifyToken = sha256(config.verifyToken);
   return {
-    checkHeaders(headers) {
-      const signature = headerValue(headers, 'x-hub-signature-256');
-      if (signature === undefined) return { ok: false, reason: 'no X-Hub-Signature-256' };
-      if (!signature.startsWith('sha256=') || !fromHex(signature.slice(7), 32)) return { ok: false, reason: 'malformed X-Hub-Signature-256' };
-      return { ok: true };
-    },
-    verifyBody(headers, rawBody) {
-      const presented = fromHex(headerValue(headers, 'x-hub-signature-256')!.slice(7), 32)!;
-      return digestEquals(presented, hmacSha256(config.appSecret, rawBody)) ? { ok: true } : { ok: false, reason: 'X-Hub-Signature-256 does not match the body' };
-    },
+    ...hubSignature([config.appSecret]),
     // WhatsApp message id, Messenger message id, else the entry's id and time.
     deliveryId(_headers, body) {
       const entry = dig(body, 'entry', 0);

@@ -4,15 +4,20 @@ import { headerValue, type WebhookVerifier } from './types.js';
 /** Delivery id headers a generic sender may give, in order of preference. */
 const DELIVERY_ID_HEADERS = ['idempotency-key', 'webhook-id', 'x-github-delivery'] as const;
 
-/** `X-Webhook-Secret` equals the endpoint's secret (hashed, compared in constant time). The default. */
+/** A header that must equal a secret (hashed, compared in constant time): X-Webhook-Secret, Telegram's token. */
+export function headerSecret(header: string, secret: string): WebhookVerifier['checkHeaders'] {
+  const expected = sha256(secret);
+  return (headers) => {
+    const presented = headerValue(headers, header);
+    if (secretEquals(presented, expected)) return { ok: true };
+    return { ok: false, reason: presented === undefined ? `no ${header}` : `wrong ${header}` };
+  };
+}
+
+/** `X-Webhook-Secret` equals the endpoint's secret. The default. */
 export function secretVerifier(config: { secret: string }): WebhookVerifier {
-  const expected = sha256(config.secret);
   return {
-    checkHeaders(headers) {
-      const presented = headerValue(headers, 'x-webhook-secret');
-      if (secretEquals(presented, expected)) return { ok: true };
-      return { ok: false, reason: presented === undefined ? 'no X-Webhook-Secret' : 'wrong X-Webhook-Secret' };
-    },
+    checkHeaders: headerSecret('x-webhook-secret', config.secret),
     deliveryId(headers) {
       for (const name of DELIVERY_ID_HEADERS) {
         const value = headers[name];
