@@ -10,7 +10,7 @@ import { compileAddressMatcher, parseAddress } from './gateway/ip-allowlist.js';
 import type { FailureLockout } from './gateway/lockout.js';
 import { API_PREFIX, checkApiPath } from './gateway/path-gate.js';
 import { createUpstreamProxy } from './gateway/proxy.js';
-import { beginRequest, requestLogger, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
+import { answerHealthy, beginRequest, requestLogger, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
 
 type Next = NextFunction;
 type Req = IncomingMessage & { gatehouse: RequestContext };
@@ -40,11 +40,6 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   const encrypted = gateway.tls !== undefined;
   const requestLog = requestLogger(logger);
   const proxy = createUpstreamProxy(gateway.upstream, (req, error) => noteError(req, error));
-
-  function healthz(_req: IncomingMessage, res: ServerResponse) {
-    res.writeHead(200, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' });
-    res.end('{"status":"ok"}');
-  }
 
   // The /api/ pipeline: each step returns the error to answer with, or undefined to go on.
 
@@ -109,7 +104,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   const app = express();
   app.disable('x-powered-by');
   app.disable('etag');
-  app.get('/healthz', healthz);
+  app.get('/healthz', (_req: IncomingMessage, res: ServerResponse) => answerHealthy(res));
   app.use((req: IncomingMessage, _res: ServerResponse, next: Next) => next(checkApiPath(req)));
   app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) => respondWithError(req, res, err, logger));
 

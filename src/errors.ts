@@ -14,6 +14,7 @@ export const errorCatalogue = {
   missing_credentials: { status: 401, message: 'Authentication is required.' },
   invalid_api_key: { status: 401, message: 'The API key is not valid.' },
   invalid_token: { status: 401, message: 'The bearer token is not valid.' },
+  auth_unavailable: { status: 503, message: 'Credentials cannot be checked right now; retry later.' },
   upstream_unreachable: { status: 502, message: 'The upstream service could not be reached.' },
   upstream_timeout: { status: 504, message: 'The upstream service did not answer in time.' },
   method_not_allowed: { status: 405, message: 'This method is not allowed here.' },

@@ -95,3 +95,9 @@ export function respondWithError(req: IncomingMessage, res: ServerResponse, err:
   noteError(req, error);
   sendError(res, error);
 }
+
+/** `GET /healthz` on either listener: 200 without auth, never proxied or stored. */
+export function answerHealthy(res: ServerResponse): void {
+  res.writeHead(200, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' });
+  res.end('{"status":"ok"}');
+}

@@ -5,7 +5,7 @@ import type { Config, VerifyConfig, WebhookAction } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import { createClientIpResolver } from '../gateway/client-ip.js';
 import type { FailureLockout } from '../gateway/lockout.js';
-import { beginRequest, requestLogger, respondWithError } from '../gateway/request-context.js';
+import { answerHealthy, beginRequest, requestLogger, respondWithError } from '../gateway/request-context.js';
 import type { EventStore } from './store.js';
 import { buildEnvelope, compileTemplate, type CompiledTemplate } from './translate.js';
 import { createVerifier, type DirectAnswer, type WebhookVerifier } from './verifiers/index.js';
@@ -47,11 +47,6 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     template: e.template !== undefined ? compileTemplate(e.template) : undefined,
   }]));
 
-  function healthz(_req: IncomingMessage, res: ServerResponse) {
-    res.writeHead(200, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' });
-    res.end('{"status":"ok"}');
-  }
-
   function answer(res: ServerResponse, direct: DirectAnswer) {
     res.writeHead(direct.status, { 'content-type': direct.contentType, 'content-length': Buffer.byteLength(direct.body), 'cache-control': 'no-store' });
     res.end(direct.body);
@@ -92,6 +87,10 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     // Only headers count: a secret or signature in the query string is never looked at.
     const now = Date.now();
     const headerVerdict = await verifier.checkHeaders(req.headers, now);
+    if (!headerVerdict.ok && headerVerdict.unavailable) {
+      // The sender's key set is unreachable: not its fault, and it retries a 503.
+      return next(new HttpError('auth_unavailable', `${endpoint.verifyType}: ${headerVerdict.reason}`, { 'retry-after': '5' }));
+    }
     if (!headerVerdict.ok) return next(await rejectSender(req, endpoint, headerVerdict.reason));
 
     if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) return next(new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`));
@@ -145,7 +144,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   const app = express();
   app.disable('x-powered-by');
   app.disable('etag');
-  app.get('/healthz', healthz);
+  app.get('/healthz', (_req: IncomingMessage, res: ServerResponse) => answerHealthy(res));
   app.use(receiveWebhook);
   app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) => respondWithError(req, res, err, logger));
 

@@ -69,6 +69,7 @@ export class Authenticator {
     }
 
     let tokenFailure: string | undefined;
+    let keysUnavailable = false;
     let subject: string | undefined;
     let tokenOk = false;
     if (token !== undefined) {
@@ -78,12 +79,17 @@ export class Authenticator {
         if (check.ok) {
           tokenOk = true;
           subject = check.subject;
-        } else tokenFailure = check.reason;
+        } else {
+          tokenFailure = check.reason;
+          keysUnavailable = check.unavailable === true;
+        }
       }
     }
 
     // Any credential offered and wrong fails the request, also under `any`: no riding along.
     if (keyFailure) return { ok: false, error: new HttpError('invalid_api_key', keyFailure, { 'www-authenticate': CHALLENGE }), presentedBadCredential: true };
+    // The identity provider being down is not the client's failure: 503, and no lockout count.
+    if (tokenFailure && keysUnavailable) return { ok: false, error: new HttpError('auth_unavailable', tokenFailure, { 'retry-after': '5' }), presentedBadCredential: false };
     if (tokenFailure) return { ok: false, error: new HttpError('invalid_token', tokenFailure, { 'www-authenticate': INVALID_TOKEN_CHALLENGE }), presentedBadCredential: true };
 
     const methods: AuthMethod[] = [];

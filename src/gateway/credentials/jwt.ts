@@ -2,7 +2,16 @@ import { createHash } from 'node:crypto';
 import { createRemoteJWKSet, errors, importSPKI, jwtVerify, type JWTVerifyGetKey, type CryptoKey } from 'jose';
 import type { JwtConfig } from '../../config/schema.js';
 
-export type JwtCheck = { ok: true; subject: string | undefined } | { ok: false; reason: string };
+/** `unavailable`: the keys could not be fetched (the identity provider is down), not a bad token. */
+export type JwtCheck = { ok: true; subject: string | undefined } | { ok: false; reason: string; unavailable?: boolean };
+
+/**
+ * A JWKS that could not be reached or read, as opposed to a token that failed: jose throws a
+ * timeout, a generic error (non-200, unparsable set) or the fetch's own error for those.
+ */
+export function isKeySetOutage(err: unknown): boolean {
+  return !(err instanceof errors.JOSEError) || err instanceof errors.JWKSTimeout || err.code === 'ERR_JOSE_GENERIC';
+}
 
 type KeySource = Uint8Array | JWTVerifyGetKey;
 const MAX_CACHED_TOKENS = 10_000;
@@ -91,7 +100,8 @@ export class JwtVerifier {
       }
       return { ok: true, subject };
     } catch (err) {
-      return { ok: false, reason: err instanceof errors.JOSEError ? `${err.code}: ${err.message}` : 'invalid token' };
+      const reason = err instanceof errors.JOSEError ? `${err.code}: ${err.message}` : `key set unreachable: ${(err as Error).message}`;
+      return { ok: false, reason, unavailable: this.source === 'jwksUri' && isKeySetOutage(err) };
     }
   }
 

@@ -1,4 +1,5 @@
 import { createRemoteJWKSet, errors, jwtVerify } from 'jose';
+import { isKeySetOutage } from '../../gateway/credentials/jwt.js';
 import { dig, headerValue, saneId, type WebhookVerifier } from './types.js';
 
 const GOOGLE_ISSUERS = ['https://accounts.google.com', 'accounts.google.com'];
@@ -20,7 +21,8 @@ export function pubsubOidcVerifier(config: { audience: string; serviceAccountEma
         if (payload.email_verified !== true) return { ok: false, reason: 'token email is not verified' };
         return { ok: true };
       } catch (err) {
-        return { ok: false, reason: err instanceof errors.JOSEError ? `${err.code}: ${err.message}` : 'invalid token' };
+        const reason = err instanceof errors.JOSEError ? `${err.code}: ${err.message}` : `key set unreachable: ${(err as Error).message}`;
+        return { ok: false, reason, unavailable: isKeySetOutage(err) };
       }
     },
     deliveryId: (_headers, body) => saneId(dig(body, 'message', 'messageId') ?? dig(body, 'message', 'message_id')),

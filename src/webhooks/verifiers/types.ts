@@ -1,7 +1,7 @@
 import type { IncomingHttpHeaders } from 'node:http';
 
 /** A verifier's answer: pass, or fail with a reason for the log (never a secret). */
-export type Verdict = { ok: true } | { ok: false; reason: string };
+export type Verdict = { ok: true } | { ok: false; reason: string; /** the sender's keys could not be fetched: 503, not the sender's fault */ unavailable?: boolean };
 
 /** A response the sender's own handshake expects, answered directly and never queued. */
 export interface DirectAnswer {
