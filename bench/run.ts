@@ -277,6 +277,30 @@ async function main() {
       acceptedPerSecOverall: Math.round(accepted / ((WARMUP + DURATION))),
     };
     results.push(result);
+
+    // Sustained: half the saturating rate, steady. Deliveries keep up when, once the load stops,
+    // everything accepted has reached the target within a second.
+    const rate = Math.round(result.requestsPerSec / 2);
+    const beforeCount = (await getJson<{ delivered: number }>(`http://127.0.0.1:${target.port}/count`)).delivered;
+    const steady = await autocannon({ url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders, connections: CONNECTIONS, overallRate: rate, duration: DURATION });
+    const stoppedAt = Date.now();
+    const acceptedSteady = steady['2xx'];
+    let steadyCount = { delivered: 0, lastAt: 0 };
+    while (Date.now() < stoppedAt + 60_000) {
+      steadyCount = await getJson(`http://127.0.0.1:${target.port}/count`);
+      if (steadyCount.delivered - beforeCount >= acceptedSteady) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    results.push({
+      name: 'webhook sustained',
+      requestsPerSec: Math.round(steady.requests.average),
+      p50: steady.latency.p50,
+      p99: steady.latency.p99,
+      errors: steady.errors + steady.timeouts,
+      non2xx: steady.non2xx,
+      expectedStatus: 202,
+      extra: { offeredRate: rate, accepted: acceptedSteady, delivered: steadyCount.delivered - beforeCount, deliveryLagMs: Math.max(0, steadyCount.lastAt - stoppedAt) },
+    });
     await stop(gatehouse.child);
     await stop(target.child);
   }
@@ -330,6 +354,11 @@ function checkTargets(results: CaseResult[]) {
   if (ingest?.extra) {
     const { accepted, delivered } = ingest.extra as { accepted: number; delivered: number };
     out.push({ target: 'every accepted event delivered', measured: `${delivered}/${accepted}`, met: delivered >= accepted });
+  }
+  const sustained = r('webhook sustained');
+  if (sustained?.extra) {
+    const { deliveryLagMs, offeredRate } = sustained.extra as { deliveryLagMs: number; offeredRate: number };
+    out.push({ target: `deliveries keep up at a steady ${offeredRate}/s (all delivered within 1 s of the load stopping)`, measured: `${deliveryLagMs} ms after`, met: deliveryLagMs <= 1000 });
   }
   for (const x of results) if (x.errors > 0 || x.non2xx > 0) out.push({ target: `${x.name}: no errors, every answer ${x.expectedStatus}`, measured: `${x.errors} errors, ${x.non2xx} other statuses`, met: false });
   return out;

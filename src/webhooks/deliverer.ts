@@ -210,8 +210,10 @@ export class Deliverer {
       this.logger.error({ err: (err as Error).message, id: event.id }, 'could not record a delivery attempt');
     }
     const log = { id: event.id, action, attempt: event.attempts + 1, status: result.status, error: result.error ?? undefined, ms: Math.round(durationMs), outcome: outcome.status };
+    // Every attempt is in the store (deliveries show); the log keeps what needs a human: failures.
     if (outcome.status === 'dead') this.attemptLog.warn(log, 'delivery failed for good (dead)');
-    else this.attemptLog.info(log, 'delivery attempt');
+    else if (outcome.status === 'queued') this.attemptLog.info(log, 'delivery attempt failed; will retry');
+    else this.attemptLog.debug(log, 'delivered');
     this.inFlight.set(action, this.inFlight.get(action)! - 1);
     this.notify();
   }
