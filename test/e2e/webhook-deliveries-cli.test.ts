@@ -81,6 +81,7 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     writeFileSync(configFile, `// the CLI and the server read the same file
 {
   storage: { path: ${JSON.stringify(dbFile)} },
+  log: { level: "debug" }, // the test follows successful deliveries in the log
   gateway: { listen: { host: "127.0.0.1", port: 0 }, upstream: { target: "${target.url}" }, auth: { apiKey: "${API_KEY}" } },
   webhooks: {
     enabled: true,
