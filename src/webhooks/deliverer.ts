@@ -133,6 +133,7 @@ export class Deliverer {
   private async pump(): Promise<void> {
     this.pumping = true;
     clearTimeout(this.timer);
+    let claimed = 0;
     try {
       do {
         this.pumpAgain = false;
@@ -144,6 +145,7 @@ export class Deliverer {
           const timeoutMs = target.timeoutMs ?? this.config.delivery.timeoutMs;
           const events = await this.store.claimDue(this.now(), free, timeoutMs + LEASE_MARGIN_MS, action);
           for (const event of events) this.track(this.deliver(event));
+          claimed += events.length;
           if (events.length === free) this.pumpAgain = true;
         }
       } while (this.pumpAgain && !this.stopped && this.hasFreeSlot());
@@ -152,14 +154,14 @@ export class Deliverer {
     } finally {
       this.pumping = false;
     }
-    if (!this.stopped) await this.scheduleNext();
+    if (!this.stopped) await this.scheduleNext(claimed > 0);
   }
 
   private hasFreeSlot(): boolean {
     return webhookActions.some((a) => this.config.targets[a] && this.inFlight.get(a)! < this.config.delivery.concurrency);
   }
 
-  private async scheduleNext(): Promise<void> {
+  private async scheduleNext(claimedAny: boolean): Promise<void> {
     let wait = POLL_MS;
     // All slots busy: each finishing attempt calls notify(), so only the idle poll is needed.
     if (!this.hasFreeSlot()) {
@@ -169,7 +171,10 @@ export class Deliverer {
     }
     try {
       const next = await this.store.nextDueAt(this.now());
-      if (next !== undefined) wait = Math.max(0, Math.min(POLL_MS, next - this.now()));
+      // Something due that this pump could not take (its action's slots are full, or it has no
+      // target any more): a finishing attempt or the idle poll wakes us, not a 0 ms loop.
+      const dueButNotTaken = next !== undefined && next <= this.now() && !claimedAny;
+      if (next !== undefined && !dueButNotTaken) wait = Math.max(0, Math.min(POLL_MS, next - this.now()));
     } catch {
       // the next pump reports store errors
     }

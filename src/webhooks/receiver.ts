@@ -136,6 +136,9 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
       return next(new HttpError('store_unavailable', (err as Error).message, { 'retry-after': STORE_RETRY_AFTER_SECONDS }));
     }
     if (!result.duplicate) deps.onAccepted();
+    res.setHeader('x-gatehouse-event-id', result.id);
+    const direct = verifier.acceptedAnswer?.(fields);
+    if (direct) return answer(res, direct);
     const reply = JSON.stringify({ id: result.id, status: result.duplicate ? 'duplicate' : 'queued' });
     res.writeHead(result.duplicate ? 200 : 202, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' });
     res.end(reply);

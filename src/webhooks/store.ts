@@ -74,6 +74,8 @@ export interface EventStore {
 }
 
 const MAX_FRESH_EVENTS = 10_000;
+/** The fresh queue holds envelopes in memory: bounded in bytes too (a slow target, large bodies). */
+const MAX_FRESH_BYTES = 32 * 1024 * 1024;
 
 /** How long a sender's delivery id is remembered: a repeat inside it is not delivered again. */
 export const IDEMPOTENCY_WINDOW_MS = 24 * 60 * 60 * 1000;
@@ -110,6 +112,7 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS events_idempotency ON events (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS events_due ON events (status, action, next_attempt_at, id);
+CREATE INDEX IF NOT EXISTS events_next ON events (status, next_attempt_at, id);
 CREATE TABLE IF NOT EXISTS attempts (
   event_id    TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
   attempt     INTEGER NOT NULL,
@@ -156,6 +159,7 @@ export class SqliteEventStore implements EventStore {
    */
   private readonly fresh = new Map<WebhookAction, StoredEvent[]>();
   private readonly freshIds = new Set<string>();
+  private freshBytes = 0;
   private readonly statements;
 
   constructor(file: string) {
@@ -187,7 +191,8 @@ export class SqliteEventStore implements EventStore {
 
   async accept(event: NewEvent): Promise<AcceptResult> {
     const { stored, ...result } = await this.write(() => this.insertOne(event));
-    if (stored && this.freshIds.size < MAX_FRESH_EVENTS) {
+    if (stored && this.freshIds.size < MAX_FRESH_EVENTS && this.freshBytes + stored.envelope.length <= MAX_FRESH_BYTES) {
+      this.freshBytes += stored.envelope.length;
       const queue = this.fresh.get(stored.action) ?? [];
       this.fresh.set(stored.action, queue);
       queue.push(stored);
@@ -264,11 +269,12 @@ export class SqliteEventStore implements EventStore {
       let i = 0;
       for (; i < queue.length && claimed.length < limit; i++) {
         const event = queue[i]!;
-        if (!this.freshIds.has(event.id)) continue;
-        if (event.nextAttemptAt > now) {
+        if (event.nextAttemptAt > now && this.freshIds.has(event.id)) {
           notDue.push(event);
           continue;
         }
+        this.freshBytes -= event.envelope.length;
+        if (!this.freshIds.has(event.id)) continue;
         this.freshIds.delete(event.id);
         this.leases.set(event.id, now + leaseMs);
         claimed.push(event);
@@ -280,10 +286,11 @@ export class SqliteEventStore implements EventStore {
       if ((this.leases.get(id) ?? 0) > now || this.freshIds.has(id)) continue;
       const row = this.statements.get.get(id);
       if (!row) continue;
-      this.leases.set(id, now + leaseMs);
       claimed.push(toEvent(row));
       if (claimed.length === limit) break;
     }
+    // Leased only once every row is read: a read that throws leaves no orphaned leases.
+    for (const event of claimed) this.leases.set(event.id, now + leaseMs);
     return claimed;
   }
 
@@ -307,6 +314,7 @@ export class SqliteEventStore implements EventStore {
   async releaseLeases(): Promise<number> {
     this.fresh.clear();
     this.freshIds.clear();
+    this.freshBytes = 0;
     const held = this.leases.size;
     this.leases.clear();
     return held;

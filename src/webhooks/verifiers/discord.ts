@@ -7,6 +7,13 @@ function ed25519PublicKey(hex: string): KeyObject {
   return createPublicKey({ key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(hex, 'hex').toString('base64url') }, format: 'jwk' });
 }
 
+/** Deferred responses by interaction type: components and modals update, autocomplete offers nothing, commands think. */
+function deferredResponse(type: unknown): Record<string, unknown> {
+  if (type === 3 || type === 5) return { type: 6 }; // DEFERRED_UPDATE_MESSAGE
+  if (type === 4) return { type: 8, data: { choices: [] } }; // APPLICATION_COMMAND_AUTOCOMPLETE_RESULT
+  return { type: 5 }; // DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE
+}
+
 /**
  * Discord interactions: `X-Signature-Ed25519` (hex) over `timestamp + body` with the application's
  * public key, `X-Signature-Timestamp` within 5 minutes. Answers PING (type 1) with `{"type":1}`.
@@ -27,6 +34,11 @@ export function discordVerifier(config: { publicKey: string; toleranceSeconds: n
     deliveryId: (_headers, body) => saneId(body.id),
     handshake(body) {
       return body.type === 1 ? { status: 200, contentType: 'application/json', body: '{"type":1}' } : undefined;
+    },
+    // Discord wants an interaction response within 3 s, not a 202: gatehouse defers it, and the
+    // target answers later through Discord's follow-up webhook with the interaction's token.
+    acceptedAnswer(body) {
+      return { status: 200, contentType: 'application/json', body: JSON.stringify(deferredResponse(body.type)) };
     },
   };
 }

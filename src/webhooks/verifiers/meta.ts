@@ -11,12 +11,14 @@ export function metaVerifier(config: { appSecret: string; verifyToken: string })
   const verifyToken = sha256(config.verifyToken);
   return {
     ...hubSignature([config.appSecret]),
-    // WhatsApp message id, Messenger message id, else the entry's id and time.
+    // WhatsApp or Messenger message id; a WhatsApp status update's id and status; else the entry's id and time.
     deliveryId(_headers, body) {
       const entry = dig(body, 'entry', 0);
-      const id = dig(entry, 'changes', 0, 'value', 'messages', 0, 'id') ?? dig(entry, 'changes', 0, 'value', 'statuses', 0, 'id') ??
-        dig(entry, 'messaging', 0, 'message', 'mid');
-      if (id !== undefined) return saneId(id);
+      const messageId = dig(entry, 'changes', 0, 'value', 'messages', 0, 'id') ?? dig(entry, 'messaging', 0, 'message', 'mid');
+      if (messageId !== undefined) return saneId(messageId);
+      // Status updates (sent, delivered, read) share the message's id: the status tells them apart.
+      const status = dig(entry, 'changes', 0, 'value', 'statuses', 0);
+      if (dig(status, 'id') !== undefined) return saneId(`${String(dig(status, 'id'))}:${String(dig(status, 'status'))}`);
       const entryId = dig(entry, 'id');
       const time = dig(entry, 'time');
       return entryId !== undefined && time !== undefined ? saneId(`${String(entryId)}:${String(time)}`) : undefined;

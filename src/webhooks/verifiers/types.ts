@@ -24,6 +24,8 @@ export interface WebhookVerifier {
   deliveryId(headers: IncomingHttpHeaders, body: Record<string, unknown>): string | undefined;
   /** The sender's handshake (Slack url_verification, Discord PING): answered, not queued. */
   handshake?(body: Record<string, unknown>): DirectAnswer | undefined;
+  /** What the sender must get once its event is stored (or is a repeat), when a 202 is not enough (Discord). */
+  acceptedAnswer?(body: Record<string, unknown>): DirectAnswer;
   /** GET on the endpoint (Meta's subscription check): the answer, or why it failed (403). Absent: GET is 405. */
   answerGet?(query: URLSearchParams): { answer: DirectAnswer } | { failed: string };
   /** The `payload` the target receives when it is not the body as sent (Pub/Sub's base64 data). */
