@@ -148,7 +148,8 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   app.disable('x-powered-by');
   app.disable('etag');
   app.get('/healthz', (_req: IncomingMessage, res: ServerResponse) => answerHealthy(res));
-  app.use(receiveWebhook);
+  // Configured endpoints never reach Express (see handle below): everything left is not found.
+  app.use((_req: IncomingMessage, _res: ServerResponse, next: Next) => next(new HttpError('not_found', 'no webhook endpoint at this path')));
   app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) => respondWithError(req, res, err, logger));
 
   // As for /api/: requests to a configured endpoint skip Express's router (the hot path);

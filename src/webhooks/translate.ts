@@ -51,18 +51,8 @@ function stringify(value: unknown): string {
   return JSON.stringify(value);
 }
 
-/** The body a target receives. `payload` is the sender's body, unchanged. */
-export interface ActionEnvelope {
-  id: string;
-  action: WebhookAction;
-  endpoint: string;
-  receivedAt: string;
-  message?: string;
-  payload: Record<string, unknown>;
-}
-
 /**
- * Builds the envelope JSON. `message`: the endpoint's template rendered against the body, else
+ * Builds the envelope a target receives: `{ id, action, endpoint, receivedAt, message?, payload }`. `message`: the endpoint's template rendered against the body, else
  * the body's own string `message` field, else absent.
  * `rawBody` is the sender's JSON text: it is embedded as is, so `payload` is byte-identical.
  */

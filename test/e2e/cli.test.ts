@@ -26,7 +26,7 @@ describe('gatehouse config check', () => {
   it('examples/providers.json5 (one endpoint per verify type) is valid', async () => {
     const result = await runCli(['config', 'check', '--config', path.join(ROOT, 'examples/providers.json5')]);
     assert.equal(result.code, 0, result.stderr);
-    assert.match(result.stdout, /webhooks on 127\.0\.0\.1:8081 \(9 endpoint\(s\)\)/);
+    assert.match(result.stdout, /webhooks on 127\.0\.0\.1:9081 \(9 endpoint\(s\)\)/);
   });
 
   it('a bad config: exit 1 and every problem listed with its path', async () => {

@@ -22,7 +22,7 @@ export function sha256(value: string): Buffer {
   return createHash('sha256').update(value, 'utf8').digest();
 }
 
-/** Lower-case hex, exactly `bytes` long, or undefined. */
+/** Hex (either case) for exactly `bytes` bytes, decoded; undefined otherwise. */
 export function fromHex(value: string | undefined, bytes: number): Buffer | undefined {
   return value !== undefined && value.length === bytes * 2 && /^[0-9a-fA-F]+$/.test(value) ? Buffer.from(value, 'hex') : undefined;
 }
