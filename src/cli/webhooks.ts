@@ -19,7 +19,13 @@ export function registerWebhooksCommands(program: Command): void {
     .description('inspect and manage stored webhook events and their deliveries');
 
   const withStore = async <T>(configFile: string, work: (store: SqliteEventStore) => Promise<T>): Promise<T> => {
-    const store = new SqliteEventStore(loadConfig(configFile).config.storage.path);
+    const file = loadConfig(configFile).config.storage.path;
+    let store: SqliteEventStore;
+    try {
+      store = new SqliteEventStore(file, { mustExist: true });
+    } catch (err) {
+      throw new UsageError(`cannot open the event store ${file} (storage.path): ${(err as Error).message}`);
+    }
     try {
       return await work(store);
     } finally {

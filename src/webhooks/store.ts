@@ -162,9 +162,10 @@ export class SqliteEventStore implements EventStore {
   private freshBytes = 0;
   private readonly statements;
 
-  constructor(file: string) {
-    mkdirSync(path.dirname(file), { recursive: true });
-    this.db = new Database(file);
+  /** `mustExist`: open an existing store only (the CLI), rather than create an empty one at a mistyped path. */
+  constructor(file: string, options: { mustExist?: boolean } = {}) {
+    if (!options.mustExist) mkdirSync(path.dirname(file), { recursive: true });
+    this.db = new Database(file, { fileMustExist: options.mustExist ?? false });
     this.db.pragma('journal_mode = WAL');
     this.db.pragma('synchronous = FULL');
     this.db.pragma('foreign_keys = ON');
@@ -185,7 +186,8 @@ export class SqliteEventStore implements EventStore {
       attempts: db.prepare<[string], { attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
       requeue: db.prepare<[number, string]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ?, delivered_at = NULL WHERE id = ? AND status != \'queued\''),
       requeueDead: db.prepare<[number]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ? WHERE status = \'dead\''),
-      purge: db.prepare<[number]>('DELETE FROM events WHERE status = \'delivered\' AND delivered_at < ?'),
+      // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
+      purge: db.prepare<[number]>('DELETE FROM events WHERE rowid IN (SELECT rowid FROM events WHERE status = \'delivered\' AND delivered_at < ? LIMIT 500)'),
     };
   }
 
@@ -372,8 +374,15 @@ export class SqliteEventStore implements EventStore {
   }
 
   async purgeDelivered(olderThan: number): Promise<number> {
-    return this.statements.purge.run(olderThan).changes;
+    let purged = 0;
+    for (;;) {
+      const { changes } = this.statements.purge.run(olderThan);
+      if (changes === 0) return purged;
+      purged += changes;
+      await new Promise((r) => setImmediate(r)); // let the server's commits in between chunks
+    }
   }
+
 
   async close(): Promise<void> {
     if (this.pending.length > 0) this.flush();

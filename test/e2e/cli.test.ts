@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -123,6 +123,17 @@ describe('gatehouse start', () => {
       await server.stop();
       await slow.close();
     }
+  });
+});
+
+describe('gatehouse webhooks deliveries', () => {
+  it('a storage.path with no store behind it is an error (exit 1), not a new empty database', async () => {
+    const missing = path.join(dir, 'no-such-folder', 'gatehouse.db');
+    const file = writeConfig('nostore.json5', `{ storage: { path: ${JSON.stringify(missing)} }, gateway: { upstream: { target: "http://127.0.0.1:1" } } }`);
+    const result = await runCli(['webhooks', 'deliveries', 'list', '--config', file]);
+    assert.equal(result.code, 1);
+    assert.match(result.stderr, /storage\.path/);
+    assert.equal(existsSync(path.dirname(missing)), false);
   });
 });
 
