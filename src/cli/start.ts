@@ -1,3 +1,4 @@
+import { unwatchFile, watchFile, type Stats } from 'node:fs';
 import type { Command } from 'commander';
 import { loadConfig } from '../config/load.js';
 import { ConfigError } from '../errors.js';
@@ -5,13 +6,17 @@ import { createLogger } from '../log.js';
 import { startGatehouse } from '../server.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
-/** `gatehouse start`: listen until SIGTERM/SIGINT (drain) ; SIGHUP reloads the config file. */
+/**
+ * `gatehouse start`: listen until SIGTERM/SIGINT (drain). SIGHUP, or a change to the config file
+ * (polled once a second; `--no-watch` turns that off), reloads it.
+ */
 export function registerStartCommand(program: Command): void {
   program
     .command('start')
     .description('start the gateway (and the webhook receiver when enabled)')
     .option('-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE)
-    .action(async (options: { config: string }) => {
+    .option('--no-watch', 'reload on SIGHUP only, not when the config file changes')
+    .action(async (options: { config: string; watch: boolean }) => {
       const { config, file } = loadConfig(options.config);
       const logger = createLogger({ level: config.log.level });
       const running = await startGatehouse(config, { logger });
@@ -29,11 +34,19 @@ export function registerStartCommand(program: Command): void {
         });
       };
       process.on('SIGHUP', reload);
+      // Polling (not fs.watch): it survives editors and deploy tools that replace the file.
+      const onFileChange = (now: Stats, before: Stats) => {
+        if (now.mtimeMs === before.mtimeMs && now.size === before.size) return;
+        logger.info('config file changed: reloading');
+        reload();
+      };
+      if (options.watch) watchFile(file, { interval: 1_000, persistent: false }, onFileChange);
 
       await new Promise<void>((resolve) => {
         const stop = (signal: string) => {
           logger.info({ signal }, 'shutting down: draining in-flight requests');
           process.off('SIGHUP', reload);
+          unwatchFile(file, onFileChange);
           void running.close().then(resolve);
         };
         process.once('SIGTERM', stop);

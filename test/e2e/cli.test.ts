@@ -105,6 +105,22 @@ describe('gatehouse start', () => {
     }
   });
 
+  it('a change to the config file is picked up without a signal (polled once a second)', async () => {
+    const key = (n: number) => `watch-key-${n}-0123456789abcdefghijklmnopqrstuv`;
+    const configFor = (n: number) => `{ gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "${key(n)}" } } }`;
+    const watched = writeConfig('watched.json5', configFor(1));
+    const server = startServerProcess(watched);
+    try {
+      const { url } = await server.waitFor((l) => l.msg === 'gateway listening');
+      writeFileSync(watched, configFor(2) + '\n');
+      await server.waitFor((l) => l.msg === 'configuration reloaded', 10_000);
+      assert.equal((await request(url, '/api/s', { headers: { 'x-api-key': key(2) } })).status, 200);
+      assert.equal((await request(url, '/api/s', { headers: { 'x-api-key': key(1) } })).status, 401);
+    } finally {
+      await server.stop();
+    }
+  });
+
   it('SIGHUP does not drop a request in flight', async () => {
     const slow = await startRecordingUpstream((_req, res) => setTimeout(() => res.end('slow-done'), 800));
     const key = 'flight-key-0123456789abcdefghijklmnopqrstuv';
