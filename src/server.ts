@@ -43,7 +43,7 @@ export async function startGatehouse(
 
   let app = await buildGatewayApp(config, { logger, lockout: gatewayLockout });
   const gateway = await listen(config.gateway.listen, config.gateway.tls, (req, res) => app.handle(req, res));
-  describeGateway(logger, config, app, gateway.url);
+  describeGateway(logger, config, app, gateway.url, 'gateway listening');
   void warmUp(logger, app);
 
   const webhooks = config.webhooks.enabled ? await startWebhooks(config, logger, lockoutStore, options.eventStore) : undefined;
@@ -70,7 +70,7 @@ export async function startGatehouse(
       webhooks?.reload(next);
       config = next;
       previous.close();
-      describeGateway(logger, config, app, gateway.url);
+      describeGateway(logger, config, app, gateway.url, 'gateway configuration now in force');
       logger.info('configuration reloaded');
     },
     async close(graceMs = 10_000) {
@@ -110,7 +110,7 @@ async function warmUp(logger: Logger, app: GatewayApp): Promise<void> {
   if (problem) logger.warn({ problem }, 'could not prefetch the JWKS; it will be fetched on the first bearer request');
 }
 
-function describeGateway(logger: Logger, config: Config, app: GatewayApp, url: string): void {
+function describeGateway(logger: Logger, config: Config, app: GatewayApp, url: string, message: string): void {
   const { auth, upstream, trustProxy } = config.gateway;
   logger.info({
     url,
@@ -119,7 +119,7 @@ function describeGateway(logger: Logger, config: Config, app: GatewayApp, url: s
     require: auth.require,
     allowedIPs: auth.allowedIPs ?? 'any',
     trustProxy,
-  }, 'gateway listening');
+  }, message);
   if (auth.allowInsecure && (!auth.enabled || app.authenticator.methods.length === 0) && !isLoopbackHost(config.gateway.listen.host)) {
     logger.warn(`INSECURE: /api/ on ${url} is open to anyone who can reach it (gateway.auth.allowInsecure is true)`);
   }

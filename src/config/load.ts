@@ -44,7 +44,10 @@ export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; ba
   const problems: string[] = [];
   const expanded = expandReferences(raw, [], { env, baseDir, problems });
   const result = configSchema.safeParse(expanded);
-  if (!result.success) problems.push(...formatIssues(result.error.issues));
+  // A value whose variable or file is missing has already been reported: its schema complaint
+  // ("must be at least 16 characters" about the empty stand-in) would only mislead.
+  const unresolved = new Set(problems.map((p) => p.slice(0, p.indexOf(': '))));
+  if (!result.success) problems.push(...formatIssues(result.error.issues).filter((p) => !unresolved.has(p.slice(0, p.indexOf(': ')))));
   if (problems.length > 0) throw new ConfigError(problems);
   const config = result.data!;
   config.storage.path = path.resolve(baseDir, config.storage.path);

@@ -374,3 +374,15 @@ describe('config: loadConfig reads a JSON5 file', () => {
     });
   });
 });
+
+describe('config: a missing variable is reported once', () => {
+  it('no second complaint about the empty stand-in value', () => {
+    try {
+      parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: '${GATEHOUSE_UNSET_FOR_TEST}' } } }, { env: {} });
+      assert.fail('expected a ConfigError');
+    } catch (err) {
+      assert.ok(err instanceof ConfigError);
+      assert.deepEqual(err.problems, ['gateway.auth.apiKey: environment variable GATEHOUSE_UNSET_FOR_TEST is not set']);
+    }
+  });
+});
