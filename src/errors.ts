@@ -7,7 +7,7 @@ import type { ServerResponse } from 'node:http';
 export const errorCatalogue = {
   not_found: { status: 404, message: 'No such route.' },
   invalid_path: { status: 400, message: 'The request path is ambiguous or contains characters gatehouse does not forward.' },
-  invalid_request: { status: 400, message: 'The request framing is ambiguous.' },
+  invalid_request: { status: 400, message: 'The request framing is ambiguous (a body on GET/HEAD, or Connection naming a framing header).' },
   invalid_client_ip: { status: 400, message: 'The client address could not be determined.' },
   ip_not_allowed: { status: 403, message: 'Requests from this address are not allowed.' },
   too_many_failures: { status: 429, message: 'Too many failed authentication attempts; try again later.' },

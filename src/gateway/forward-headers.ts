@@ -20,10 +20,17 @@ const STRIPPED_WITH_CREDENTIALS = new Set([...STRIPPED, ...CREDENTIAL_HEADERS]);
 const FRAMING = ['content-length', 'transfer-encoding', 'host'];
 
 /**
- * Refuses a Connection header that names a framing header: honouring it would strip the body's
- * length on the way up and let the body pass for a second request (smuggling).
+ * Refuses framing an upstream could read differently (smuggling): a body on a method that has
+ * none, or a Connection header naming a framing header (honouring it would strip the body's
+ * length on the way up and let the body pass for a second request).
  */
 export function checkConnectionHeader(req: IncomingMessage): HttpError | undefined {
+  // A body on GET/HEAD/TRACE has no meaning (RFC 9110 9.3.1) and many servers never read it:
+  // forwarded, its bytes would be parsed as the next request on the upstream connection.
+  if ((req.method === 'GET' || req.method === 'HEAD' || req.method === 'TRACE') &&
+      (req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0)) {
+    return new HttpError('invalid_request', `${req.method} with a body`);
+  }
   const connection = req.headers.connection;
   if (connection === undefined || PLAIN_CONNECTION.test(connection)) return undefined;
   const named = connection.toLowerCase().split(',').map((t) => t.trim());

@@ -10,7 +10,8 @@ type Range = [Address, number];
  */
 export function parseAddress(value: string): Address | undefined {
   if (ipaddr.IPv4.isValidFourPartDecimal(value)) return ipaddr.IPv4.parse(value);
-  if (!ipaddr.IPv6.isValid(value)) return undefined;
+  // Zone ids (`fe80::1%eth0`) would make one client several identities (lockout keys).
+  if (value.includes('%') || !ipaddr.IPv6.isValid(value)) return undefined;
   const v6 = ipaddr.IPv6.parse(value);
   return v6.isIPv4MappedAddress() ? v6.toIPv4Address() : v6;
 }

@@ -31,6 +31,8 @@ export function checkApiPath(req: IncomingMessage): HttpError | undefined {
   if (!PATH_CHARS.test(path)) return new HttpError('invalid_path', 'character not allowed in path');
   if (MALFORMED_ENCODING.test(path) || AMBIGUOUS_ENCODING.test(path)) return new HttpError('invalid_path', 'ambiguous percent-encoding');
   if (path.includes('//')) return new HttpError('invalid_path', 'empty path segment');
+  // http-proxy's urlJoin turns `http:/` into `http://`: the upstream would see another path.
+  if (path.includes('http:/') || path.includes('https:/')) return new HttpError('invalid_path', 'scheme-like segment');
   if (DOT_SEGMENT.test(path)) return new HttpError('invalid_path', 'dot segment');
   return undefined;
 }

@@ -6,6 +6,12 @@ import type { GatewayConfig } from '../config/schema.js';
 import { HttpError, sendError } from '../errors.js';
 
 const UPSTREAM_TIMEOUT = 'GATEHOUSE_UPSTREAM_TIMEOUT';
+const SAFE_REASON = /^[\t\x20-\x7e\x80-\xff]*$/;
+
+function hasBody(req: IncomingMessage): boolean {
+  return req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
+}
+
 /** Response headers about the upstream connection, not the client's (RFC 9110 7.6.1). */
 const HOP_BY_HOP_RESPONSE = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade']);
 const TIMEOUT_CODES = new Set([UPSTREAM_TIMEOUT, 'ETIMEDOUT', 'ESOCKETTIMEDOUT']);
@@ -29,6 +35,7 @@ export interface UpstreamProxy {
  */
 export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError: (req: IncomingMessage, error: HttpError) => void): UpstreamProxy {
   const target = new URL(upstream.target);
+  const basePath = target.pathname.replace(/\/+$/, '');
   // No agent-level socket timeout: Node keeps idle sockets for the upstream's Keep-Alive hint
   // minus a second, and a per-reuse setTimeout showed up in profiles.
   const agentOptions = { keepAlive: true, maxFreeSockets: 256, scheduling: 'lifo' as const };
@@ -41,9 +48,29 @@ export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError
     const passes = proxyServer as unknown as { webPasses: { name: string }[] };
     passes.webPasses = passes.webPasses.filter((pass) => pass.name !== 'deleteLength');
 
-    proxyServer.on('proxyReq', (proxyReq) => {
+    proxyServer.on('proxyReq', (proxyReq, req, res) => {
       proxyReq.setTimeout(upstream.timeoutMs, () => {
         proxyReq.destroy(Object.assign(new Error(`no answer within ${upstream.timeoutMs} ms`), { code: UPSTREAM_TIMEOUT }));
+      });
+      // The path must go up exactly as the gate checked it (http-proxy's urlJoin rewrites some).
+      if (proxyReq.path !== basePath + req.url) {
+        proxyReq.destroy(Object.assign(new Error(`path changed on the way up: ${proxyReq.path}`), { code: 'GATEHOUSE_PATH_CHANGED' }));
+        return;
+      }
+      // A body on DELETE/OPTIONS is legal but many servers never read it: such a connection is
+      // not reused, so unread bytes cannot be taken for the next request on it.
+      if (hasBody(req) && (req.method === 'DELETE' || req.method === 'OPTIONS')) proxyReq.shouldKeepAlive = false;
+      // A 101 hands the socket over with no response or error event (the client would wait
+      // forever): answer 502 here. gatehouse proxies no upgrades.
+      proxyReq.on('upgrade', (_upRes, socket) => {
+        socket.destroy();
+        const error = new HttpError('upstream_unreachable', 'upstream switched protocols (101)');
+        onError(req, error);
+        sendError(res as ServerResponse, error);
+      });
+      // The client left before the upstream answered: stop the upstream work now, not at the timeout.
+      res.once('close', () => {
+        if (!res.writableFinished) proxyReq.destroy();
       });
     });
     proxyServer.on('error', (err, req, res) => {
@@ -57,10 +84,23 @@ export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError
     proxyServer.on('econnreset', () => {});
     // selfHandleResponse: one writeHead with the upstream's headers instead of http-proxy's
     // header-by-header copy (a measured hot spot), hop-by-hop headers left behind.
-    proxyServer.on('proxyRes', (proxyRes, _req, res) => {
+    proxyServer.on('proxyRes', (proxyRes, req, res) => {
+      if (res.destroyed) return void proxyRes.destroy();
       const headers: OutgoingHttpHeaders = {};
       for (const name in proxyRes.headers) if (!HOP_BY_HOP_RESPONSE.has(name)) headers[name] = proxyRes.headers[name];
-      res.writeHead(proxyRes.statusCode ?? 502, proxyRes.statusMessage, headers);
+      const status = proxyRes.statusCode ?? 0;
+      const reason = proxyRes.statusMessage !== undefined && SAFE_REASON.test(proxyRes.statusMessage) ? proxyRes.statusMessage : undefined;
+      try {
+        // Node refuses some statuses and reasons an upstream can send: a 502 for this request, not a crash.
+        if (status < 100 || status > 599 || status === 101) throw new Error(`unusable upstream status ${status}`);
+        res.writeHead(status, reason, headers);
+      } catch (err) {
+        proxyRes.destroy();
+        const error = new HttpError('upstream_unreachable', `upstream answer refused: ${(err as Error).message}`);
+        onError(req, error);
+        sendError(res, error);
+        return;
+      }
       proxyRes.pipe(res);
       proxyRes.on('error', () => res.destroy());
       // The client left mid-response (or a stream that never ends): stop reading the upstream.
@@ -77,7 +117,7 @@ export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError
       host: target.host,
       hostname: target.hostname.replace(/^\[|\]$/g, ''),
       port: target.port || (target.protocol === 'https:' ? '443' : '80'),
-      path: target.pathname === '/' ? '' : target.pathname,
+      path: basePath,
     } as never,
     changeOrigin: true,
     toProxy: true,

@@ -360,3 +360,68 @@ describe('bypass: request smuggling through the proxy', () => {
     }
   });
 });
+
+describe('bypass: framing and upstream answers found by attacking the edge', () => {
+  /** A raw upstream that answers every request with `answer` (bytes as given). */
+  async function rawUpstream(answer: string) {
+    const net = await import('node:net');
+    let requests = 0;
+    const server = net.createServer((socket) => {
+      socket.on('data', () => {
+        requests++;
+        socket.write(answer);
+      });
+      socket.on('error', () => {});
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    return { url: `http://127.0.0.1:${(server.address() as import('node:net').AddressInfo).port}`, requests: () => requests, close: () => new Promise<void>((r) => server.close(() => r())) };
+  }
+
+  it('GET with a body is refused (400): its bytes would be the next request on a server that never reads them', async () => {
+    const upstream = await startRecordingUpstream();
+    const gatehouse = await startTestGatehouse(testConfig(upstream.url));
+    try {
+      const smuggled = 'GET /admin HTTP/1.1\r\nHost: u\r\n\r\n';
+      const reply = await rawRequest(gatehouse.url, `GET /api/ping HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`);
+      assert.equal(reply.status, 400);
+      assert.equal(JSON.parse(reply.body).error.code, 'invalid_request');
+      assert.equal(upstream.received.length, 0);
+    } finally {
+      await gatehouse.close(100);
+      await upstream.close();
+    }
+  });
+
+  it('a path that http-proxy would rewrite (`http:/` → `http://`) is refused, never sent changed', async () => {
+    const upstream = await startRecordingUpstream();
+    const gatehouse = await startTestGatehouse(testConfig(upstream.url));
+    try {
+      const reply = await rawRequest(gatehouse.url, `GET /api/http:/evil.example/x HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n\r\n`);
+      assert.equal(reply.status, 400);
+      assert.equal(upstream.received.length, 0);
+    } finally {
+      await gatehouse.close(100);
+      await upstream.close();
+    }
+  });
+
+  for (const [name, answer] of [
+    ['a status Node refuses (099)', 'HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n'],
+    ['a 101 without an upgrade asked for', 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n'],
+  ] as const) {
+    it(`an upstream answering ${name}: 502 for that request, and gatehouse keeps serving`, async () => {
+      const upstream = await rawUpstream(answer);
+      const gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { upstream: { timeoutMs: 3000 } } }));
+      try {
+        const started = Date.now();
+        const reply = await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': TEST_PLAIN_KEY } });
+        assert.equal(reply.status, 502);
+        assert.ok(Date.now() - started < 2500, 'answered before the upstream timeout');
+        assert.equal((await request(gatehouse.url, '/healthz')).status, 200);
+      } finally {
+        await gatehouse.close(100);
+        await upstream.close();
+      }
+    });
+  }
+});

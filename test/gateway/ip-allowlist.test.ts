@@ -103,3 +103,11 @@ describe('ip allow-list: compileAddressMatcher', () => {
     assert.throws(() => compileAddressMatcher(['not-an-ip']));
   });
 });
+
+describe('parseAddress: zone ids', () => {
+  it('refuses an IPv6 address with a zone id (one client must have one identity for the lockout)', () => {
+    assert.equal(parseAddress('fe80::1%eth0'), undefined);
+    assert.equal(parseAddress('2001:db8::1%x'), undefined);
+    assert.equal(parseAddress('2001:db8::1')?.toString(), '2001:db8::1');
+  });
+});
