@@ -1,3 +1,6 @@
+import type ipaddr from 'ipaddr.js';
+import { parseAddress } from './ip-allowlist.js';
+
 /**
  * Failure lockout: `max` bad credentials from one client within `windowSeconds`
  * lock that client out for `lockoutSeconds`. A success does not unlock it.
@@ -89,10 +92,21 @@ export class FailureLockout {
   }
 
   lockedFor(ip: string): Promise<number> {
-    return this.store.lockedFor(`${this.namespace}:${ip}`, this.now());
+    return this.store.lockedFor(this.key(ip), this.now());
   }
 
   recordFailure(ip: string): Promise<number> {
-    return this.store.recordFailure(`${this.namespace}:${ip}`, this.now(), this.settings);
+    return this.store.recordFailure(this.key(ip), this.now(), this.settings);
+  }
+
+  /**
+   * One counter per IPv4 address, and per IPv6 /64: a single IPv6 host usually holds a whole
+   * /64, and counting per address would give it 2^64 fresh starts.
+   */
+  private key(ip: string): string {
+    if (!ip.includes(':')) return `${this.namespace}:${ip}`;
+    const address = parseAddress(ip);
+    if (address?.kind() !== 'ipv6') return `${this.namespace}:${ip}`;
+    return `${this.namespace}:${(address as ipaddr.IPv6).parts.slice(0, 4).map((p) => p.toString(16)).join(':')}::/64`;
   }
 }

@@ -114,3 +114,17 @@ describe('failure lockout', () => {
     assert.equal(await lockout.lockedFor('newcomer'), 0);
   });
 });
+
+describe('lockout: IPv6 clients are counted per /64', () => {
+  it('failures from addresses of one /64 add up; another /64 is unaffected; IPv4 stays per address', async () => {
+    const store = new MemoryLockoutStore();
+    const lockout = new FailureLockout(store, { max: 2, windowSeconds: 60, lockoutSeconds: 60 }, 'test', () => 1_000_000);
+    await lockout.recordFailure('2001:db8:1:2::1');
+    await lockout.recordFailure('2001:db8:1:2:ffff::9');
+    assert.ok((await lockout.lockedFor('2001:db8:1:2::abcd')) > 0);
+    assert.equal(await lockout.lockedFor('2001:db8:1:3::1'), 0);
+    await lockout.recordFailure('10.0.0.1');
+    await lockout.recordFailure('10.0.0.2');
+    assert.equal(await lockout.lockedFor('10.0.0.1'), 0);
+  });
+});
