@@ -5,6 +5,7 @@ import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction, type WebhooksConfig } from '../config/schema.js';
 import { VERSION } from '../version.js';
 import type { AttemptOutcome, EventStore, StoredEvent } from './store.js';
+import { standardWebhooksKey } from './verifiers/standard-webhooks.js';
 
 /** Idle poll: picks up events requeued by the CLI, or due retries, at least this often. */
 const POLL_MS = 1_000;
@@ -46,8 +47,24 @@ export function isRetryable(status: number | null): boolean {
  * A `whsec_<base64>` secret is used as the key bytes it encodes; any other secret as its UTF-8 bytes.
  */
 export function signStandardWebhook(secret: string, id: string, timestampSeconds: number, body: string): string {
-  const key = secret.startsWith('whsec_') ? Buffer.from(secret.slice('whsec_'.length), 'base64') : Buffer.from(secret, 'utf8');
+  return signWithKey(signingKey(secret), id, timestampSeconds, body);
+}
+
+function signingKey(secret: string): Buffer {
+  return secret.startsWith('whsec_') ? standardWebhooksKey(secret) : Buffer.from(secret, 'utf8');
+}
+
+function signWithKey(key: Buffer, id: string, timestampSeconds: number, body: string): string {
   return 'v1,' + createHmac('sha256', key).update(`${id}.${timestampSeconds}.${body}`).digest('base64');
+}
+
+/** What each action's target needs per attempt, worked out once per config. */
+interface PreparedTarget {
+  url: URL;
+  client: typeof http | typeof https;
+  agent: http.Agent;
+  timeoutMs: number;
+  signingKey: Buffer | undefined;
 }
 
 interface AttemptResult {
@@ -71,8 +88,7 @@ export class Deliverer {
   private pumpScheduled = false;
   private stopped = true;
 
-  /** Target URLs parsed once per config, not per attempt. */
-  private targetUrls = new Map<WebhookAction, URL>();
+  private targets = new Map<WebhookAction, PreparedTarget>();
   /** Attempt lines hold ids, statuses and error texts, never a secret: no redaction pass needed. */
   private readonly attemptLog: Logger;
 
@@ -83,24 +99,36 @@ export class Deliverer {
     private readonly now: () => number = Date.now,
   ) {
     this.attemptLog = logger.child({}, { redact: [] });
-    this.parseTargets();
+    this.prepareTargets();
   }
 
-  private parseTargets(): void {
-    this.targetUrls = new Map(webhookActions.flatMap((a) => (this.config.targets[a] ? [[a, new URL(this.config.targets[a]!.url)] as const] : [])));
+  private prepareTargets(): void {
+    this.targets = new Map();
+    for (const action of webhookActions) {
+      const target = this.config.targets[action];
+      if (!target) continue;
+      const url = new URL(target.url);
+      const secure = url.protocol === 'https:';
+      this.targets.set(action, {
+        url,
+        client: secure ? https : http,
+        agent: secure ? this.agents.https : this.agents.http,
+        timeoutMs: target.timeoutMs ?? this.config.delivery.timeoutMs,
+        signingKey: target.secret !== undefined ? signingKey(target.secret) : undefined,
+      });
+    }
   }
 
-  /** Starts delivering; frees leases a crashed previous run left behind (this process owns the store). */
+  /** Starts delivering from a clean slate: no lease is held by this deliverer yet. */
   async start(): Promise<void> {
-    const released = await this.store.releaseLeases();
-    if (released > 0) this.logger.info({ released }, 'resuming deliveries left in flight by a previous run');
+    await this.store.releaseLeases();
     this.stopped = false;
     this.notify();
   }
 
   reconfigure(config: WebhooksConfig): void {
     this.config = config;
-    this.parseTargets();
+    this.prepareTargets();
     this.notify();
   }
 
@@ -224,9 +252,7 @@ export class Deliverer {
   }
 
   private post(event: StoredEvent): Promise<AttemptResult> {
-    const target = this.config.targets[event.action]!;
-    const url = this.targetUrls.get(event.action)!;
-    const timeoutMs = target.timeoutMs ?? this.config.delivery.timeoutMs;
+    const { url, client, agent, timeoutMs, signingKey: key } = this.targets.get(event.action)!;
     const headers: Record<string, string | number> = {
       'content-type': 'application/json',
       'content-length': Buffer.byteLength(event.envelope),
@@ -234,15 +260,14 @@ export class Deliverer {
       'x-gatehouse-action': event.action,
       'user-agent': `gatehouse/${VERSION}`,
     };
-    if (target.secret !== undefined) {
+    if (key !== undefined) {
       const timestamp = Math.floor(this.now() / 1000);
       headers['webhook-id'] = event.id;
       headers['webhook-timestamp'] = String(timestamp);
-      headers['webhook-signature'] = signStandardWebhook(target.secret, event.id, timestamp, event.envelope);
+      headers['webhook-signature'] = signWithKey(key, event.id, timestamp, event.envelope);
     }
-    const client = url.protocol === 'https:' ? https : http;
     return new Promise((resolve) => {
-      const req = client.request(url, { method: 'POST', headers, agent: url.protocol === 'https:' ? this.agents.https : this.agents.http, timeout: timeoutMs }, (res) => {
+      const req = client.request(url, { method: 'POST', headers, agent, timeout: timeoutMs }, (res) => {
         res.resume(); // the answer's body is not needed; draining it frees the connection
         res.on('end', () => resolve({ status: res.statusCode ?? null, error: null, retryAfterMs: parseRetryAfter(res.headers['retry-after'], this.now()) }));
         res.on('error', (err) => resolve({ status: null, error: err.message }));

@@ -57,11 +57,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     return new HttpError(endpoint.verifyType === 'secret' ? 'invalid_webhook_secret' : 'invalid_webhook_signature', `${endpoint.verifyType}: ${reason}`);
   }
 
-  async function receiveWebhook(req: IncomingMessage, res: ServerResponse, next: Next) {
-    const url = req.url ?? '';
-    const queryAt = url.indexOf('?');
-    const endpoint = endpoints.get(queryAt === -1 ? url : url.slice(0, queryAt));
-    if (!endpoint) return next(new HttpError('not_found', 'no webhook endpoint at this path'));
+  async function receiveWebhook(req: IncomingMessage, res: ServerResponse, endpoint: Endpoint, query: string, next: Next) {
     const { verifier } = endpoint;
     const getAllowed = verifier.answerGet !== undefined;
     if (req.method !== 'POST' && !(getAllowed && req.method === 'GET')) {
@@ -76,7 +72,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
 
     if (req.method === 'GET') {
       // The sender's subscription check (Meta): answered here, nothing stored.
-      const outcome = verifier.answerGet!(new URLSearchParams(queryAt === -1 ? '' : url.slice(queryAt + 1)));
+      const outcome = verifier.answerGet!(new URLSearchParams(query));
       if ('failed' in outcome) {
         await lockout.recordFailure(origin.ip);
         return next(new HttpError('invalid_verify_token', outcome.failed));
@@ -158,9 +154,10 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     beginRequest(req, res, requestLog);
     const url = req.url ?? '';
     const queryAt = url.indexOf('?');
-    if (endpoints.has(queryAt === -1 ? url : url.slice(0, queryAt))) {
+    const endpoint = endpoints.get(queryAt === -1 ? url : url.slice(0, queryAt));
+    if (endpoint) {
       const fail = (err?: unknown) => respondWithError(req, res, err, logger);
-      receiveWebhook(req, res, fail).catch(fail);
+      receiveWebhook(req, res, endpoint, queryAt === -1 ? '' : url.slice(queryAt + 1), fail).catch(fail);
     } else {
       app(req, res);
     }

@@ -220,7 +220,7 @@ describe('webhook receiver: store unavailable', () => {
     try {
       await gatehouse.webhooks!.deliverer.stop(0);
       await gatehouse.webhooks!.store.close();
-      const reply = await request(gatehouse.webhooks!.url, '/webhook/deploys', { method: 'POST', body: '{"a":1}', headers: { ...json, 'x-webhook-secret': SECRET } });
+      const reply = await postDeployRaw(gatehouse);
       assert.equal(reply.status, 503);
       assert.equal(reply.json().error.code, 'store_unavailable');
       assert.equal(reply.headers['retry-after'], '5');
@@ -242,7 +242,7 @@ describe('webhook delivery: retries, Retry-After, dead', () => {
     });
     const gatehouse = await startTestGatehouse(testConfig(target.url, webhooksConfig(target.url)));
     try {
-      const { id } = (await request(gatehouse.webhooks!.url, '/webhook/deploys', { method: 'POST', body: '{"a":1}', headers: { ...json, 'x-webhook-secret': SECRET } })).json();
+      const id = await postDeploy(gatehouse);
       const found = await pollStore(gatehouse, id, (e) => e.event.status === 'delivered');
       assert.deepEqual(found.attempts.map((a) => a.status), [500, 500, 200]);
       assert.equal(new Set(target.received.map((r) => r.headers['idempotency-key'])).size, 1);
@@ -264,7 +264,7 @@ describe('webhook delivery: retries, Retry-After, dead', () => {
     const times: number[] = [];
     const gatehouse = await startTestGatehouse(testConfig(target.url, webhooksConfig(target.url, { delivery: { maxAttempts: 3, initialBackoffMs: 20, maxBackoffMs: 5000, timeoutMs: 2000, concurrency: 4 } })));
     try {
-      const { id } = (await request(gatehouse.webhooks!.url, '/webhook/deploys', { method: 'POST', body: '{"a":1}', headers: { ...json, 'x-webhook-secret': SECRET } })).json();
+      const id = await postDeploy(gatehouse);
       const found = await pollStore(gatehouse, id, (e) => e.event.status === 'delivered');
       times.push(...found.attempts.map((a) => a.at));
       assert.equal(found.attempts.length, 2);
@@ -282,7 +282,7 @@ describe('webhook delivery: retries, Retry-After, dead', () => {
       res.end();
     });
     const gatehouse = await startTestGatehouse(testConfig(target.url, webhooksConfig(target.url)));
-    const post = async () => (await request(gatehouse.webhooks!.url, '/webhook/deploys', { method: 'POST', body: '{"a":1}', headers: { ...json, 'x-webhook-secret': SECRET } })).json().id as string;
+    const post = () => postDeploy(gatehouse);
     try {
       const retried = await post();
       const dead = await pollStore(gatehouse, retried, (e) => e.event.status === 'dead');
@@ -314,7 +314,7 @@ describe('webhook delivery: retries, Retry-After, dead', () => {
       targets: { 'system-event': { url: `${target.url}/events`, timeoutMs: 300 }, message: { url: `${target.url}/messages` } },
     })));
     try {
-      const { id } = (await request(gatehouse.webhooks!.url, '/webhook/deploys', { method: 'POST', body: '{"a":1}', headers: { ...json, 'x-webhook-secret': SECRET } })).json();
+      const id = await postDeploy(gatehouse);
       const found = await pollStore(gatehouse, id, (e) => e.event.status === 'delivered');
       assert.equal(found.attempts[0]!.status, null);
       assert.match(found.attempts[0]!.error!, /timeout/);
@@ -339,6 +339,16 @@ describe('webhook receiver disabled', () => {
     }
   });
 });
+
+/** A signed `{"a":1}` to the deploys endpoint. */
+function postDeployRaw(gatehouse: TestGatehouse) {
+  return request(gatehouse.webhooks!.url, '/webhook/deploys', { method: 'POST', body: '{"a":1}', headers: { ...json, 'x-webhook-secret': SECRET } });
+}
+
+/** The same, returning the stored event's id. */
+async function postDeploy(gatehouse: TestGatehouse): Promise<string> {
+  return (await postDeployRaw(gatehouse)).json().id;
+}
 
 async function pollStore(gatehouse: TestGatehouse, id: string, done: (e: NonNullable<Awaited<ReturnType<NonNullable<TestGatehouse['webhooks']>['store']['get']>>>) => boolean, timeoutMs = 10_000) {
   const deadline = Date.now() + timeoutMs;
