@@ -13,13 +13,15 @@ export interface LoggerOptions {
   pretty?: boolean;
   /** Where JSON lines go (tests pass a stream); default stdout. */
   destination?: pino.DestinationStream;
+  /** Fields on every line, e.g. the worker number under gateway.workers. */
+  bindings?: Record<string, string | number>;
 }
 
 /** pino JSON lines, pretty on a TTY, secrets redacted. */
 export function createLogger(options: LoggerOptions = {}): Logger {
   const base = {
     level: options.level ?? 'info',
-    base: { name: 'gatehouse' },
+    base: { name: 'gatehouse', ...options.bindings },
     redact: { paths: REDACT, censor: '[redacted]' },
   };
   if (options.destination) return pino(base, options.destination);

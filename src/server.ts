@@ -17,7 +17,7 @@ export interface Listening {
 }
 
 export interface RunningGatehouse {
-  gateway: Listening;
+  gateway: { url: string };
   /** The webhook receiver, when `webhooks.enabled`. */
   webhooks?: Listening & { store: EventStore; deliverer: Deliverer };
   /** Swaps in a new config without dropping in-flight requests. Listen address and TLS need a restart. */
@@ -26,7 +26,7 @@ export interface RunningGatehouse {
   close(graceMs?: number): Promise<void>;
 }
 
-/** Starts the listeners for a validated config. */
+/** Starts the listeners for a validated config: the /api/ edge, and the webhook receiver when enabled. */
 export async function startGatehouse(
   initial: Config,
   options: {
@@ -34,54 +34,95 @@ export async function startGatehouse(
     lockoutStore?: LockoutStore;
     /** default: SQLite at storage.path */
     eventStore?: EventStore;
+    /** default: the /api/ edge in this process (see workers.ts for the cluster) */
+    startGateway?: GatewayStarter;
   },
 ): Promise<RunningGatehouse> {
   const { logger } = options;
   let config = initial;
   const lockoutStore = options.lockoutStore ?? new MemoryLockoutStore();
-  const gatewayLockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'gateway');
-
-  let app = await buildGatewayApp(config, { logger, lockout: gatewayLockout });
-  const gateway = await listen(config.gateway.listen, config.gateway.tls, (req, res) => app.handle(req, res));
-  describeGateway(logger, config, app, gateway.url, 'gateway listening');
-  void warmUp(logger, app);
-
-  const webhooks = config.webhooks.enabled ? await startWebhooks(config, logger, lockoutStore, options.eventStore) : undefined;
-  if (!webhooks) logger.info('webhook receiver off (webhooks.enabled is false)');
+  const gateway = await (options.startGateway ?? startGateway)(config, { logger, lockoutStore });
+  const webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore);
 
   return {
-    gateway,
+    gateway: { url: gateway.url },
     webhooks: webhooks?.listening,
     async reload(next) {
-      for (const [what, before, after] of [
-        ['gateway.listen', config.gateway.listen, next.gateway.listen],
-        ['gateway.tls', config.gateway.tls, next.gateway.tls],
-        ['webhooks.enabled', config.webhooks.enabled, next.webhooks.enabled],
-        ['webhooks.listen', config.webhooks.listen, next.webhooks.listen],
-        ['storage.path', config.storage.path, next.storage.path],
-      ] as const) {
-        if (JSON.stringify(before) !== JSON.stringify(after)) logger.warn(`${what} changed: it takes effect at the next restart`);
-      }
-      const nextApp = await buildGatewayApp(next, { logger, lockout: gatewayLockout });
-      await warmUp(logger, nextApp);
-      const previous = app;
-      app = nextApp;
-      gatewayLockout.configure(next.gateway.auth.failures);
+      warnAboutRestartOnlyChanges(logger, config, next);
+      await gateway.reload(next);
       webhooks?.reload(next);
       config = next;
-      previous.close();
-      describeGateway(logger, config, app, gateway.url, 'gateway configuration now in force');
       logger.info('configuration reloaded');
     },
     async close(graceMs = 10_000) {
-      await Promise.all([closeServer(gateway.server, graceMs), webhooks?.close(graceMs)]);
-      app.close();
+      await Promise.all([gateway.close(graceMs), webhooks?.close(graceMs)]);
     },
   };
 }
 
-/** The receiver's listener, its store and its deliverer; reload swaps endpoints, targets and delivery settings. */
-async function startWebhooks(config: Config, logger: Logger, lockoutStore: LockoutStore, injectedStore: EventStore | undefined) {
+export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next: Config): void {
+  for (const [what, before, after] of [
+    ['gateway.listen', config.gateway.listen, next.gateway.listen],
+    ['gateway.tls', config.gateway.tls, next.gateway.tls],
+    ['gateway.workers', config.gateway.workers, next.gateway.workers],
+    ['webhooks.enabled', config.webhooks.enabled, next.webhooks.enabled],
+    ['webhooks.listen', config.webhooks.listen, next.webhooks.listen],
+    ['storage.path', config.storage.path, next.storage.path],
+  ] as const) {
+    if (JSON.stringify(before) !== JSON.stringify(after)) logger.warn(`${what} changed: it takes effect at the next restart`);
+  }
+}
+
+/** The /api/ edge as the rest of gatehouse drives it: in this process, or in worker processes. */
+export interface RunningGateway {
+  url: string;
+  /** Puts the new config in force (apps are built, and keys prefetched, before the swap). */
+  reload(next: Config): Promise<void>;
+  close(graceMs: number): Promise<void>;
+}
+
+export type GatewayStarter = (config: Config, deps: { logger: Logger; lockoutStore: LockoutStore }) => Promise<RunningGateway>;
+
+/** The /api/ edge in this process (with `gateway.workers` > 1, what each worker runs). */
+export const startGateway: GatewayStarter = async (initial, options) => {
+  const { logger } = options;
+  let config = initial;
+  const lockout = new FailureLockout(options.lockoutStore, config.gateway.auth.failures, 'gateway');
+  let app = await buildGatewayApp(config, { logger, lockout });
+  const listening = await listen(config.gateway.listen, config.gateway.tls, (req, res) => app.handle(req, res));
+  describeGateway(logger, config, app, listening.url, 'gateway listening');
+  void warmUp(logger, app);
+  return {
+    url: listening.url,
+    async reload(next) {
+      const nextApp = await buildGatewayApp(next, { logger, lockout });
+      await warmUp(logger, nextApp);
+      const previous = app;
+      app = nextApp;
+      lockout.configure(next.gateway.auth.failures);
+      config = next;
+      previous.close();
+      describeGateway(logger, config, app, listening.url, 'gateway configuration now in force');
+    },
+    async close(graceMs) {
+      await closeServer(listening.server, graceMs);
+      app.close();
+    },
+  };
+};
+
+export type RunningWebhooks = NonNullable<Awaited<ReturnType<typeof startWebhooks>>>;
+
+/**
+ * The receiver's listener, its store and its deliverer (undefined when `webhooks.enabled` is
+ * false); reload swaps endpoints, targets and delivery settings. Always one process: the
+ * store's single durable writer.
+ */
+export async function startWebhooks(config: Config, logger: Logger, lockoutStore: LockoutStore, injectedStore?: EventStore) {
+  if (!config.webhooks.enabled) {
+    logger.info('webhook receiver off (webhooks.enabled is false)');
+    return undefined;
+  }
   const store = injectedStore ?? new SqliteEventStore(config.storage.path);
   const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
   const deliverer = new Deliverer(store, config.webhooks, logger);

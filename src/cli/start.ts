@@ -1,9 +1,11 @@
+import cluster from 'node:cluster';
 import { unwatchFile, watchFile, type Stats } from 'node:fs';
 import type { Command } from 'commander';
 import { loadConfig } from '../config/load.js';
 import { ConfigError } from '../errors.js';
 import { createLogger } from '../log.js';
 import { startGatehouse } from '../server.js';
+import { resolveWorkerCount, runGatewayWorker, startGatewayWorkers } from '../workers.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
 /**
@@ -17,9 +19,14 @@ export function registerStartCommand(program: Command): void {
     .option('-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE)
     .option('--no-watch', 'reload on SIGHUP only, not when the config file changes')
     .action(async (options: { config: string; watch: boolean }) => {
+      if (cluster.isWorker) return runGatewayWorker(); // forked by the primary below (gateway.workers > 1)
       const { config, file } = loadConfig(options.config);
       const logger = createLogger({ level: config.log.level });
-      const running = await startGatehouse(config, { logger });
+      const workers = resolveWorkerCount(config.gateway.workers);
+      const running = await startGatehouse(config, {
+        logger,
+        startGateway: workers > 1 ? (c, deps) => startGatewayWorkers(c, workers, deps) : undefined,
+      });
       logger.info({ config: file, pid: process.pid }, 'gatehouse started');
 
       let reloading = Promise.resolve();

@@ -115,6 +115,8 @@ const gateway = z.strictObject({
   trustProxy: z.array(addressRange).default([]),
   tls: z.strictObject({ cert: z.string().min(1), key: z.string().min(1) }).optional(),
   auth: auth.prefault({}),
+  /** Processes serving /api/ (node:cluster, sharing the port): "auto" = one per CPU. The webhook receiver stays in one. */
+  workers: z.union([z.literal('auto'), z.number().int().min(1).max(256)], { error: 'workers must be "auto" or a whole number from 1 to 256' }).default(1),
 });
 
 export const webhookActions = ['system-event', 'message', 'agent'] as const;

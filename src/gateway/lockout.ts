@@ -64,6 +64,17 @@ export class MemoryLockoutStore implements LockoutStore {
     return settings.lockoutSeconds;
   }
 
+  /** Locks `key` until `until` (ms): another process's verdict, e.g. the cluster primary's. */
+  lockUntil(key: string, until: number): void {
+    let entry = this.entries.get(key);
+    if (!entry) {
+      if (this.entries.size >= this.maxEntries) this.entries.delete(this.entries.keys().next().value!);
+      entry = { failures: [], head: 0, lockedUntil: 0 };
+      this.entries.set(key, entry);
+    }
+    entry.lockedUntil = Math.max(entry.lockedUntil, until);
+  }
+
   private evict(now: number, settings: LockoutSettings): void {
     const windowStart = now - settings.windowSeconds * 1000;
     for (const [key, entry] of this.entries) {

@@ -38,10 +38,10 @@ export type RequestLog = (line: Record<string, unknown>) => void;
 export function requestLogger(logger: Logger): RequestLog {
   const stream = (logger as unknown as Record<symbol, { write(line: string): void } | undefined>)[pino.symbols.streamSym];
   if (!stream) return (fields) => logger.info(fields, 'request');
-  const name = (logger.bindings() as { name?: string }).name;
+  const bindings = logger.bindings(); // name, and the worker number under gateway.workers
   return function writeRequestLine(fields) {
     if (!logger.isLevelEnabled('info')) return;
-    stream.write(JSON.stringify({ level: 30, time: Date.now(), name, ...fields, msg: 'request' }) + '\n');
+    stream.write(JSON.stringify({ level: 30, time: Date.now(), ...bindings, ...fields, msg: 'request' }) + '\n');
   };
 }
 

@@ -1,0 +1,225 @@
+import cluster, { type Worker } from 'node:cluster';
+import os from 'node:os';
+import type { Logger } from 'pino';
+import type { Config } from './config/schema.js';
+import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from './gateway/lockout.js';
+import { createLogger } from './log.js';
+import { startGateway, type RunningGateway } from './server.js';
+
+/**
+ * `gateway.workers` > 1: the /api/ edge runs in N node:cluster worker processes sharing the
+ * port, while the primary keeps the webhook receiver (the store's single durable writer), the
+ * config file and the signals. Workers get their config from the primary, never from the file,
+ * so all of them run the same one.
+ *
+ * The lockout stays one count across the cluster: each worker reports a failure to the primary,
+ * which counts them all and tells every worker when a client is locked out. Without that, N
+ * workers would give an attacker N times the allowed guesses.
+ */
+
+/** Messages from the primary to a worker. */
+type ToWorker =
+  | { type: 'config'; config: Config }
+  | { type: 'locked'; key: string; until: number }
+  | { type: 'shutdown'; graceMs: number };
+
+/** Messages from a worker to the primary. */
+type ToPrimary =
+  | { type: 'ready' }
+  | { type: 'listening'; url: string }
+  | { type: 'configured' }
+  | { type: 'failed'; error: string }
+  | { type: 'failure'; key: string; now: number; settings: LockoutSettings };
+
+const STARTUP_TIMEOUT_MS = 30_000;
+const MAX_RESTART_DELAY_MS = 30_000;
+
+/** The number of gateway processes `gateway.workers` asks for ("auto": one per CPU the process may use). */
+export function resolveWorkerCount(setting: Config['gateway']['workers']): number {
+  return setting === 'auto' ? os.availableParallelism() : setting;
+}
+
+/**
+ * Primary side: forks `count` workers, answers each one's `ready` with the config, and resolves
+ * once all listen. A worker that dies afterwards is replaced (after a growing delay, so a crash
+ * loop does not spin); one that fails at startup fails the start.
+ */
+export async function startGatewayWorkers(initial: Config, count: number, deps: { logger: Logger; lockoutStore: LockoutStore }): Promise<RunningGateway> {
+  const { logger, lockoutStore } = deps;
+  let config = initial;
+  let stopping = false;
+  let restartDelayMs = 500;
+  const workers = new Set<Worker>();
+  // Structured clone keeps the config exactly (JSON would turn undefined fields into gaps).
+  cluster.setupPrimary({ serialization: 'advanced' });
+
+  function fork(): Promise<string> {
+    const worker = cluster.fork({ GATEHOUSE_WORKER: '1' });
+    workers.add(worker);
+    return new Promise<string>((resolve, reject) => {
+      let listening = false;
+      worker.on('message', (message: ToPrimary) => {
+        switch (message.type) {
+          case 'ready':
+            send(worker, { type: 'config', config });
+            break;
+          case 'listening':
+            listening = true;
+            resolve(message.url);
+            break;
+          case 'failed':
+            if (!listening) reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
+            break;
+          case 'failure':
+            void countFailure(message);
+            break;
+        }
+      });
+      worker.on('exit', (code, signal) => {
+        workers.delete(worker);
+        if (!listening) {
+          reject(new Error(`gateway worker ${worker.id} exited (${signal ?? code}) before listening`));
+          return;
+        }
+        if (stopping) return;
+        logger.error({ worker: worker.id, pid: worker.process.pid, code, signal, restartInMs: restartDelayMs }, 'gateway worker died: starting a new one');
+        const delay = restartDelayMs;
+        restartDelayMs = Math.min(restartDelayMs * 2, MAX_RESTART_DELAY_MS);
+        setTimeout(() => {
+          if (stopping) return;
+          fork().then(
+            () => (restartDelayMs = 500),
+            (err: Error) => logger.error({ err: err.message }, 'replacement gateway worker failed to start'),
+          );
+        }, delay).unref();
+      });
+    });
+  }
+
+  async function countFailure({ key, now, settings }: Extract<ToPrimary, { type: 'failure' }>): Promise<void> {
+    const seconds = await lockoutStore.recordFailure(key, now, settings);
+    if (seconds > 0) for (const worker of workers) send(worker, { type: 'locked', key, until: now + seconds * 1000 });
+  }
+
+  let urls: string[];
+  try {
+    urls = await withTimeout(Promise.all(Array.from({ length: count }, fork)), STARTUP_TIMEOUT_MS, 'gateway workers did not start');
+  } catch (err) {
+    stopping = true;
+    for (const worker of workers) worker.kill('SIGKILL');
+    throw err;
+  }
+  const url = urls[0]!;
+  logger.info({ url, workers: count, pids: [...workers].map((w) => w.process.pid) }, 'gateway workers listening');
+
+  return {
+    url,
+    /** Hands the new config to every worker; resolves when all have it in force. */
+    async reload(next) {
+      config = next;
+      await withTimeout(Promise.all([...workers].map((worker) => new Promise<void>((resolve, reject) => {
+        const onMessage = (message: ToPrimary) => {
+          if (message.type !== 'configured' && message.type !== 'failed') return;
+          worker.off('message', onMessage);
+          if (message.type === 'configured') resolve();
+          else reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
+        };
+        worker.on('message', onMessage);
+        send(worker, { type: 'config', config: next });
+      }))), STARTUP_TIMEOUT_MS, 'gateway workers did not take the new configuration');
+    },
+    /** Asks every worker to drain (up to `graceMs`) and waits for them to exit. */
+    async close(graceMs) {
+      stopping = true;
+      const exits = [...workers].map((worker) => new Promise<void>((resolve) => {
+        if (worker.isDead()) return resolve();
+        worker.once('exit', () => resolve());
+        send(worker, { type: 'shutdown', graceMs });
+      }));
+      const timer = setTimeout(() => workers.forEach((w) => w.kill('SIGKILL')), graceMs + 5_000);
+      await Promise.all(exits);
+      clearTimeout(timer);
+    },
+  };
+}
+
+/**
+ * Worker side (the process cluster.fork started): asks the primary for the config, serves /api/
+ * with it, applies the configs and lockouts the primary sends, drains on `shutdown`.
+ */
+export async function runGatewayWorker(): Promise<void> {
+  const toPrimary = (message: ToPrimary) => process.send!(message);
+  const locks = new MemoryLockoutStore();
+  const lockoutStore: LockoutStore = {
+    lockedFor: (key, now) => locks.lockedFor(key, now),
+    recordFailure(key, now, settings) {
+      toPrimary({ type: 'failure', key, now, settings });
+      return locks.recordFailure(key, now, settings);
+    },
+  };
+  // Signals go to the primary, which drains the workers in order; a terminal's Ctrl-C reaches
+  // the whole process group, and the default action would drop this worker's in-flight requests.
+  process.on('SIGINT', () => {});
+  process.on('SIGTERM', () => {});
+
+  let logger: Logger | undefined;
+  let running: RunningGateway | undefined;
+  let configuring = Promise.resolve();
+  await new Promise<void>((resolve) => {
+    let stopped = false;
+    const stop = async (graceMs: number) => {
+      if (stopped) return;
+      stopped = true;
+      await running?.close(graceMs);
+      logger?.flush();
+      resolve();
+    };
+    // The primary is gone (crashed or killed): nothing will reload or stop this worker, so stop now.
+    process.once('disconnect', () => void stop(1_000));
+    process.on('message', (message: ToWorker) => {
+      switch (message.type) {
+        case 'config':
+          configuring = configuring.then(async () => {
+            try {
+              if (!running) {
+                logger = createLogger({ level: message.config.log.level, bindings: { worker: cluster.worker!.id } });
+                running = await startGateway(message.config, { logger, lockoutStore });
+                toPrimary({ type: 'listening', url: running.url });
+              } else {
+                await running.reload(message.config);
+                toPrimary({ type: 'configured' });
+              }
+            } catch (err) {
+              toPrimary({ type: 'failed', error: err instanceof Error ? err.message : String(err) });
+              if (!running) process.exit(1);
+            }
+          });
+          break;
+        case 'locked':
+          locks.lockUntil(message.key, message.until);
+          break;
+        case 'shutdown':
+          void configuring.then(() => stop(message.graceMs));
+          break;
+      }
+    });
+    toPrimary({ type: 'ready' });
+  });
+  process.disconnect?.();
+}
+
+function send(worker: Worker, message: ToWorker): void {
+  if (worker.isConnected()) worker.send(message);
+}
+
+async function withTimeout<T>(promise: Promise<T>, ms: number, message: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${message} within ${ms / 1000} s`)), ms);
+  });
+  try {
+    return await Promise.race([promise, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
