@@ -6,7 +6,7 @@
  *   BENCH_DURATION=10 BENCH_CONNECTIONS=64 npm run bench
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import os from 'node:os';
@@ -41,12 +41,23 @@ interface CaseResult {
   extra?: Record<string, number | string>;
 }
 
-/** The process's CPU time in µs from /proc (Linux); undefined elsewhere. */
+/** CPU time in µs of a process and its direct children (gateway workers) from /proc (Linux); undefined elsewhere. */
 function processCpuMicros(pid: number | undefined): number | undefined {
   if (pid === undefined) return undefined;
+  const stat = (p: number | string) => readFileSync(`/proc/${p}/stat`, 'utf8').split(') ')[1]!.split(' ');
+  const micros = (fields: string[]) => (Number(fields[11]) + Number(fields[12])) * (1_000_000 / 100); // clock ticks at USER_HZ 100
   try {
-    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
-    return (Number(fields[11]) + Number(fields[12])) * (1_000_000 / 100); // clock ticks at USER_HZ 100
+    let total = micros(stat(pid));
+    for (const entry of readdirSync('/proc')) {
+      if (!/^\d+$/.test(entry)) continue;
+      try {
+        const fields = stat(entry);
+        if (Number(fields[1]) === pid) total += micros(fields); // field 4 of stat: the parent's pid
+      } catch {
+        // gone meanwhile
+      }
+    }
+    return total;
   } catch {
     return undefined;
   }
@@ -159,15 +170,17 @@ async function main() {
     return run;
   };
 
-  const gatewayCases: [string, Record<string, unknown>, Record<string, string>, number][] = [
+  const gatewayCases: [string, Record<string, unknown>, Record<string, string>, number, Record<string, unknown>?][] = [
     ['gatehouse api-key', {}, { 'x-api-key': key }, 200],
+    // gateway.workers: 2 on the same machine (which also runs the load generator and the upstream).
+    ['gatehouse api-key 2 workers', {}, { 'x-api-key': key }, 200, { workers: 2 }],
     ['gatehouse jwt-hs256', { bearer: { jwt: { secret: hs256Secret, algorithms: ['HS256'] } } }, { authorization: `Bearer ${hsToken}` }, 200],
     ['gatehouse jwt-rs256', { bearer: { jwt: { jwksUri, algorithms: ['RS256'] } } }, { authorization: `Bearer ${rsToken}` }, 200],
     // The same without the verified-token cache: what a first sight of each token costs.
     ['gatehouse jwt-rs256 uncached', { bearer: { jwt: { jwksUri, algorithms: ['RS256'], cacheSeconds: 0 } } }, { authorization: `Bearer ${rsToken}` }, 200],
     ['gatehouse rejected', {}, { 'x-api-key': generateApiKey() }, 401],
   ];
-  for (const [name, auth, headers, status] of gatewayCases) {
+  for (const [name, auth, headers, status, gatewayExtra = {}] of gatewayCases) {
     if (!want(name)) continue;
     const config = {
       storage: { path: path.join(work, 'gateway.db') },
@@ -181,11 +194,13 @@ async function main() {
           failures: { max: 1_000_000 },
           ...auth,
         },
+        ...gatewayExtra,
       },
     };
     const file = path.join(work, 'gateway.json5');
     writeFileSync(file, JSON.stringify(config));
-    const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('gateway listening'));
+    const ready = gatewayExtra.workers ? 'gateway workers listening' : 'gateway listening';
+    const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort(ready));
     const before = jwksFetches;
     // Rounds of (node-bare, case) in alternating order; the machine drifts less within a round.
     const perRound = Math.max(2, Math.round(DURATION / ROUNDS));

@@ -27,6 +27,7 @@ export const errorCatalogue = {
   invalid_idempotency_key: { status: 400, message: 'The delivery id header (Idempotency-Key, webhook-id, X-GitHub-Delivery) must be 1-256 printable characters.' },
   request_timeout: { status: 408, message: 'The body took too long to arrive.' },
   store_unavailable: { status: 503, message: 'The event could not be stored; retry later.' },
+  integration_unavailable: { status: 503, message: 'The notification could not be processed now; retry later.' },
   internal_error: { status: 500, message: 'Internal error.' },
 } as const satisfies Record<string, { status: number; message: string }>;
 

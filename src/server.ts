@@ -7,7 +7,9 @@ import { buildGatewayApp, type GatewayApp } from './app.js';
 import { isLoopbackHost, type Config } from './config/schema.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
 import { Deliverer } from './webhooks/deliverer.js';
-import { buildWebhookApp, type WebhookApp } from './webhooks/receiver.js';
+import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
+import { secretKeyFromEnv } from './secrets.js';
+import { buildWebhookApp, type ConsumerRoute, type WebhookApp } from './webhooks/receiver.js';
 import { SqliteEventStore, type EventStore } from './webhooks/store.js';
 
 export interface Listening {
@@ -42,7 +44,13 @@ export async function startGatehouse(
   let config = initial;
   const lockoutStore = options.lockoutStore ?? new MemoryLockoutStore();
   const gateway = await (options.startGateway ?? startGateway)(config, { logger, lockoutStore });
-  const webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore);
+  let webhooks: RunningWebhooks | undefined;
+  try {
+    webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore);
+  } catch (err) {
+    await gateway.close(0); // nothing is half-started: the process can exit with the error
+    throw err;
+  }
 
   return {
     gateway: { url: gateway.url },
@@ -67,6 +75,7 @@ export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next
     ['gateway.workers', config.gateway.workers, next.gateway.workers],
     ['webhooks.enabled', config.webhooks.enabled, next.webhooks.enabled],
     ['webhooks.listen', config.webhooks.listen, next.webhooks.listen],
+    ['webhooks.gmail', config.webhooks.gmail, next.webhooks.gmail],
     ['storage.path', config.storage.path, next.storage.path],
   ] as const) {
     if (JSON.stringify(before) !== JSON.stringify(after)) logger.warn(`${what} changed: it takes effect at the next restart`);
@@ -126,11 +135,25 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   const store = injectedStore ?? new SqliteEventStore(config.storage.path);
   const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
   const deliverer = new Deliverer(store, config.webhooks, logger);
-  const build = (c: Config): WebhookApp => buildWebhookApp(c, { logger, lockout, store, onAccepted: () => deliverer.notify() });
+  const onAccepted = () => deliverer.notify();
+  let gmail: RunningGmail | undefined;
+  try {
+    gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store: sqliteStore(store), logger, onAccepted, secretKey: secretKeyFromEnv() }) : undefined;
+  } catch (err) {
+    await store.close();
+    throw err;
+  }
+  // Integration routes are fixed at start (webhooks.gmail changes need a restart).
+  const consumers: ConsumerRoute[] = gmail?.push ? [{ ...gmail.push, action: config.webhooks.gmail!.action }] : [];
+  const build = (c: Config): WebhookApp => buildWebhookApp(c, { logger, lockout, store, onAccepted, consumers });
   let app = build(config);
   const listening = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));
   await deliverer.start();
-  logger.info({ url: listening.url, endpoints: config.webhooks.endpoints.map((e) => `${e.path} (${e.verify.type}) -> ${e.action}`), storage: config.storage.path }, 'webhook receiver listening');
+  logger.info({
+    url: listening.url,
+    endpoints: [...config.webhooks.endpoints.map((e) => `${e.path} (${e.verify.type}) -> ${e.action}`), ...consumers.map((c) => `${c.path} (gmail push) -> ${c.action}`)],
+    storage: config.storage.path,
+  }, 'webhook receiver listening');
   return {
     listening: { ...listening, store, deliverer },
     reload(next: Config) {
@@ -140,10 +163,17 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     },
     async close(graceMs: number) {
       await closeServer(listening.server, graceMs);
+      await gmail?.close();
       await deliverer.stop(graceMs);
       await store.close();
     },
   };
+}
+
+/** Integrations keep their state in the event store's SQLite file (one transaction for both). */
+function sqliteStore(store: EventStore): SqliteEventStore {
+  if (!(store instanceof SqliteEventStore)) throw new Error('webhooks.gmail needs the SQLite event store');
+  return store;
 }
 
 async function warmUp(logger: Logger, app: GatewayApp): Promise<void> {

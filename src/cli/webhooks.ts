@@ -3,6 +3,7 @@ import { loadConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
 import { SqliteEventStore, type DeliveryStatus, type StoredEvent } from '../webhooks/store.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
+import { registerGmailCommands } from './gmail.js';
 import { parseDuration } from './gateway.js';
 
 const STATUSES: readonly DeliveryStatus[] = ['queued', 'delivered', 'dead'];
@@ -12,9 +13,9 @@ const STATUSES: readonly DeliveryStatus[] = ['queued', 'delivered', 'dead'];
  * as the running server (WAL mode lets both work at once; the server polls for requeued events).
  */
 export function registerWebhooksCommands(program: Command): void {
-  const deliveries = program
-    .command('webhooks')
-    .description('the webhook receiver')
+  const webhooks = program.command('webhooks').description('the webhook receiver');
+  registerGmailCommands(webhooks);
+  const deliveries = webhooks
     .command('deliveries')
     .description('inspect and manage stored webhook events and their deliveries');
 

@@ -203,6 +203,42 @@ const webhookTarget = z.strictObject({
   timeoutMs: positiveInt.optional(),
 });
 
+/** `webhooks.gmail`: new emails as actions (src/integrations/gmail/); written by `gatehouse webhooks gmail setup`. */
+const gmail = z
+  .strictObject({
+    account: z.email(),
+    project: z.string().regex(/^[a-z][a-z0-9-]{4,28}[a-z0-9]$/, 'project must be a Google Cloud project id (6-30 lowercase letters, digits, hyphens)'),
+    topic: z.string().regex(/^[A-Za-z][\w.~+%-]{2,254}$/, 'topic: a Pub/Sub topic name (3-255 characters, starting with a letter)').default('gatehouse-gmail'),
+    subscription: z.string().regex(/^[A-Za-z][\w.~+%-]{2,254}$/, 'subscription: a Pub/Sub subscription name').default('gatehouse-gmail-push'),
+    mode: z.enum(['push', 'pull']).default('push'),
+    labels: z.array(z.string().min(1)).min(1).default(['INBOX']),
+    action: z.enum(['message', 'agent']).default('message'),
+    template: z.string().superRefine((template, ctx) => {
+      try {
+        compileTemplate(template);
+      } catch (err) {
+        ctx.addIssue({ code: 'custom', message: (err as Error).message });
+      }
+    }).default('New email from {{from}}: {{subject}}'),
+    includeBody: z.boolean().default(false),
+    maxBytes: positiveInt.default(20_000),
+    renewMinutes: z.number().int().min(1).max(10_080).default(720),
+    /** Push mode: Pub/Sub POSTs to `path` on the webhook listener with an OIDC token for `audience`, signed as `serviceAccountEmail`. */
+    push: z.strictObject({
+      path: z.string().regex(/^\/webhook\/[A-Za-z0-9._~\-/]+$/, 'push.path must start with /webhook/').default('/webhook/gmail'),
+      audience: httpUrl('push.audience'),
+      serviceAccountEmail: z.email(),
+      jwksUri: httpUrl('push.jwksUri').default('https://www.googleapis.com/oauth2/v3/certs'),
+    }).optional(),
+    /** Pull mode: how long to wait after an empty pull before asking again. */
+    pull: z.strictObject({ intervalMs: positiveInt.default(1_000), maxMessages: z.number().int().min(1).max(1000).default(10) }).prefault({}),
+    /** One base URL for every Google endpoint (Gmail, Pub/Sub, OAuth): for tests and egress proxies only. */
+    googleApiUrl: httpUrl('googleApiUrl').optional(),
+  })
+  .superRefine((g, ctx) => {
+    if (g.mode === 'push' && !g.push) ctx.addIssue({ code: 'custom', path: ['push'], message: 'mode "push" needs push: { audience, serviceAccountEmail } (or use mode: "pull")' });
+  });
+
 const webhooks = z
   .strictObject({
     enabled: z.boolean().default(false),
@@ -223,6 +259,7 @@ const webhooks = z
       timeoutMs: positiveInt.default(10_000),
       concurrency: positiveInt.default(16),
     }).prefault({}),
+    gmail: gmail.optional(),
   })
   .superRefine((hooks, ctx) => {
     const seen = new Map<string, number>();
@@ -234,6 +271,13 @@ const webhooks = z
         ctx.addIssue({ code: 'custom', path: ['endpoints', i, 'action'], message: `action "${endpoint.action}" has no target: add webhooks.targets["${endpoint.action}"]` });
       }
     });
+    const { gmail } = hooks;
+    if (gmail) {
+      if (!hooks.enabled) ctx.addIssue({ code: 'custom', path: ['gmail'], message: 'webhooks.gmail needs webhooks.enabled: true (emails go through the webhook queue)' });
+      if (!hooks.targets[gmail.action]) ctx.addIssue({ code: 'custom', path: ['gmail', 'action'], message: `action "${gmail.action}" has no target: add webhooks.targets["${gmail.action}"]` });
+      const clash = gmail.mode === 'push' && gmail.push && seen.has(gmail.push.path);
+      if (clash) ctx.addIssue({ code: 'custom', path: ['gmail', 'push', 'path'], message: `"${gmail.push!.path}" is also an endpoint path` });
+    }
   });
 
 export const configSchema = z
@@ -266,3 +310,4 @@ export type GatewayConfig = Config['gateway'];
 export type AuthConfig = GatewayConfig['auth'];
 export type JwtConfig = z.output<typeof jwtSettings>;
 export type WebhooksConfig = Config['webhooks'];
+export type GmailConfig = NonNullable<WebhooksConfig['gmail']>;

@@ -18,6 +18,16 @@ interface Endpoint {
   verifyType: VerifyConfig['type'];
   verifier: WebhookVerifier;
   template?: CompiledTemplate;
+  /** An integration's route (Gmail push): it processes the verified body itself instead of queueing it. */
+  consume?: (body: Record<string, unknown>) => Promise<DirectAnswer>;
+}
+
+/** A verified route whose body an integration handles (see src/integrations/). */
+export interface ConsumerRoute {
+  path: string;
+  action: WebhookAction;
+  verify: VerifyConfig;
+  consume(body: Record<string, unknown>): Promise<DirectAnswer>;
 }
 
 const SANE_DELIVERY_ID = /^[\x21-\x7e]{1,256}$/;
@@ -34,7 +44,7 @@ export interface WebhookApp {
  * sender's handshake, or durable store → 202. Nothing unverified is parsed or stored.
  * Never listens (server.ts does).
  */
-export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; store: EventStore; onAccepted: () => void }): WebhookApp {
+export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; store: EventStore; onAccepted: () => void; consumers?: ConsumerRoute[] }): WebhookApp {
   const { webhooks } = config;
   const { logger, lockout, store } = deps;
   const resolveClientIp = createClientIpResolver(config.gateway.trustProxy);
@@ -46,6 +56,9 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     verifier: createVerifier(e.verify),
     template: e.template !== undefined ? compileTemplate(e.template) : undefined,
   }]));
+  for (const route of deps.consumers ?? []) {
+    endpoints.set(route.path, { path: route.path, action: route.action, verifyType: route.verify.type, verifier: createVerifier(route.verify), consume: route.consume });
+  }
 
   function answer(res: ServerResponse, direct: DirectAnswer) {
     res.writeHead(direct.status, { 'content-type': direct.contentType, 'content-length': Buffer.byteLength(direct.body), 'cache-control': 'no-store' });
@@ -112,6 +125,17 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
 
     const handshake = verifier.handshake?.(fields);
     if (handshake) return answer(res, handshake);
+
+    if (endpoint.consume) {
+      let reply: DirectAnswer;
+      try {
+        reply = await endpoint.consume(fields);
+      } catch (err) {
+        logger.error({ err: (err as Error).message, endpoint: endpoint.path }, 'notification not processed: the sender will retry');
+        return next(new HttpError('integration_unavailable', (err as Error).message, { 'retry-after': STORE_RETRY_AFTER_SECONDS }));
+      }
+      return answer(res, reply);
+    }
 
     const deliveryId = verifier.deliveryId(req.headers, fields);
     if (deliveryId !== undefined && !SANE_DELIVERY_ID.test(deliveryId)) return next(new HttpError('invalid_idempotency_key', 'delivery id too long or not printable'));

@@ -193,14 +193,41 @@ export class SqliteEventStore implements EventStore {
 
   async accept(event: NewEvent): Promise<AcceptResult> {
     const { stored, ...result } = await this.write(() => this.insertOne(event));
-    if (stored && this.freshIds.size < MAX_FRESH_EVENTS && this.freshBytes + stored.envelope.length <= MAX_FRESH_BYTES) {
-      this.freshBytes += stored.envelope.length;
-      const queue = this.fresh.get(stored.action) ?? [];
-      this.fresh.set(stored.action, queue);
-      queue.push(stored);
-      this.freshIds.add(stored.id);
-    }
+    if (stored) this.handOver(stored);
     return result;
+  }
+
+  /**
+   * Runs `work` in the next group commit, inside a savepoint of its own: the events it accepts
+   * and what it writes to its own tables (an integration's cursor) are committed together, or
+   * not at all. Resolves once durable. For integrations that keep their state in this file.
+   */
+  async atomically<T>(work: (tx: { accept(event: NewEvent): AcceptResult; db: Database.Database }) => T): Promise<T> {
+    const storedEvents: StoredEvent[] = [];
+    const accept = (event: NewEvent): AcceptResult => {
+      const { stored, ...result } = this.insertOne(event);
+      if (stored) storedEvents.push(stored);
+      return result;
+    };
+    // A nested better-sqlite3 transaction is a SAVEPOINT: a throw undoes this work alone.
+    const result = await this.write(() => this.db.transaction(() => work({ accept, db: this.db }))());
+    for (const stored of storedEvents) this.handOver(stored);
+    return result;
+  }
+
+  /** The SQLite connection, for an integration's own tables (created in its constructor). */
+  get database(): Database.Database {
+    return this.db;
+  }
+
+  /** A committed event goes to the deliverer from memory, while the fresh queue has room. */
+  private handOver(stored: StoredEvent): void {
+    if (this.freshIds.size >= MAX_FRESH_EVENTS || this.freshBytes + stored.envelope.length > MAX_FRESH_BYTES) return;
+    this.freshBytes += stored.envelope.length;
+    const queue = this.fresh.get(stored.action) ?? [];
+    this.fresh.set(stored.action, queue);
+    queue.push(stored);
+    this.freshIds.add(stored.id);
   }
 
   /** Queues a write for the next group commit; resolves once it is durable. */

@@ -1,0 +1,183 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { Logger } from 'pino';
+import type { GmailConfig, VerifyConfig } from '../../config/schema.js';
+import { UsageError } from '../../errors.js';
+import { openSecret } from '../../secrets.js';
+import type { SqliteEventStore } from '../../webhooks/store.js';
+import type { DirectAnswer } from '../../webhooks/verifiers/types.js';
+import { createGmailClient, createOAuthClient, explainGoogleError, googleEndpoints, PubSubRest, type PulledMessage } from './google.js';
+import { Mailbox, type MailboxNotification } from './mailbox.js';
+import { SqliteGmailState, type GmailState } from './state.js';
+
+/** The refresh token and the OAuth client's secret, sealed together in storage. */
+export interface GmailGrant {
+  clientSecret: string;
+  refreshToken: string;
+}
+
+/** What the webhook receiver serves for Gmail in push mode: a route verified like a pubsub-oidc endpoint. */
+export interface GmailPushRoute {
+  path: string;
+  verify: Extract<VerifyConfig, { type: 'pubsub-oidc' }>;
+  /** Resolves with the answer once the emails are committed; throws when Pub/Sub must redeliver. */
+  consume(body: Record<string, unknown>): Promise<DirectAnswer>;
+}
+
+export interface RunningGmail {
+  push?: GmailPushRoute;
+  /** Stops pulling and renewing; in-flight work finishes first. */
+  close(): Promise<void>;
+}
+
+const FIRST_RETRY_MS = 30_000;
+
+export function grantContext(account: string): string {
+  return `gmail:${account}`;
+}
+
+/**
+ * `webhooks.gmail` at run time (inside `gatehouse start`, or `gatehouse webhooks gmail run`):
+ * opens the stored grant, keeps the Gmail watch renewed, and turns notifications (pushed to
+ * the receiver, or pulled) into events through the Mailbox. Refuses to start without a
+ * stored grant or the key that opens it.
+ */
+export async function startGmail(config: GmailConfig, deps: { store: SqliteEventStore; logger: Logger; onAccepted: () => void; secretKey: Buffer; now?: () => number }): Promise<RunningGmail> {
+  const { account } = config;
+  const now = deps.now ?? Date.now;
+  const logger = deps.logger.child({ gmail: account });
+  const state: GmailState = new SqliteGmailState(deps.store);
+  const stored = await state.get(account);
+  if (!stored?.cursor) throw new UsageError(`webhooks.gmail: ${account} is not set up in this storage: run \`gatehouse webhooks gmail setup --account ${account}\` first`);
+  const grant = JSON.parse(openSecret(stored.sealedGrant, deps.secretKey, grantContext(account))) as GmailGrant;
+
+  const endpoints = googleEndpoints(config.googleApiUrl);
+  const auth = createOAuthClient(endpoints, { clientId: stored.clientId, clientSecret: grant.clientSecret });
+  auth.setCredentials({ refresh_token: grant.refreshToken });
+  const gmail = createGmailClient(endpoints, auth);
+  const mailbox = new Mailbox(config, { gmail, state, logger, onAccepted: deps.onAccepted, now });
+  const explain = (err: unknown) => explainGoogleError(err, { project: config.project, api: 'Gmail' });
+
+  let stopped = false;
+  const stopping = new AbortController();
+  const timers = new Set<NodeJS.Timeout>();
+  const later = (ms: number, run: () => void) => {
+    const timer = setTimeout(() => {
+      timers.delete(timer);
+      if (!stopped) run();
+    }, ms);
+    timers.add(timer);
+  };
+
+  // The watch lasts 7 days; Google asks for a renewal at least daily. A failure is logged at
+  // error level every time and retried with a growing delay, never dropped.
+  const renewEvery = config.renewMinutes * 60_000;
+  let retryMs = FIRST_RETRY_MS;
+  async function renewWatch(): Promise<void> {
+    try {
+      const { data } = await gmail.users.watch({ userId: 'me', requestBody: { topicName: `projects/${config.project}/topics/${config.topic}`, labelIds: config.labels, labelFilterBehavior: 'INCLUDE' } });
+      await state.recordWatch(account, data.historyId!, Number(data.expiration), now());
+      logger.info({ expiration: new Date(Number(data.expiration)).toISOString() }, 'gmail watch renewed');
+      retryMs = FIRST_RETRY_MS;
+      later(renewEvery, () => void renewWatch());
+    } catch (err) {
+      const problem = `watch renewal failed: ${explain(err)}`;
+      logger.error({ problem, retryInMs: retryMs }, 'GMAIL WATCH RENEWAL FAILED: notifications stop when the watch expires');
+      await state.recordError(account, problem, now()).catch(() => undefined);
+      later(retryMs, () => void renewWatch());
+      retryMs = Math.min(retryMs * 2, renewEvery);
+    }
+  }
+  const dueIn = stored.watchExpiration === null ? 0 : stored.watchExpiration - renewEvery - now();
+  if (dueIn <= 0) void renewWatch();
+  else later(Math.min(dueIn, renewEvery), () => void renewWatch());
+  logger.info({ mode: config.mode, cursor: stored.cursor, watchExpiration: stored.watchExpiration ? new Date(stored.watchExpiration).toISOString() : null }, 'gmail integration running');
+
+  /** Handles one Pub/Sub message; resolves when it may be acknowledged. */
+  async function handleMessage(data: string | undefined): Promise<'handled' | 'other-account' | 'malformed'> {
+    const notification = decodeNotification(data);
+    if (!notification) {
+      logger.warn('gmail notification without a usable {emailAddress, historyId}: acknowledged and dropped');
+      return 'malformed';
+    }
+    if (notification.emailAddress.toLowerCase() !== account.toLowerCase()) return 'other-account';
+    try {
+      await mailbox.handle(notification);
+      return 'handled';
+    } catch (err) {
+      const problem = explain(err);
+      await state.recordError(account, problem, now()).catch(() => undefined);
+      throw new Error(problem);
+    }
+  }
+
+  async function pullLoop(): Promise<void> {
+    const pubsub = new PubSubRest(auth, endpoints.pubsubRoot, config.project);
+    let backoffMs = 1_000;
+    while (!stopped) {
+      let messages: PulledMessage[];
+      try {
+        messages = await pubsub.pull(config.subscription, config.pull.maxMessages, stopping.signal);
+      } catch (err) {
+        if (stopped) return;
+        logger.error({ problem: explainGoogleError(err, { project: config.project, api: 'Pub/Sub' }), retryInMs: backoffMs }, 'gmail pull failed');
+        await sleep(backoffMs, undefined, { signal: stopping.signal }).catch(() => undefined);
+        backoffMs = Math.min(backoffMs * 2, 60_000);
+        continue;
+      }
+      backoffMs = 1_000;
+      const done: string[] = [];
+      for (const { ackId, message } of messages) {
+        try {
+          await handleMessage(message.data);
+          done.push(ackId);
+        } catch (err) {
+          // Not acknowledged: Pub/Sub redelivers it (and the rest) after the ack deadline.
+          logger.error({ problem: (err as Error).message }, 'gmail notification not processed: left for redelivery');
+          break;
+        }
+      }
+      if (done.length > 0) {
+        await pubsub.acknowledge(config.subscription, done).catch((err) => logger.warn({ problem: explainGoogleError(err, { project: config.project, api: 'Pub/Sub' }) }, 'gmail acknowledge failed: the notifications come again and change nothing'));
+      }
+      if (messages.length === 0 || done.length < messages.length) await sleep(config.pull.intervalMs, undefined, { signal: stopping.signal }).catch(() => undefined);
+    }
+  }
+  const pulling = config.mode === 'pull' ? pullLoop() : Promise.resolve();
+
+  const push: GmailPushRoute | undefined = config.mode === 'push' && config.push ? {
+    path: config.push.path,
+    verify: { type: 'pubsub-oidc', audience: config.push.audience, serviceAccountEmail: config.push.serviceAccountEmail, jwksUri: config.googleApiUrl ? endpoints.jwksUri : config.push.jwksUri },
+    async consume(body) {
+      const message = body.message as { data?: unknown } | undefined;
+      const outcome = await handleMessage(typeof message?.data === 'string' ? message.data : undefined);
+      // Any 2xx acknowledges the push; 204 for what was not for this mailbox (or unusable).
+      return outcome === 'handled'
+        ? { status: 200, contentType: 'application/json; charset=utf-8', body: '{"status":"processed"}' }
+        : { status: 204, contentType: 'application/json; charset=utf-8', body: '' };
+    },
+  } : undefined;
+
+  return {
+    push,
+    async close() {
+      stopped = true;
+      stopping.abort();
+      for (const timer of timers) clearTimeout(timer);
+      await pulling;
+      await mailbox.idle();
+    },
+  };
+}
+
+/** Gmail's push data: base64 JSON `{ emailAddress, historyId }`; undefined when it is not that. */
+export function decodeNotification(data: string | undefined): MailboxNotification | undefined {
+  if (data === undefined) return undefined;
+  try {
+    const parsed = JSON.parse(Buffer.from(data, 'base64').toString('utf8')) as { emailAddress?: unknown; historyId?: unknown };
+    const historyId = typeof parsed.historyId === 'number' ? String(parsed.historyId) : parsed.historyId;
+    if (typeof parsed.emailAddress !== 'string' || typeof historyId !== 'string' || !/^\d{1,20}$/.test(historyId)) return undefined;
+    return { emailAddress: parsed.emailAddress, historyId };
+  } catch {
+    return undefined;
+  }
+}

@@ -1,0 +1,158 @@
+import type Database from 'better-sqlite3';
+import type { AcceptResult, NewEvent, SqliteEventStore } from '../../webhooks/store.js';
+
+/**
+ * What gatehouse keeps per Gmail account: the sealed OAuth grant, the mailbox cursor (Gmail's
+ * historyId), the watch, and what the status command shows. Message ids already turned into
+ * events are remembered, so a redelivered notification or a resync enqueues nothing twice.
+ *
+ * Behind an interface like the event store; the SQLite one shares the event store's file so
+ * the emails enqueued and the cursor move commit in one transaction.
+ */
+export interface GmailAccountState {
+  account: string;
+  clientId: string;
+  /** `{ clientSecret, refreshToken }` sealed with GATEHOUSE_SECRET_KEY (see src/secrets.ts). */
+  sealedGrant: string;
+  /** Gmail historyId (a decimal string: uint64) up to which the mailbox has been read. */
+  cursor: string | null;
+  cursorAt: number | null;
+  watchExpiration: number | null;
+  watchRenewedAt: number | null;
+  lastNotificationAt: number | null;
+  lastError: string | null;
+  lastErrorAt: number | null;
+  emailsEnqueued: number;
+}
+
+export interface GmailState {
+  get(account: string): Promise<GmailAccountState | undefined>;
+  /** Stores (or replaces) the grant; the cursor and counters stay. */
+  saveGrant(account: string, clientId: string, sealedGrant: string): Promise<void>;
+  /** After users.watch: the expiration, and the cursor when there was none yet (never moved back). */
+  recordWatch(account: string, historyId: string, expiration: number, now: number): Promise<void>;
+  recordError(account: string, error: string | null, now: number): Promise<void>;
+  /** Ids among `ids` already enqueued for this account. */
+  seen(account: string, ids: string[]): Promise<Set<string>>;
+  /**
+   * One transaction: enqueues each email not seen before, remembers their ids, moves the cursor
+   * forward to `cursor`. Resolves once durable; returns how many were enqueued.
+   */
+  commitEmails(account: string, emails: { messageId: string; event: NewEvent }[], cursor: string, now: number): Promise<number>;
+}
+
+const SCHEMA = `
+CREATE TABLE IF NOT EXISTS gmail_accounts (
+  account              TEXT PRIMARY KEY,
+  client_id            TEXT NOT NULL,
+  sealed_grant         TEXT NOT NULL,
+  cursor               TEXT,
+  cursor_at            INTEGER,
+  watch_expiration     INTEGER,
+  watch_renewed_at     INTEGER,
+  last_notification_at INTEGER,
+  last_error           TEXT,
+  last_error_at        INTEGER,
+  emails_enqueued      INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS gmail_seen (
+  account    TEXT NOT NULL,
+  message_id TEXT NOT NULL,
+  event_id   TEXT NOT NULL,
+  seen_at    INTEGER NOT NULL,
+  PRIMARY KEY (account, message_id)
+);
+`;
+
+/** Seen ids are kept this long: longer than any resync looks back (see mailbox.ts). */
+const SEEN_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;
+
+interface AccountRow {
+  account: string;
+  client_id: string;
+  sealed_grant: string;
+  cursor: string | null;
+  cursor_at: number | null;
+  watch_expiration: number | null;
+  watch_renewed_at: number | null;
+  last_notification_at: number | null;
+  last_error: string | null;
+  last_error_at: number | null;
+  emails_enqueued: number;
+}
+
+/** Gmail cursors compare as unsigned 64-bit numbers, not as strings. */
+export function historyIdAfter(a: string, b: string | null): boolean {
+  return b === null || BigInt(a) > BigInt(b);
+}
+
+export class SqliteGmailState implements GmailState {
+  private readonly statements;
+
+  constructor(private readonly store: SqliteEventStore) {
+    const db: Database.Database = store.database;
+    db.exec(SCHEMA);
+    this.statements = {
+      get: db.prepare<[string], AccountRow>('SELECT * FROM gmail_accounts WHERE account = ?'),
+      saveGrant: db.prepare('INSERT INTO gmail_accounts (account, client_id, sealed_grant) VALUES (?, ?, ?) ON CONFLICT (account) DO UPDATE SET client_id = excluded.client_id, sealed_grant = excluded.sealed_grant'),
+      watch: db.prepare('UPDATE gmail_accounts SET watch_expiration = ?, watch_renewed_at = ?, cursor = coalesce(cursor, ?), cursor_at = coalesce(cursor_at, ?) WHERE account = ?'),
+      error: db.prepare('UPDATE gmail_accounts SET last_error = ?, last_error_at = ? WHERE account = ?'),
+      seen: db.prepare<[string, string], { message_id: string }>('SELECT message_id FROM gmail_seen WHERE account = ? AND message_id = ?'),
+      remember: db.prepare('INSERT INTO gmail_seen (account, message_id, event_id, seen_at) VALUES (?, ?, ?, ?)'),
+      forgetOld: db.prepare('DELETE FROM gmail_seen WHERE account = ? AND seen_at < ?'),
+      advance: db.prepare('UPDATE gmail_accounts SET cursor = ?, cursor_at = ?, last_notification_at = ?, last_error = NULL, emails_enqueued = emails_enqueued + ? WHERE account = ?'),
+    };
+  }
+
+  async get(account: string): Promise<GmailAccountState | undefined> {
+    const row = this.statements.get.get(account);
+    if (!row) return undefined;
+    return {
+      account: row.account,
+      clientId: row.client_id,
+      sealedGrant: row.sealed_grant,
+      cursor: row.cursor,
+      cursorAt: row.cursor_at,
+      watchExpiration: row.watch_expiration,
+      watchRenewedAt: row.watch_renewed_at,
+      lastNotificationAt: row.last_notification_at,
+      lastError: row.last_error,
+      lastErrorAt: row.last_error_at,
+      emailsEnqueued: row.emails_enqueued,
+    };
+  }
+
+  async saveGrant(account: string, clientId: string, sealedGrant: string): Promise<void> {
+    await this.store.atomically(() => this.statements.saveGrant.run(account, clientId, sealedGrant));
+  }
+
+  async recordWatch(account: string, historyId: string, expiration: number, now: number): Promise<void> {
+    await this.store.atomically(() => this.statements.watch.run(expiration, now, historyId, now, account));
+  }
+
+  async recordError(account: string, error: string | null, now: number): Promise<void> {
+    await this.store.atomically(() => this.statements.error.run(error, error === null ? null : now, account));
+  }
+
+  async seen(account: string, ids: string[]): Promise<Set<string>> {
+    return new Set(ids.filter((id) => this.statements.seen.get(account, id) !== undefined));
+  }
+
+  async commitEmails(account: string, emails: { messageId: string; event: NewEvent }[], cursor: string, now: number): Promise<number> {
+    return this.store.atomically(({ accept }) => {
+      let enqueued = 0;
+      for (const { messageId, event } of emails) {
+        // Checked again inside the transaction: the seen() read before it may be stale.
+        if (this.statements.seen.get(account, messageId)) continue;
+        const result: AcceptResult = accept(event);
+        this.statements.remember.run(account, messageId, result.id, now);
+        if (!result.duplicate) enqueued++;
+      }
+      const current = this.statements.get.get(account);
+      const next = current && !historyIdAfter(cursor, current.cursor) ? current.cursor : cursor;
+      this.statements.advance.run(next, now, now, enqueued, account);
+      this.statements.forgetOld.run(account, now - SEEN_RETENTION_MS);
+      return enqueued;
+    });
+  }
+}

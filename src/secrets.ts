@@ -1,0 +1,51 @@
+import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
+import { UsageError } from './errors.js';
+
+/**
+ * Tokens gatehouse obtains itself (OAuth refresh tokens, bot tokens) are stored sealed with
+ * AES-256-GCM under `GATEHOUSE_SECRET_KEY` (32 bytes, base64). Each sealed value is bound to
+ * what it belongs to (`context`, e.g. "gmail:ana@example.com"), so a sealed token copied onto
+ * another row does not open. There is no plaintext fallback: without the key nothing is stored.
+ */
+export const SECRET_KEY_VARIABLE = 'GATEHOUSE_SECRET_KEY';
+const FORMAT = 'v1';
+const IV_BYTES = 12;
+
+export const HOW_TO_MAKE_A_SECRET_KEY =
+  `${SECRET_KEY_VARIABLE} must be 32 random bytes in base64; gatehouse encrypts the tokens it stores with it. ` +
+  `Make one with \`openssl rand -base64 32\` (or \`node -e "console.log(crypto.randomBytes(32).toString('base64'))"\`), ` +
+  'keep it with your other secrets, and give the same key to every gatehouse using this storage. Losing it means authorising again.';
+
+/** The sealing key from the environment; a UsageError saying how to make one when it is missing or malformed. */
+export function secretKeyFromEnv(env: NodeJS.ProcessEnv = process.env): Buffer {
+  const value = env[SECRET_KEY_VARIABLE];
+  if (!value) throw new UsageError(`${SECRET_KEY_VARIABLE} is not set. ${HOW_TO_MAKE_A_SECRET_KEY}`);
+  const key = /^[A-Za-z0-9+/]+={0,2}$/.test(value.trim()) ? Buffer.from(value.trim(), 'base64') : Buffer.alloc(0);
+  if (key.length !== 32) throw new UsageError(`${SECRET_KEY_VARIABLE} is not 32 bytes of base64 (got ${key.length} bytes). ${HOW_TO_MAKE_A_SECRET_KEY}`);
+  return key;
+}
+
+/** `v1:<iv>:<tag>:<ciphertext>` (base64url parts). */
+export function sealSecret(plaintext: string, key: Buffer, context: string): string {
+  const iv = randomBytes(IV_BYTES);
+  const cipher = createCipheriv('aes-256-gcm', key, iv);
+  cipher.setAAD(Buffer.from(context, 'utf8'));
+  const ciphertext = Buffer.concat([cipher.update(plaintext, 'utf8'), cipher.final()]);
+  return [FORMAT, iv.toString('base64url'), cipher.getAuthTag().toString('base64url'), ciphertext.toString('base64url')].join(':');
+}
+
+/** Opens a sealed value; a UsageError when the key is not the one it was sealed with (or the value was altered). */
+export function openSecret(sealed: string, key: Buffer, context: string): string {
+  const [format, iv, tag, ciphertext] = sealed.split(':');
+  if (format !== FORMAT || iv === undefined || tag === undefined || ciphertext === undefined) {
+    throw new UsageError(`a stored secret for ${context} is not in a format this gatehouse reads`);
+  }
+  try {
+    const decipher = createDecipheriv('aes-256-gcm', key, Buffer.from(iv, 'base64url'));
+    decipher.setAAD(Buffer.from(context, 'utf8'));
+    decipher.setAuthTag(Buffer.from(tag, 'base64url'));
+    return Buffer.concat([decipher.update(Buffer.from(ciphertext, 'base64url')), decipher.final()]).toString('utf8');
+  } catch {
+    throw new UsageError(`cannot decrypt the stored secret for ${context}: ${SECRET_KEY_VARIABLE} is not the key it was stored with (or the storage was altered)`);
+  }
+}
