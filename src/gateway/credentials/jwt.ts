@@ -54,13 +54,26 @@ export class JwtVerifier {
       cooldownDuration: settings.jwksCooldownSeconds * 1000,
       timeoutDuration: 5_000,
     });
-    let kidsOf: { set: object | undefined; kids: Set<string> } = { set: undefined, kids: new Set() };
-    const hasKid = (kid: string) => {
-      const set = jwks.jwks();
-      if (set !== kidsOf.set) kidsOf = { set, kids: new Set((set?.keys ?? []).flatMap((k) => (k.kid ? [k.kid] : []))) };
-      return kidsOf.kids.has(kid);
+    // The kids of the fetched set, for the cached-token check. jose's jwks() returns a
+    // structuredClone on every call (per request, it kept cached RS256 well below HS256), so they
+    // are re-read only where the set can change: after a key lookup (jose fetches inside it)
+    // and after an explicit reload.
+    let publishedKids = new Set<string>();
+    const readKids = () => {
+      publishedKids = new Set((jwks.jwks()?.keys ?? []).flatMap((k) => (k.kid ? [k.kid] : [])));
     };
-    return new JwtVerifier(settings, jwks, 'jwksUri', () => jwks.reload(), hasKid);
+    const getKey: JWTVerifyGetKey = async (header, token) => {
+      try {
+        return await jwks(header, token);
+      } finally {
+        readKids();
+      }
+    };
+    const reload = async () => {
+      await jwks.reload();
+      readKids();
+    };
+    return new JwtVerifier(settings, getKey, 'jwksUri', reload, (kid) => publishedKids.has(kid));
   }
 
   /** Fetches the JWKS ahead of the first request, so no request waits for it. Never throws. */
