@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
+import { CHANNEL_SEND_PREFIX, type ChannelSender } from './channels/outbound.js';
 import type { Config } from './config/schema.js';
 import { HttpError } from './errors.js';
 import { createClientIpResolver, type ClientOrigin } from './gateway/client-ip.js';
@@ -31,7 +32,7 @@ export interface GatewayApp {
  * Everything that can be compiled (matchers, keys, verifiers) is compiled here, once.
  * Never listens: server.ts does, so tests can mount it anywhere.
  */
-export async function buildGatewayApp(config: Config, deps: { logger: Logger; lockout: FailureLockout }): Promise<GatewayApp> {
+export async function buildGatewayApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; channels?: ChannelSender }): Promise<GatewayApp> {
   const { gateway } = config;
   const { logger, lockout } = deps;
   const resolveClientIp = createClientIpResolver(gateway.trustProxy);
@@ -101,6 +102,13 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     await proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
   }
 
+  /** Gatehouse's own channel API: the same checks as /api/, then the channel instead of the proxy. */
+  async function channelPipeline(req: Req, res: ServerResponse): Promise<void> {
+    const error = checkConnectionHeader(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
+    if (error) return respondWithError(req, res, error, logger);
+    await deps.channels!.handle(req, res);
+  }
+
   const app = express();
   app.disable('x-powered-by');
   app.disable('etag');
@@ -112,6 +120,8 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     beginRequest(req, res, requestLog);
     if (req.url?.startsWith(API_PREFIX)) {
       apiPipeline(req as Req, res).catch((err: unknown) => respondWithError(req, res, err, logger));
+    } else if (deps.channels && req.url?.startsWith(CHANNEL_SEND_PREFIX)) {
+      channelPipeline(req as Req, res).catch((err: unknown) => respondWithError(req, res, err, logger));
     } else {
       app(req, res);
     }

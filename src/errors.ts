@@ -27,6 +27,11 @@ export const errorCatalogue = {
   invalid_idempotency_key: { status: 400, message: 'The delivery id header (Idempotency-Key, webhook-id, X-GitHub-Delivery) must be 1-256 printable characters.' },
   request_timeout: { status: 408, message: 'The body took too long to arrive.' },
   store_unavailable: { status: 503, message: 'The event could not be stored; retry later.' },
+  invalid_message: { status: 400, message: 'The body must be {"to": …, "text": …} for an existing recipient.' },
+  channel_send_failed: { status: 502, message: 'The platform refused the message or did not answer.' },
+  channel_not_connected: { status: 409, message: 'This channel is not logged in.' },
+  pairing_not_found: { status: 404, message: 'No such pairing code.' },
+  pairing_gone: { status: 410, message: 'This pairing code was already used or has expired.' },
   integration_unavailable: { status: 503, message: 'The notification could not be processed now; retry later.' },
   internal_error: { status: 500, message: 'Internal error.' },
 } as const satisfies Record<string, { status: number; message: string }>;

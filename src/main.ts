@@ -1,4 +1,5 @@
 import { Command, CommanderError } from 'commander';
+import { registerChannelsCommands } from './cli/channels.js';
 import { registerConfigCommands } from './cli/config.js';
 import { registerGatewayCommands } from './cli/gateway.js';
 import { registerStartCommand } from './cli/start.js';
@@ -22,6 +23,7 @@ export async function runCli(argv: readonly string[]): Promise<number> {
   registerConfigCommands(program);
   registerGatewayCommands(program);
   registerWebhooksCommands(program);
+  registerChannelsCommands(program);
 
   try {
     await program.parseAsync(argv);

@@ -7,9 +7,14 @@ import { buildGatewayApp, type GatewayApp } from './app.js';
 import { isLoopbackHost, type Config } from './config/schema.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
 import { Deliverer } from './webhooks/deliverer.js';
+import { channelRoutes } from './channels/inbound.js';
+import { createChannelSender } from './channels/outbound.js';
+import { startGrantRefresher } from './channels/refresh.js';
+import { ChannelStore } from './channels/state.js';
 import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
 import { secretKeyFromEnv } from './secrets.js';
-import { buildWebhookApp, type ConsumerRoute, type WebhookApp } from './webhooks/receiver.js';
+import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from './webhooks/receiver.js';
+import { createVerifier } from './webhooks/verifiers/index.js';
 import { SqliteEventStore, type EventStore } from './webhooks/store.js';
 
 export interface Listening {
@@ -97,14 +102,21 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   const { logger } = options;
   let config = initial;
   const lockout = new FailureLockout(options.lockoutStore, config.gateway.auth.failures, 'gateway');
-  let app = await buildGatewayApp(config, { logger, lockout });
+  // Channels' outbound API needs their grants (a connection of its own: workers have one each).
+  let channelStore: ChannelStore | undefined;
+  const channelsOf = (c: Config) => {
+    if (Object.keys(c.channels).length === 0) return undefined;
+    channelStore ??= new ChannelStore(c.storage.path);
+    return createChannelSender(c, { store: channelStore, secretKey: secretKeyFromEnv(), logger });
+  };
+  let app = await buildGatewayApp(config, { logger, lockout, channels: channelsOf(config) });
   const listening = await listen(config.gateway.listen, config.gateway.tls, (req, res) => app.handle(req, res));
   describeGateway(logger, config, app, listening.url, 'gateway listening');
   void warmUp(logger, app);
   return {
     url: listening.url,
     async reload(next) {
-      const nextApp = await buildGatewayApp(next, { logger, lockout });
+      const nextApp = await buildGatewayApp(next, { logger, lockout, channels: channelsOf(next) });
       await warmUp(logger, nextApp);
       const previous = app;
       app = nextApp;
@@ -116,6 +128,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
     async close(graceMs) {
       await closeServer(listening.server, graceMs);
       app.close();
+      channelStore?.close();
     },
   };
 };
@@ -136,22 +149,39 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
   const deliverer = new Deliverer(store, config.webhooks, logger);
   const onAccepted = () => deliverer.notify();
+  const hasChannels = Object.keys(config.channels).length > 0;
   let gmail: RunningGmail | undefined;
+  let channelStore: ChannelStore | undefined;
+  let secretKey: Buffer | undefined;
   try {
-    gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store: sqliteStore(store), logger, onAccepted, secretKey: secretKeyFromEnv() }) : undefined;
+    // Both keep sealed tokens: no key, no start (said with how to make one).
+    if (config.webhooks.gmail || hasChannels) secretKey = secretKeyFromEnv();
+    if (hasChannels) channelStore = new ChannelStore(config.storage.path);
+    gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store: sqliteStore(store), logger, onAccepted, secretKey: secretKey! }) : undefined;
   } catch (err) {
+    channelStore?.close();
     await store.close();
     throw err;
   }
-  // Integration routes are fixed at start (webhooks.gmail changes need a restart).
-  const consumers: ConsumerRoute[] = gmail?.push ? [{ ...gmail.push, action: config.webhooks.gmail!.action }] : [];
-  const build = (c: Config): WebhookApp => buildWebhookApp(c, { logger, lockout, store, onAccepted, consumers });
+  // The Gmail route is fixed at start (webhooks.gmail changes need a restart); channel routes follow reloads.
+  const gmailRoutes: IntegrationRoute[] = gmail?.push
+    ? [{ path: gmail.push.path, action: config.webhooks.gmail!.action, verifyType: 'gmail push', verifier: createVerifier(gmail.push.verify), consume: gmail.push.consume }]
+    : [];
+  const refresher = channelStore ? startGrantRefresher(config, { store: channelStore, secretKey: secretKey!, logger }) : undefined;
+  const build = (c: Config): WebhookApp => {
+    const channels = channelStore ? channelRoutes(c, { store: channelStore, secretKey: secretKey!, logger }) : { routes: [], prefixRoutes: [] };
+    return buildWebhookApp(c, { logger, lockout, store, onAccepted, routes: [...gmailRoutes, ...channels.routes], prefixRoutes: channels.prefixRoutes });
+  };
   let app = build(config);
   const listening = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));
   await deliverer.start();
   logger.info({
     url: listening.url,
-    endpoints: [...config.webhooks.endpoints.map((e) => `${e.path} (${e.verify.type}) -> ${e.action}`), ...consumers.map((c) => `${c.path} (gmail push) -> ${c.action}`)],
+    endpoints: [
+      ...config.webhooks.endpoints.map((e) => `${e.path} (${e.verify.type}) -> ${e.action}`),
+      ...gmailRoutes.map((r) => `${r.path} (${r.verifyType}) -> ${r.action}`),
+      ...Object.entries(config.channels).map(([name, c]) => `/webhook/channels/${name} (channel ${c.kind}) -> ${c.action}`),
+    ],
     storage: config.storage.path,
   }, 'webhook receiver listening');
   return {
@@ -164,8 +194,10 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     async close(graceMs: number) {
       await closeServer(listening.server, graceMs);
       await gmail?.close();
+      refresher?.close();
       await deliverer.stop(graceMs);
       await store.close();
+      channelStore?.close();
     },
   };
 }

@@ -309,14 +309,73 @@ const webhooks = z
     }
   });
 
+/**
+ * `channels`: messaging platforms, each proving itself its own way (src/channels/). Tokens won
+ * by `gatehouse channels login` live sealed in storage; these are the static settings.
+ */
+const channelName = z.string().regex(/^[a-z0-9][a-z0-9_-]{0,31}$/, 'channel names: 1-32 characters of a-z 0-9 _ - (they appear in paths)');
+const channelCommon = {
+  action: z.enum(['message', 'agent']).default('message'),
+};
+const channelSchema = z.discriminatedUnion('kind', [
+  z.strictObject({
+    kind: z.literal('qr'),
+    ...channelCommon,
+    /** The base URL devices reach the webhook listener at (what the QR code encodes); default: the listener's own address. */
+    publicUrl: httpUrl('publicUrl').optional(),
+    pairingMinutes: z.number().int().min(1).max(60).default(10),
+  }),
+  z.strictObject({
+    kind: z.literal('bot-token'),
+    platform: z.literal('telegram'),
+    ...channelCommon,
+    botToken: z.string().regex(/^\d+:[A-Za-z0-9_-]{20,}$/, 'botToken must look like 123456:ABC… (from @BotFather)'),
+    publicUrl: httpUrl('publicUrl'),
+    apiBaseUrl: httpUrl('apiBaseUrl').default('https://api.telegram.org'),
+  }),
+  z.strictObject({
+    kind: z.literal('oauth-bot'),
+    platform: z.literal('discord'),
+    ...channelCommon,
+    clientId: z.string().regex(/^\d{5,25}$/, 'clientId: the application id (digits)'),
+    clientSecret: z.string().min(8),
+    botToken: z.string().min(20),
+    publicKey: z.string().regex(/^[0-9a-fA-F]{64}$/, 'publicKey must be the 32-byte Ed25519 key as 64 hex digits'),
+    permissions: z.string().regex(/^\d+$/).default('2048'),
+    scopes: z.array(z.string().min(1)).min(1).default(['bot', 'applications.commands']),
+    toleranceSeconds: z.number().int().min(1).max(3600).default(300),
+    apiBaseUrl: httpUrl('apiBaseUrl').default('https://discord.com/api/v10'),
+    authorizeUrl: httpUrl('authorizeUrl').default('https://discord.com/oauth2/authorize'),
+    tokenUrl: httpUrl('tokenUrl').default('https://discord.com/api/oauth2/token'),
+  }),
+  z.strictObject({
+    kind: z.literal('oauth'),
+    platform: z.literal('slack'),
+    ...channelCommon,
+    clientId: z.string().min(1),
+    clientSecret: z.string().min(8),
+    signingSecret: hookSecret('signingSecret'),
+    scopes: z.array(z.string().min(1)).min(1).default(['chat:write', 'channels:history']),
+    toleranceSeconds: z.number().int().min(1).max(3600).default(300),
+    apiBaseUrl: httpUrl('apiBaseUrl').default('https://slack.com/api'),
+    authorizeUrl: httpUrl('authorizeUrl').default('https://slack.com/oauth/v2/authorize'),
+    tokenUrl: httpUrl('tokenUrl').default('https://slack.com/api/oauth.v2.access'),
+  }),
+], { error: (issue) => (issue.code === 'invalid_union' ? 'kind must be one of qr, bot-token, oauth-bot, oauth (with platform telegram, discord, slack respectively)' : undefined) });
+
 export const configSchema = z
   .strictObject({
     storage: z.strictObject({ path: z.string().min(1).default('./data/gatehouse.db') }).prefault({}),
     log: z.strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info') }).prefault({}),
     gateway,
     webhooks: webhooks.prefault({}),
+    channels: z.record(channelName, channelSchema).default({}),
   })
   .superRefine((config, ctx) => {
+    for (const [name, channel] of Object.entries(config.channels)) {
+      if (!config.webhooks.enabled) ctx.addIssue({ code: 'custom', path: ['channels', name], message: 'channels need webhooks.enabled: true (their events arrive on the webhook listener)' });
+      else if (!config.webhooks.targets[channel.action]) ctx.addIssue({ code: 'custom', path: ['channels', name, 'action'], message: `action "${channel.action}" has no target: add webhooks.targets["${channel.action}"]` });
+    }
     const { auth, listen: at } = config.gateway;
     const hasCredential = auth.apiKey !== undefined || auth.apiKeys.length > 0 || auth.bearer !== undefined;
     // Secure by default: an open edge on a reachable address needs an explicit opt-in.
@@ -340,3 +399,4 @@ export type AuthConfig = GatewayConfig['auth'];
 export type JwtConfig = z.output<typeof jwtSettings>;
 export type WebhooksConfig = Config['webhooks'];
 export type GmailConfig = NonNullable<WebhooksConfig['gmail']>;
+export type ChannelConfig = Config['channels'][string];

@@ -1,11 +1,12 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
 import type { Config, VerifyConfig, WebhookAction } from '../config/schema.js';
-import { HttpError } from '../errors.js';
+import { HttpError, type ErrorCode } from '../errors.js';
 import { createClientIpResolver } from '../gateway/client-ip.js';
 import type { FailureLockout } from '../gateway/lockout.js';
 import { answerHealthy, beginRequest, requestLogger, respondWithError } from '../gateway/request-context.js';
+import { readBody } from '../read-body.js';
 import type { EventStore } from './store.js';
 import { buildEnvelope, compileTemplate, type CompiledTemplate } from './translate.js';
 import { createVerifier, type DirectAnswer, type WebhookVerifier } from './verifiers/index.js';
@@ -15,19 +16,38 @@ type Next = NextFunction;
 interface Endpoint {
   path: string;
   action: WebhookAction;
-  verifyType: VerifyConfig['type'];
+  /** How the sender is verified, for logs (`secret`, `github`, `gmail push`, `channel telegram`…). */
+  verifyType: string;
   verifier: WebhookVerifier;
+  /** The catalogue code a failed verification answers with. */
+  failureCode: ErrorCode;
   template?: CompiledTemplate;
   /** An integration's route (Gmail push): it processes the verified body itself instead of queueing it. */
   consume?: (body: Record<string, unknown>) => Promise<DirectAnswer>;
+  /** Fields an integration adds to the envelope (a channel's `channel`, `from`, `text`). */
+  envelopeExtra?: (body: Record<string, unknown>, headers: IncomingHttpHeaders) => Record<string, unknown>;
+  /** Called after an event of this route is stored (a channel's "last event"). */
+  onStored?: () => void;
 }
 
-/** A verified route whose body an integration handles (see src/integrations/). */
-export interface ConsumerRoute {
-  path: string;
-  action: WebhookAction;
-  verify: VerifyConfig;
-  consume(body: Record<string, unknown>): Promise<DirectAnswer>;
+/**
+ * A verified route an integration adds to the receiver (Gmail push, channel events); it goes
+ * through the same steps as a configured endpoint.
+ */
+export type IntegrationRoute = Pick<Endpoint, 'path' | 'action' | 'verifyType' | 'verifier' | 'consume' | 'envelopeExtra' | 'onStored'> & { failureCode?: ErrorCode };
+
+/** What a prefix handler gets: the client address (already past the lockout check) and helpers. */
+export interface RouteTools {
+  clientIp: string;
+  lockout: FailureLockout;
+  /** The body as a JSON object (size and time limits as for webhooks); throws an HttpError. */
+  readJson(): Promise<Record<string, unknown>>;
+}
+
+/** Requests under `prefix` are an integration's own (channel pairing and outbox): it answers them. */
+export interface PrefixRoute {
+  prefix: string;
+  handle(req: IncomingMessage, res: ServerResponse, rest: string, tools: RouteTools): Promise<void>;
 }
 
 const SANE_DELIVERY_ID = /^[\x21-\x7e]{1,256}$/;
@@ -44,7 +64,7 @@ export interface WebhookApp {
  * sender's handshake, or durable store → 202. Nothing unverified is parsed or stored.
  * Never listens (server.ts does).
  */
-export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; store: EventStore; onAccepted: () => void; consumers?: ConsumerRoute[] }): WebhookApp {
+export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; store: EventStore; onAccepted: () => void; routes?: IntegrationRoute[]; prefixRoutes?: PrefixRoute[] }): WebhookApp {
   const { webhooks } = config;
   const { logger, lockout, store } = deps;
   const resolveClientIp = createClientIpResolver(config.gateway.trustProxy);
@@ -54,11 +74,11 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     action: e.action,
     verifyType: e.verify.type,
     verifier: createVerifier(e.verify),
+    failureCode: e.verify.type === 'secret' ? 'invalid_webhook_secret' : 'invalid_webhook_signature',
     template: e.template !== undefined ? compileTemplate(e.template) : undefined,
   }]));
-  for (const route of deps.consumers ?? []) {
-    endpoints.set(route.path, { path: route.path, action: route.action, verifyType: route.verify.type, verifier: createVerifier(route.verify), consume: route.consume });
-  }
+  for (const route of deps.routes ?? []) endpoints.set(route.path, { failureCode: 'invalid_webhook_signature', ...route });
+  const prefixRoutes = deps.prefixRoutes ?? [];
 
   function answer(res: ServerResponse, direct: DirectAnswer) {
     res.writeHead(direct.status, { 'content-type': direct.contentType, 'content-length': Buffer.byteLength(direct.body), 'cache-control': 'no-store' });
@@ -67,7 +87,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
 
   async function rejectSender(req: IncomingMessage, endpoint: Endpoint, reason: string): Promise<HttpError> {
     await lockout.recordFailure(req.gatehouse!.clientIp!);
-    return new HttpError(endpoint.verifyType === 'secret' ? 'invalid_webhook_secret' : 'invalid_webhook_signature', `${endpoint.verifyType}: ${reason}`);
+    return new HttpError(endpoint.failureCode, `${endpoint.verifyType}: ${reason}`);
   }
 
   async function receiveWebhook(req: IncomingMessage, res: ServerResponse, endpoint: Endpoint, query: string, next: Next) {
@@ -149,19 +169,46 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
         action: endpoint.action,
         idempotencyKey: deliveryId,
         receivedAt,
-        envelope: (id) => buildEnvelope(id, { action: endpoint.action, endpoint: endpoint.path, receivedAt, template: endpoint.template }, fields, payloadText),
+        envelope: (id) => buildEnvelope(id, { action: endpoint.action, endpoint: endpoint.path, receivedAt, template: endpoint.template, extra: endpoint.envelopeExtra?.(fields, req.headers) }, fields, payloadText),
       });
     } catch (err) {
       logger.error({ err: (err as Error).message, endpoint: endpoint.path }, 'event store refused a webhook');
       return next(new HttpError('store_unavailable', (err as Error).message, { 'retry-after': STORE_RETRY_AFTER_SECONDS }));
     }
-    if (!result.duplicate) deps.onAccepted();
+    if (!result.duplicate) {
+      deps.onAccepted();
+      endpoint.onStored?.();
+    }
     res.setHeader('x-gatehouse-event-id', result.id);
     const direct = verifier.acceptedAnswer?.(fields);
     if (direct) return answer(res, direct);
     const reply = JSON.stringify({ id: result.id, status: result.duplicate ? 'duplicate' : 'queued' });
     res.writeHead(result.duplicate ? 200 : 202, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' });
     res.end(reply);
+  }
+
+  async function handlePrefixed(req: IncomingMessage, res: ServerResponse, route: PrefixRoute, rest: string): Promise<void> {
+    const origin = resolveClientIp(req);
+    if (origin.ip === undefined) throw new HttpError('invalid_client_ip', 'unusable client address');
+    req.gatehouse!.clientIp = origin.ip;
+    const lockedFor = await lockout.lockedFor(origin.ip);
+    if (lockedFor > 0) throw new HttpError('too_many_failures', `locked out for ${lockedFor}s more`, { 'retry-after': String(lockedFor) });
+    await route.handle(req, res, rest, {
+      clientIp: origin.ip,
+      lockout,
+      async readJson() {
+        if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) throw new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`);
+        const raw = await readBody(req, res, webhooks.maxBodyBytes, webhooks.bodyTimeoutMs);
+        let body: unknown;
+        try {
+          body = JSON.parse(raw.toString('utf8'));
+        } catch {
+          throw new HttpError('invalid_json', 'body is not valid JSON');
+        }
+        if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError('invalid_json', 'top level is not an object');
+        return body as Record<string, unknown>;
+      },
+    });
   }
 
   const app = express();
@@ -179,54 +226,15 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     const url = req.url ?? '';
     const queryAt = url.indexOf('?');
     const endpoint = endpoints.get(queryAt === -1 ? url : url.slice(0, queryAt));
+    const fail = (err?: unknown) => respondWithError(req, res, err, logger);
     if (endpoint) {
-      const fail = (err?: unknown) => respondWithError(req, res, err, logger);
       receiveWebhook(req, res, endpoint, queryAt === -1 ? '' : url.slice(queryAt + 1), fail).catch(fail);
-    } else {
-      app(req, res);
+      return;
     }
+    const path = queryAt === -1 ? url : url.slice(0, queryAt);
+    const prefixed = prefixRoutes.find((r) => path.startsWith(r.prefix));
+    if (prefixed) handlePrefixed(req, res, prefixed, path.slice(prefixed.prefix.length)).catch(fail);
+    else app(req, res);
   }
   return { handle };
-}
-
-/**
- * Reads the body up to `limit` bytes within `timeoutMs`. Past the limit (declared or actual) it
- * stops reading at once: 413, and the connection is closed rather than drained.
- */
-function readBody(req: IncomingMessage, res: ServerResponse, limit: number, timeoutMs: number): Promise<Buffer> {
-  // The rest of the body is never read: tell the client, and close once the answer is out.
-  const abandonBody = () => {
-    req.pause();
-    res.setHeader('connection', 'close');
-    res.once('finish', () => setTimeout(() => req.socket.destroy(), 1_000).unref());
-  };
-  const declared = Number(req.headers['content-length'] ?? NaN);
-  if (declared > limit) {
-    abandonBody();
-    return Promise.reject(new HttpError('payload_too_large', `content-length ${declared} > ${limit}`));
-  }
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    const finish = (error: HttpError | undefined) => {
-      clearTimeout(timer);
-      req.off('data', onData);
-      req.off('end', onEnd);
-      req.off('error', onError);
-      if (!error) return resolve(Buffer.concat(chunks));
-      abandonBody();
-      reject(error);
-    };
-    const onData = (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > limit) return finish(new HttpError('payload_too_large', `body over ${limit} bytes`));
-      chunks.push(chunk);
-    };
-    const onEnd = () => finish(undefined);
-    const onError = (err: Error) => finish(new HttpError('request_timeout', `body aborted: ${err.message}`));
-    const timer = setTimeout(() => finish(new HttpError('request_timeout', `body not complete after ${timeoutMs} ms`)), timeoutMs);
-    req.on('data', onData);
-    req.on('end', onEnd);
-    req.on('error', onError);
-  });
 }

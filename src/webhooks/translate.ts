@@ -52,13 +52,14 @@ function stringify(value: unknown): string {
 }
 
 /**
- * Builds the envelope a target receives: `{ id, action, endpoint, receivedAt, message?, payload }`. `message`: the endpoint's template rendered against the body, else
+ * Builds the envelope a target receives: `{ id, action, endpoint, receivedAt, …extra, message?, payload }`
+ * (`extra`: what an integration adds, e.g. a channel's `channel`, `from`, `text`). `message`: the endpoint's template rendered against the body, else
  * the body's own string `message` field, else absent.
  * `rawBody` is the sender's JSON text: it is embedded as is, so `payload` is byte-identical.
  */
 export function buildEnvelope(
   id: string,
-  info: { action: WebhookAction; endpoint: string; receivedAt: number; template?: CompiledTemplate },
+  info: { action: WebhookAction; endpoint: string; receivedAt: number; template?: CompiledTemplate; extra?: Record<string, unknown> },
   body: Record<string, unknown>,
   rawBody: string,
 ): string {
@@ -68,6 +69,7 @@ export function buildEnvelope(
     action: info.action,
     endpoint: info.endpoint,
     receivedAt: new Date(info.receivedAt).toISOString(),
+    ...info.extra,
     ...(message !== undefined ? { message } : {}),
   });
   return `${head.slice(0, -1)},"payload":${rawBody.trim()}}`;

@@ -1,0 +1,43 @@
+import type { Logger } from 'pino';
+import type { Config } from '../config/schema.js';
+import { openSecret, sealSecret } from '../secrets.js';
+import { grantContext, type SealedGrant } from './login.js';
+import { refreshGrant } from './platforms.js';
+import type { ChannelStore } from './state.js';
+
+/** A grant is refreshed once it has less than this left (Discord's last a week). */
+export const REFRESH_AHEAD_MS = 24 * 60 * 60 * 1000;
+const CHECK_EVERY_MS = 60 * 60 * 1000;
+
+/**
+ * Keeps `oauth-bot` grants alive: at start and every hour, a grant expiring within a day is
+ * refreshed at the platform's token URL and stored sealed again. A failure is logged at error
+ * level and recorded for `channels status`; the next check tries again.
+ */
+export function startGrantRefresher(config: Config, deps: { store: ChannelStore; secretKey: Buffer; logger: Logger; now?: () => number }): { close(): void; refreshDue(): Promise<void> } {
+  const now = deps.now ?? Date.now;
+  async function refreshDue(): Promise<void> {
+    for (const [name, channel] of Object.entries(config.channels)) {
+      if (channel.kind !== 'oauth-bot') continue;
+      const grant = deps.store.grant(name);
+      if (!grant || grant.expiresAt === null || grant.expiresAt - now() > REFRESH_AHEAD_MS) continue;
+      try {
+        const sealed = JSON.parse(openSecret(grant.sealed, deps.secretKey, grantContext(name))) as SealedGrant;
+        if (sealed.kind !== 'oauth-bot') continue;
+        const tokens = await refreshGrant('discord', channel.tokenUrl, { clientId: channel.clientId, clientSecret: channel.clientSecret, refreshToken: sealed.refreshToken });
+        const next: SealedGrant = { kind: 'oauth-bot', accessToken: tokens.access_token, refreshToken: tokens.refresh_token ?? sealed.refreshToken };
+        const expiresAt = tokens.expires_in ? now() + Number(tokens.expires_in) * 1000 : null;
+        deps.store.replaceSealed(name, sealSecret(JSON.stringify(next), deps.secretKey, grantContext(name)), expiresAt);
+        deps.logger.info({ channel: name, expiresAt: expiresAt && new Date(expiresAt).toISOString() }, 'channel grant refreshed');
+      } catch (err) {
+        const problem = `grant refresh failed: ${(err as Error).message}`;
+        deps.store.noteError(name, problem, now());
+        deps.logger.error({ channel: name, problem }, `CHANNEL GRANT REFRESH FAILED: run \`gatehouse channels login ${name}\` if it keeps failing`);
+      }
+    }
+  }
+  void refreshDue();
+  const timer = setInterval(() => void refreshDue(), CHECK_EVERY_MS);
+  timer.unref();
+  return { close: () => clearInterval(timer), refreshDue };
+}

@@ -1,0 +1,202 @@
+import type { Command } from 'commander';
+import { platformOf } from '../channels/inbound.js';
+import { loginChannel } from '../channels/login.js';
+import { telegram } from '../channels/platforms.js';
+import { ChannelStore } from '../channels/state.js';
+import { loadConfig } from '../config/load.js';
+import type { ChannelConfig, Config } from '../config/schema.js';
+import { UsageError } from '../errors.js';
+import { secretKeyFromEnv } from '../secrets.js';
+import { describeTime, openBrowser } from './terminal.js';
+import { DEFAULT_CONFIG_FILE } from './config.js';
+
+/**
+ * `gatehouse channels login|list|status|logout|devices|revoke`: each channel's ceremony and its
+ * state, in the same SQLite file the running server reads (a login takes effect without a restart).
+ */
+export function registerChannelsCommands(program: Command): void {
+  const channels = program.command('channels').description('messaging channels: log in, see their state, manage paired devices');
+  const configOption = ['-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE] as const;
+
+  const open = (file: string, name?: string): { config: Config; store: ChannelStore; channel?: ChannelConfig } => {
+    const { config } = loadConfig(file);
+    const channel = name === undefined ? undefined : config.channels[name];
+    if (name !== undefined && !channel) {
+      const known = Object.keys(config.channels);
+      throw new UsageError(`no channel "${name}" in ${file}${known.length ? ` (configured: ${known.join(', ')})` : ' (no channels configured)'}`);
+    }
+    return { config, store: new ChannelStore(config.storage.path), channel };
+  };
+
+  channels
+    .command('login <name>')
+    .description('run the channel\'s authentication ceremony (QR pairing, bot token, OAuth)')
+    .option(...configOption)
+    .option('--no-browser', 'print the authorisation URL only (headless)')
+    .option('--timeout <minutes>', 'how long to wait for the browser or the device', '10')
+    .action(async (name: string, o: { config: string; browser: boolean; timeout: string }) => {
+      const secretKey = secretKeyFromEnv(); // refuse before any ceremony: nothing could be stored
+      const { config, store, channel } = open(o.config, name);
+      const minutes = Number(o.timeout);
+      if (!(minutes > 0)) throw new UsageError(`--timeout must be a positive number of minutes (got "${o.timeout}")`);
+      const { host, port } = config.webhooks.listen;
+      try {
+        process.stdout.write(`channel ${name} (${channel!.kind}, ${platformOf(channel!)})\n`);
+        await loginChannel({
+          name,
+          channel: channel!,
+          store,
+          secretKey,
+          webhookBaseUrl: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
+          browser: o.browser,
+          timeoutMs: minutes * 60_000,
+          io: {
+            step: (ok, step, detail) => process.stdout.write(`  ${ok ? '✓' : '✗'} ${step.padEnd(10)} ${detail}\n`),
+            say: (text) => process.stdout.write(`${text}\n`),
+            openBrowser,
+          },
+        });
+        process.stdout.write(`channel ${name} connected\n`);
+      } finally {
+        store.close();
+      }
+    });
+
+  channels
+    .command('list')
+    .description('every configured channel and whether it is connected')
+    .option(...configOption)
+    .option('--json', 'one JSON array', false)
+    .action((o: { config: string; json: boolean }) => {
+      const { config, store } = open(o.config);
+      try {
+        const rows = Object.entries(config.channels).map(([name, channel]) => describe(name, channel, store));
+        if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
+        if (rows.length === 0) return void process.stdout.write('no channels configured\n');
+        for (const r of rows) process.stdout.write(`${r.name.padEnd(16)} ${r.kind.padEnd(10)} ${String(r.platform).padEnd(9)} ${r.connected ? `connected since ${iso(r.connectedAt)}` : 'NOT CONNECTED'}${r.lastError ? `  last error: ${r.lastError}` : ''}\n`);
+      } finally {
+        store.close();
+      }
+    });
+
+  channels
+    .command('status [name]')
+    .description('connected or not, since when, the last event and the last error (all channels, or one)')
+    .option(...configOption)
+    .option('--json', 'one JSON array', false)
+    .action((name: string | undefined, o: { config: string; json: boolean }) => {
+      const { config, store } = open(o.config, name);
+      try {
+        const rows = Object.entries(config.channels).filter(([n]) => name === undefined || n === name).map(([n, c]) => describe(n, c, store));
+        if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
+        if (rows.length === 0) return void process.stdout.write('no channels configured\n');
+        const now = Date.now();
+        for (const r of rows) {
+          process.stdout.write([
+            `${r.connected ? '✓' : '✗'} ${r.name} (${r.kind}, ${r.platform}): ${r.connected ? `connected since ${when(r.connectedAt, now)}` : `not connected: run \`gatehouse channels login ${r.name}\``}`,
+            ...Object.entries(r.details).filter(([, v]) => v !== undefined && v !== null).map(([k, v]) => `    ${k.padEnd(14)} ${typeof v === 'object' ? JSON.stringify(v) : String(v)}`),
+            ...(r.expiresAt !== null ? [`    ${'expires'.padEnd(14)} ${when(r.expiresAt, now)}`] : []),
+            `    ${'last event'.padEnd(14)} ${when(r.lastEventAt, now)}`,
+            `    ${'last error'.padEnd(14)} ${r.lastError ? `${r.lastError} (${when(r.lastErrorAt, now)})` : 'none'}`,
+          ].join('\n') + '\n');
+        }
+      } finally {
+        store.close();
+      }
+    });
+
+  channels
+    .command('logout <name>')
+    .description('forget the channel\'s stored grant (and revoke its devices); a Telegram webhook is removed')
+    .option(...configOption)
+    .action(async (name: string, o: { config: string }) => {
+      const { store, channel } = open(o.config, name);
+      try {
+        if (channel!.kind === 'bot-token') {
+          await telegram.deleteWebhook(channel!.apiBaseUrl, channel!.botToken).catch((err: Error) => process.stderr.write(`warning: deleteWebhook failed (${err.message}); the grant is forgotten anyway\n`));
+        }
+        store.forget(name, Date.now());
+        process.stdout.write(`channel ${name}: logged out\n`);
+      } finally {
+        store.close();
+      }
+    });
+
+  channels
+    .command('devices <name>')
+    .description('devices paired with a qr channel')
+    .option(...configOption)
+    .option('--json', 'one JSON array', false)
+    .action((name: string, o: { config: string; json: boolean }) => {
+      const { store, channel } = open(o.config, name);
+      try {
+        if (channel!.kind !== 'qr') throw new UsageError(`channel ${name} is ${channel!.kind}: only qr channels have devices`);
+        const devices = store.devices(name);
+        if (o.json) return void process.stdout.write(`${JSON.stringify(devices)}\n`);
+        if (devices.length === 0) return void process.stdout.write(`no devices: pair one with \`gatehouse channels login ${name}\`\n`);
+        for (const d of devices) process.stdout.write(`${d.id}  ${d.name.padEnd(24)} ${d.revokedAt ? `revoked ${iso(d.revokedAt)}` : 'active'}  paired ${iso(d.createdAt)}  last seen ${d.lastSeenAt ? iso(d.lastSeenAt) : 'never'}\n`);
+      } finally {
+        store.close();
+      }
+    });
+
+  channels
+    .command('revoke <name> <device>')
+    .description('revoke a paired device (by id or name): its token fails from the next request')
+    .option(...configOption)
+    .action((name: string, device: string, o: { config: string }) => {
+      const { store } = open(o.config, name);
+      try {
+        const revoked = store.revoke(name, device, Date.now());
+        if (revoked === 0) throw new UsageError(`no active device "${device}" on channel ${name} (see \`gatehouse channels devices ${name}\`)`);
+        process.stdout.write(`revoked ${revoked} device${revoked === 1 ? '' : 's'}\n`);
+      } finally {
+        store.close();
+      }
+    });
+}
+
+interface ChannelStatus {
+  name: string;
+  kind: string;
+  platform: string;
+  connected: boolean;
+  connectedAt: number | null;
+  expiresAt: number | null;
+  lastEventAt: number | null;
+  lastError: string | null;
+  lastErrorAt: number | null;
+  details: Record<string, unknown>;
+}
+
+/** A qr channel is connected once a device is paired; the others once a login stored a grant. */
+function describe(name: string, channel: ChannelConfig, store: ChannelStore): ChannelStatus {
+  const grant = store.grant(name);
+  const base = { name, kind: channel.kind, platform: platformOf(channel) };
+  if (channel.kind === 'qr') {
+    const active = store.devices(name).filter((d) => d.revokedAt === null);
+    return {
+      ...base,
+      connected: active.length > 0,
+      connectedAt: active[0]?.createdAt ?? null,
+      expiresAt: null,
+      lastEventAt: grant?.lastEventAt ?? (Math.max(0, ...active.map((d) => d.lastSeenAt ?? 0)) || null),
+      lastError: grant?.lastError ?? null,
+      lastErrorAt: grant?.lastErrorAt ?? null,
+      details: { devices: active.map((d) => d.name) },
+    };
+  }
+  return {
+    ...base,
+    connected: grant !== undefined,
+    connectedAt: grant?.connectedAt ?? null,
+    expiresAt: grant?.expiresAt ?? null,
+    lastEventAt: grant?.lastEventAt ?? null,
+    lastError: grant?.lastError ?? null,
+    lastErrorAt: grant?.lastErrorAt ?? null,
+    details: grant?.details ?? {},
+  };
+}
+
+const iso = (t: number | null) => (t === null ? 'never' : new Date(t).toISOString());
+const when = describeTime;
