@@ -82,6 +82,8 @@ export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next
     ['webhooks.listen', config.webhooks.listen, next.webhooks.listen],
     ['webhooks.gmail', config.webhooks.gmail, next.webhooks.gmail],
     ['storage.path', config.storage.path, next.storage.path],
+    // Channel settings reload; the first channel added (or the last removed) needs a restart.
+    ['channels (whether any are configured)', Object.keys(config.channels).length > 0, Object.keys(next.channels).length > 0],
   ] as const) {
     if (JSON.stringify(before) !== JSON.stringify(after)) logger.warn(`${what} changed: it takes effect at the next restart`);
   }
