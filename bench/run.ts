@@ -352,7 +352,9 @@ async function main() {
   writeFileSync(OUTPUT, JSON.stringify(report, null, 2) + '\n');
   console.log('\ntargets:');
   for (const t of report.targets) console.log(`  ${t.met ? 'met ' : 'MISS'}  ${t.target}: ${t.measured}`);
-  console.log(`\nwritten: ${path.relative(ROOT, OUTPUT)}`);
+  const markdown = OUTPUT.replace(/\.json$/, '.md');
+  writeFileSync(markdown, toMarkdown(report));
+  console.log(`\nwritten: ${path.relative(ROOT, OUTPUT)}, ${path.relative(ROOT, markdown)} (the tables for docs/benchmarks.md)`);
 }
 
 function checkTargets(results: CaseResult[]) {
@@ -385,6 +387,27 @@ function checkTargets(results: CaseResult[]) {
   }
   for (const x of results) if (x.errors > 0 || x.non2xx > 0) out.push({ target: `${x.name}: no errors, every answer ${x.expectedStatus}`, measured: `${x.errors} errors, ${x.non2xx} other statuses`, met: false });
   return out;
+}
+
+/** The report as Markdown tables, ready for docs/benchmarks.md. */
+function toMarkdown(report: { at: string; machine: Record<string, unknown>; settings: Record<string, unknown>; results: CaseResult[]; scale: ScaleResult[]; targets: { target: string; measured: string; met: boolean }[] }): string {
+  const table = (header: string[], rows: string[][]) => [`| ${header.join(' | ')} |`, `|${header.map(() => '---').join('|')}|`, ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
+  const { machine, settings } = report;
+  const parts = [
+    `Run ${report.at} on ${machine.cpus} × ${machine.cpuModel}, Node ${machine.node}, ${machine.platform}; ${settings.connections} connections, ${settings.warmupSeconds} s warm-up, ${settings.durationSeconds} s per case.`,
+    table(['case', 'req/s', 'p50 ms', 'p99 ms', 'cpu µs/req', 'errors', 'ratio', 'notes'], report.results.map((r) => [
+      r.name, String(r.requestsPerSec), String(r.p50), String(r.p99), r.cpuMicrosPerRequest !== undefined ? String(r.cpuMicrosPerRequest) : '', String(r.errors + r.non2xx),
+      r.ratio !== undefined ? `${r.ratio} × ${r.ratioTo}` : '', r.extra ? Object.entries(r.extra).map(([k, v]) => `${k}=${v}`).join(' ') : '',
+    ])),
+  ];
+  for (const group of ['keys start', 'keys lookup', 'queue'] as const) {
+    const rows = report.scale.filter((r) => r.group === group);
+    if (rows.length === 0) continue;
+    const columns = [...new Set(rows.flatMap((r) => Object.keys(r.measured)))];
+    parts.push(table([group, ...columns], rows.map((r) => [r.name, ...columns.map((c) => String(r.measured[c] ?? ''))])));
+  }
+  parts.push(table(['target', 'measured', ''], report.targets.map((t) => [t.target, t.measured, t.met ? 'met' : '**not met**'])));
+  return parts.join('\n\n') + '\n';
 }
 
 function printTable(results: CaseResult[]) {
