@@ -40,9 +40,12 @@ export interface ServerProcess {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-/** Starts `gatehouse start --config F` as a real child process and follows its JSON log. */
-export function startServerProcess(configFile: string, options: { env?: NodeJS.ProcessEnv; cwd?: string } = {}): ServerProcess {
-  const child = spawnCli(['start', '--config', configFile], options);
+/**
+ * Starts `gatehouse start --config F` as a real child process and follows its JSON log;
+ * `command` runs another long-lived command instead (e.g. ['webhooks', 'gmail', 'run']).
+ */
+export function startServerProcess(configFile: string, options: { env?: NodeJS.ProcessEnv; cwd?: string; command?: string[] } = {}): ServerProcess {
+  const child = spawnCli([...(options.command ?? ['start']), '--config', configFile], options);
   const lines: Record<string, any>[] = [];
   const waiters: { match: (l: Record<string, any>) => boolean; resolve: (l: Record<string, any>) => void }[] = [];
   let buffer = '';

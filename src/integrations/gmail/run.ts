@@ -61,6 +61,8 @@ export async function startGmail(config: GmailConfig, deps: { store: SqliteEvent
   const stopping = new AbortController();
   const timers = new Set<NodeJS.Timeout>();
   const later = (ms: number, run: () => void) => {
+    // A renewal answered after close() must not start a timer: it would keep the process alive.
+    if (stopped) return;
     const timer = setTimeout(() => {
       timers.delete(timer);
       if (!stopped) run();
@@ -80,6 +82,7 @@ export async function startGmail(config: GmailConfig, deps: { store: SqliteEvent
       retryMs = FIRST_RETRY_MS;
       later(renewEvery, () => void renewWatch());
     } catch (err) {
+      if (stopped) return; // shut down meanwhile (the store may be closed): nothing to record or retry
       const problem = `watch renewal failed: ${explain(err)}`;
       logger.error({ problem, retryInMs: retryMs }, 'GMAIL WATCH RENEWAL FAILED: notifications stop when the watch expires');
       await state.recordError(account, problem, now()).catch(() => undefined);
