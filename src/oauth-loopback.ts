@@ -31,6 +31,8 @@ export async function receiveAuthorizationCode(options: {
   authorizeUrl: (request: AuthorizationRequest) => string;
   showUrl: (url: string) => void;
   timeoutMs?: number;
+  /** Who answers, in error messages (default "the platform"). */
+  platform?: string;
 }): Promise<AuthorizationResponse> {
   const state = randomBytes(16).toString('base64url');
   const codeVerifier = randomBytes(32).toString('base64url');
@@ -50,7 +52,7 @@ export async function receiveAuthorizationCode(options: {
     const error = url.searchParams.get('error');
     if (error) {
       page(200, `gatehouse: authorisation refused (${error}). You can close this tab.`);
-      return settle.reject(new UsageError(`the platform answered "${error}"${url.searchParams.get('error_description') ? ` (${url.searchParams.get('error_description')})` : ''}: consent was not given. Run it again and approve the requested access.`));
+      return settle.reject(new UsageError(`${options.platform ?? 'the platform'} answered "${error}"${url.searchParams.get('error_description') ? ` (${url.searchParams.get('error_description')})` : ''}: the consent was not given. Run it again and approve the requested access.`));
     }
     if (!url.searchParams.get('code')) return page(400, 'gatehouse: no authorisation code in this response.');
     page(200, 'gatehouse: authorised. You can close this tab and return to the terminal.');

@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import { Option, type Command } from 'commander';
 import { loadConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
@@ -10,6 +9,7 @@ import { secretKeyFromEnv } from '../secrets.js';
 import { startWebhooks } from '../server.js';
 import { SqliteEventStore } from '../webhooks/store.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
+import { describeTime, openBrowser } from './terminal.js';
 
 const MARK: Record<SetupStep['status'], string> = { done: '✓', unchanged: '✓', planned: '·', failed: '✗' };
 
@@ -153,7 +153,7 @@ export function registerGmailCommands(webhooks: Command): void {
         process.stdout.write(`${JSON.stringify({ ...visible, watchActive: watchOk, mode: config.webhooks.gmail?.mode })}\n`);
         return;
       }
-      const when = (t: number | null) => (t === null ? 'never' : `${new Date(t).toISOString()} (${ago(t, now)})`);
+      const when = (t: number | null) => describeTime(t, now);
       const lines = [
         `gmail ${account}${config.webhooks.gmail ? ` (${config.webhooks.gmail.mode}, project ${config.webhooks.gmail.project}, topic ${config.webhooks.gmail.topic})` : ''}`,
         `  watch              ${watchOk ? 'active' : 'EXPIRED OR MISSING'}: expires ${when(state.watchExpiration)}, renewed ${when(state.watchRenewedAt)}`,
@@ -164,23 +164,4 @@ export function registerGmailCommands(webhooks: Command): void {
       ];
       process.stdout.write(`${lines.join('\n')}\n`);
     });
-}
-
-function ago(t: number, now: number): string {
-  const seconds = Math.round((now - t) / 1000);
-  const abs = Math.abs(seconds);
-  const text = abs < 120 ? `${abs} s` : abs < 7200 ? `${Math.round(abs / 60)} min` : abs < 172_800 ? `${Math.round(abs / 3600)} h` : `${Math.round(abs / 86_400)} d`;
-  return seconds >= 0 ? `${text} ago` : `in ${text}`;
-}
-
-/** Best effort: the platform's opener, detached; the URL is printed either way. */
-function openBrowser(url: string): void {
-  const command = process.platform === 'darwin' ? 'open' : process.platform === 'win32' ? 'explorer' : 'xdg-open';
-  try {
-    const child = spawn(command, [url], { stdio: 'ignore', detached: true });
-    child.on('error', () => undefined);
-    child.unref();
-  } catch {
-    // no opener: the printed URL is enough
-  }
 }

@@ -121,7 +121,7 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
       to: ACCOUNT,
       subject: 'Invoice #7',
       date: dateHeader(mail),
-      snippet: 'Please pay &lt;by&gt; Friday.',
+      snippet: 'Please pay <by> Friday.', // Gmail sends it HTML-escaped; the target gets text
       labels: ['INBOX'],
       body: 'Please pay <by> Friday.',
     });

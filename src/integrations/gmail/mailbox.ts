@@ -174,7 +174,7 @@ export class Mailbox {
       to: header('To'),
       subject: header('Subject'),
       date: header('Date'),
-      snippet: message.snippet ?? '',
+      snippet: decodeEntities(message.snippet ?? ''),
       labels,
     };
     if (config.includeBody) Object.assign(payload, cutToBytes(textBody(message.payload), config.maxBytes));
@@ -192,6 +192,16 @@ export class Mailbox {
       envelope: (id) => buildEnvelope(id, { action, endpoint: this.endpoint, receivedAt, template: this.template }, payload as unknown as Record<string, unknown>, text),
     };
   }
+}
+
+/** Gmail sends `snippet` HTML-escaped (`&lt;`, `&#39;`); targets get plain text. */
+export function decodeEntities(text: string): string {
+  const named: Record<string, string> = { amp: '&', lt: '<', gt: '>', quot: '"', apos: "'", nbsp: '\u00a0' };
+  return text.replace(/&(#x[0-9a-f]+|#\d+|[a-z]+);/gi, (entity, body: string) => {
+    if (body[0] !== '#') return named[body.toLowerCase()] ?? entity;
+    const code = body[1] === 'x' || body[1] === 'X' ? parseInt(body.slice(2), 16) : Number(body.slice(1));
+    return code > 0 && code <= 0x10ffff ? String.fromCodePoint(code) : entity;
+  });
 }
 
 /** The text/plain part (depth-first), else the text/html part with its tags removed, else ''. */

@@ -80,7 +80,8 @@ export async function startGmail(config: GmailConfig, deps: { store: SqliteEvent
       await state.recordWatch(account, data.historyId!, Number(data.expiration), now());
       logger.info({ expiration: new Date(Number(data.expiration)).toISOString() }, 'gmail watch renewed');
       retryMs = FIRST_RETRY_MS;
-      later(renewEvery, () => void renewWatch());
+      // Every renewMinutes, and always well before the watch lapses (renewMinutes may exceed its life).
+      later(Math.max(60_000, Math.min(renewEvery, (Number(data.expiration) - now()) / 2)), () => void renewWatch());
     } catch (err) {
       if (stopped) return; // shut down meanwhile (the store may be closed): nothing to record or retry
       const problem = `watch renewal failed: ${explain(err)}`;

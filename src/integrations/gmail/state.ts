@@ -95,7 +95,8 @@ export class SqliteGmailState implements GmailState {
     this.statements = {
       get: db.prepare<[string], AccountRow>('SELECT * FROM gmail_accounts WHERE account = ?'),
       saveGrant: db.prepare('INSERT INTO gmail_accounts (account, client_id, sealed_grant) VALUES (?, ?, ?) ON CONFLICT (account) DO UPDATE SET client_id = excluded.client_id, sealed_grant = excluded.sealed_grant'),
-      watch: db.prepare('UPDATE gmail_accounts SET watch_expiration = ?, watch_renewed_at = ?, cursor = coalesce(cursor, ?), cursor_at = coalesce(cursor_at, ?) WHERE account = ?'),
+      // A renewal that works clears the last error (as a handled notification does).
+      watch: db.prepare('UPDATE gmail_accounts SET watch_expiration = ?, watch_renewed_at = ?, cursor = coalesce(cursor, ?), cursor_at = coalesce(cursor_at, ?), last_error = NULL, last_error_at = NULL WHERE account = ?'),
       error: db.prepare('UPDATE gmail_accounts SET last_error = ?, last_error_at = ? WHERE account = ?'),
       seen: db.prepare<[string, string], { message_id: string }>('SELECT message_id FROM gmail_seen WHERE account = ? AND message_id = ?'),
       remember: db.prepare('INSERT INTO gmail_seen (account, message_id, event_id, seen_at) VALUES (?, ?, ?, ?)'),

@@ -1,0 +1,38 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { describe, it } from 'node:test';
+import { UsageError } from '../../src/errors.js';
+import { openSecret, sealSecret, secretKeyFromEnv } from '../../src/secrets.js';
+
+describe('sealed secrets (AES-256-GCM under GATEHOUSE_SECRET_KEY)', () => {
+  const key = randomBytes(32);
+
+  it('round-trips, and never contains the plaintext', () => {
+    const sealed = sealSecret('1//0refresh-token-value', key, 'gmail:ana@example.com');
+    assert.match(sealed, /^v1:[\w-]+:[\w-]+:[\w-]+$/);
+    assert.ok(!sealed.includes('refresh-token'));
+    assert.equal(openSecret(sealed, key, 'gmail:ana@example.com'), '1//0refresh-token-value');
+  });
+
+  it('each sealing uses a fresh IV', () => {
+    assert.notEqual(sealSecret('same', key, 'c'), sealSecret('same', key, 'c'));
+  });
+
+  it('does not open with another key, under another context, or once altered', () => {
+    const sealed = sealSecret('token', key, 'channel:tg');
+    assert.throws(() => openSecret(sealed, randomBytes(32), 'channel:tg'), UsageError);
+    assert.throws(() => openSecret(sealed, key, 'channel:other'), UsageError, 'a sealed value moved to another row does not open');
+    const [v, iv, tag, data] = sealed.split(':');
+    const flipped = Buffer.from(data!, 'base64url');
+    flipped[0]! ^= 1;
+    assert.throws(() => openSecret([v, iv, tag, flipped.toString('base64url')].join(':'), key, 'channel:tg'), UsageError);
+    assert.throws(() => openSecret('plain-token', key, 'channel:tg'), UsageError);
+  });
+
+  it('the key must be 32 bytes of base64; the error says how to make one', () => {
+    assert.equal(secretKeyFromEnv({ GATEHOUSE_SECRET_KEY: key.toString('base64') }).length, 32);
+    for (const env of [{}, { GATEHOUSE_SECRET_KEY: '' }, { GATEHOUSE_SECRET_KEY: randomBytes(16).toString('base64') }, { GATEHOUSE_SECRET_KEY: 'not base64 at all!' }]) {
+      assert.throws(() => secretKeyFromEnv(env), (err: Error) => err instanceof UsageError && /openssl rand -base64 32/.test(err.message));
+    }
+  });
+});
