@@ -168,12 +168,15 @@ export class ChannelStore {
 
   /** A new pairing code, or undefined when `max` are already pending. The code is returned once. */
   createPairing(channel: string, ttlMs: number, now: number, max = MAX_PENDING_PAIRINGS): string | undefined {
+    // IMMEDIATE (here and below: read, then write): the write lock is taken first. A deferred
+    // transaction read under a snapshot another process's commit made stale, and its write then
+    // failed "database is locked" at once (busy_timeout does not apply): concurrent logins crashed.
     return this.db.transaction(() => {
       if (this.statements.pendingPairings.get(channel, now)!.n >= max) return undefined;
       const code = newPairingCode();
       this.statements.addPairing.run(sha256(code), channel, now, now + ttlMs);
       return code;
-    })();
+    }).immediate();
   }
 
   /** The pairing's state, for the waiting CLI: the device once paired. */
@@ -197,7 +200,7 @@ export class ChannelStore {
       this.statements.addDevice.run(device.id, channel, deviceName, sha256(token), now);
       this.statements.usePairing.run(now, device.id, codeHash);
       return { ok: true, device, token };
-    })();
+    }).immediate();
   }
 
   /** The live (not revoked) device a token belongs to, on this channel. */
@@ -233,7 +236,7 @@ export class ChannelStore {
       const rows = this.statements.pending.all(deviceId, limit);
       for (const row of rows) this.statements.fetched.run(now, row.id);
       return rows.map((r) => ({ id: r.id, text: r.text, createdAt: r.created_at }));
-    })();
+    }).immediate();
   }
 
   close(): void {
