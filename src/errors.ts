@@ -28,6 +28,7 @@ export const errorCatalogue = {
   request_timeout: { status: 408, message: 'The body took too long to arrive.' },
   store_unavailable: { status: 503, message: 'The event could not be stored; retry later.' },
   invalid_message: { status: 400, message: 'The body must be {"to": …, "text": …} for an existing recipient.' },
+  credentials_unreadable: { status: 500, message: 'Stored credentials cannot be opened with this server\'s key.' },
   channel_send_failed: { status: 502, message: 'The platform refused the message or did not answer.' },
   channel_not_connected: { status: 409, message: 'This channel is not logged in.' },
   pairing_not_found: { status: 404, message: 'No such pairing code.' },

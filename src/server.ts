@@ -190,6 +190,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     listening: { ...listening, store, deliverer },
     reload(next: Config) {
       app = build(next);
+      refresher?.reconfigure(next);
       lockout.configure(next.gateway.auth.failures);
       deliverer.reconfigure(next.webhooks);
     },

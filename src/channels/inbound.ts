@@ -96,7 +96,13 @@ function telegramChannelVerifier(store: ChannelStore, name: string, secretKey: B
       const grant = store.grant(name);
       if (!grant) return { ok: false, reason: `channel ${name} is not logged in` };
       if (cached?.sealed !== grant.sealed) {
-        const sealed = JSON.parse(openSecret(grant.sealed, secretKey, grantContext(name))) as SealedGrant;
+        let sealed: SealedGrant;
+        try {
+          sealed = JSON.parse(openSecret(grant.sealed, secretKey, grantContext(name))) as SealedGrant;
+        } catch (err) {
+          // Another GATEHOUSE_SECRET_KEY than the login's: 503, so Telegram retries once it is fixed.
+          return { ok: false, reason: (err as Error).message, unavailable: true };
+        }
         if (sealed.kind !== 'bot-token') return { ok: false, reason: 'stored grant is not a bot-token grant' };
         cached = { sealed: grant.sealed, check: headerSecret('x-telegram-bot-api-secret-token', sealed.secretToken) };
       }

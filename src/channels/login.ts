@@ -71,6 +71,9 @@ async function step<T>(ctx: LoginContext, name: string, fix: string, run: () => 
  */
 async function pairDevice(ctx: LoginContext, channel: Extract<ChannelConfig, { kind: 'qr' }>): Promise<void> {
   const now = ctx.now ?? Date.now;
+  if (!channel.publicUrl && /\/\/(0\.0\.0\.0|\[::\])[:/]/.test(ctx.webhookBaseUrl)) {
+    throw new LoginFailed(`channel ${ctx.name}: the webhook listener binds every address (${ctx.webhookBaseUrl}); set channels.${ctx.name}.publicUrl to the URL devices reach it at`);
+  }
   const code = ctx.store.createPairing(ctx.name, channel.pairingMinutes * 60_000, now());
   if (!code) throw new LoginFailed(`channel ${ctx.name}: 3 pairing codes are already pending; use one, or wait until they expire (${channel.pairingMinutes} minutes)`);
   const url = `${(channel.publicUrl ?? ctx.webhookBaseUrl).replace(/\/$/, '')}/webhook/channels/${ctx.name}/pair/${code}`;

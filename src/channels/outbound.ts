@@ -36,7 +36,13 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
   function sealedGrant(name: string): SealedGrant {
     const grant = store.grant(name);
     if (!grant) throw new HttpError('channel_not_connected', `channel ${name} has no stored grant: run \`gatehouse channels login ${name}\``);
-    return JSON.parse(openSecret(grant.sealed, deps.secretKey, grantContext(name))) as SealedGrant;
+    try {
+      return JSON.parse(openSecret(grant.sealed, deps.secretKey, grantContext(name))) as SealedGrant;
+    } catch (err) {
+      // GATEHOUSE_SECRET_KEY differs from the one the login used: the server's problem, said plainly.
+      logger.error({ channel: name, problem: (err as Error).message }, 'cannot open a stored channel grant');
+      throw new HttpError('credentials_unreadable', (err as Error).message);
+    }
   }
 
   async function send(name: string, channel: ChannelConfig, to: string, text: string): Promise<Record<string, unknown>> {

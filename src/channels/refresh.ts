@@ -14,8 +14,9 @@ const CHECK_EVERY_MS = 60 * 60 * 1000;
  * refreshed at the platform's token URL and stored sealed again. A failure is logged at error
  * level and recorded for `channels status`; the next check tries again.
  */
-export function startGrantRefresher(config: Config, deps: { store: ChannelStore; secretKey: Buffer; logger: Logger; now?: () => number }): { close(): void; refreshDue(): Promise<void> } {
+export function startGrantRefresher(initial: Config, deps: { store: ChannelStore; secretKey: Buffer; logger: Logger; now?: () => number }): { close(): void; reconfigure(next: Config): void; refreshDue(): Promise<void> } {
   const now = deps.now ?? Date.now;
+  let config = initial;
   async function refreshDue(): Promise<void> {
     for (const [name, channel] of Object.entries(config.channels)) {
       if (channel.kind !== 'oauth-bot') continue;
@@ -39,5 +40,13 @@ export function startGrantRefresher(config: Config, deps: { store: ChannelStore;
   void refreshDue();
   const timer = setInterval(() => void refreshDue(), CHECK_EVERY_MS);
   timer.unref();
-  return { close: () => clearInterval(timer), refreshDue };
+  return {
+    close: () => clearInterval(timer),
+    /** After a reload: the channels as now configured (new ones are checked at once). */
+    reconfigure(next) {
+      config = next;
+      void refreshDue();
+    },
+    refreshDue,
+  };
 }

@@ -1,7 +1,6 @@
 import { createHash, randomBytes, randomInt } from 'node:crypto';
-import { mkdirSync } from 'node:fs';
-import path from 'node:path';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
+import { openDatabase } from '../sqlite.js';
 
 /**
  * What channels keep in storage (the `storage.path` SQLite file, its own connection so the CLI,
@@ -101,11 +100,7 @@ export class ChannelStore {
   private readonly statements;
 
   constructor(file: string, options: { mustExist?: boolean } = {}) {
-    if (!options.mustExist) mkdirSync(path.dirname(file), { recursive: true });
-    this.db = new Database(file, { fileMustExist: options.mustExist ?? false });
-    this.db.pragma('journal_mode = WAL');
-    this.db.pragma('synchronous = FULL');
-    this.db.pragma('busy_timeout = 5000');
+    this.db = openDatabase(file, options);
     this.db.exec(SCHEMA);
     const db = this.db;
     this.statements = {

@@ -1,8 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import { mkdirSync } from 'node:fs';
-import path from 'node:path';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
 import type { WebhookAction } from '../config/schema.js';
+import { openDatabase } from '../sqlite.js';
 
 export type DeliveryStatus = 'queued' | 'delivered' | 'dead';
 
@@ -164,13 +163,7 @@ export class SqliteEventStore implements EventStore {
 
   /** `mustExist`: open an existing store only (the CLI), rather than create an empty one at a mistyped path. */
   constructor(file: string, options: { mustExist?: boolean } = {}) {
-    if (!options.mustExist) mkdirSync(path.dirname(file), { recursive: true });
-    this.db = new Database(file, { fileMustExist: options.mustExist ?? false });
-    this.db.pragma('journal_mode = WAL');
-    this.db.pragma('synchronous = FULL');
-    this.db.pragma('foreign_keys = ON');
-    // The CLI and the server may use the file at once: wait for the other's write lock.
-    this.db.pragma('busy_timeout = 5000');
+    this.db = openDatabase(file, options);
     this.db.exec(SCHEMA);
     const db = this.db;
     this.statements = {

@@ -1,0 +1,76 @@
+/**
+ * A server running with another GATEHOUSE_SECRET_KEY than the one a login sealed its grant with:
+ * sends answer 500 credentials_unreadable (not a stack), Telegram updates 503 (Telegram retries),
+ * and the platform is never called.
+ */
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import pino from 'pino';
+import { channelRoutes } from '../../src/channels/inbound.js';
+import { grantContext } from '../../src/channels/login.js';
+import { createChannelSender } from '../../src/channels/outbound.js';
+import { ChannelStore } from '../../src/channels/state.js';
+import { parseConfig } from '../../src/config/load.js';
+import { respondWithError } from '../../src/gateway/request-context.js';
+import { sealSecret } from '../../src/secrets.js';
+import { startFakeTelegram, type FakeTelegram } from '../helpers/fake-chat.js';
+import { request } from '../helpers/http.js';
+
+describe('channels: a grant sealed under another key', () => {
+  const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-wrong-key-'));
+  const loginKey = randomBytes(32);
+  const serverKey = randomBytes(32);
+  const logger = pino({ level: 'silent' });
+  let fake: FakeTelegram;
+  let store: ChannelStore;
+  let server: http.Server;
+  let url: string;
+
+  before(async () => {
+    fake = await startFakeTelegram();
+    const config = parseConfig({
+      storage: { path: path.join(dir, 'g.db') },
+      gateway: { upstream: { target: 'http://127.0.0.1:9' } },
+      webhooks: { enabled: true, targets: { message: { url: 'http://127.0.0.1:9' } } },
+      channels: { tg: { kind: 'bot-token', platform: 'telegram', botToken: fake.token, publicUrl: 'https://hooks.example.com', apiBaseUrl: fake.url } },
+    });
+    store = new ChannelStore(config.storage.path);
+    store.saveGrant({ name: 'tg', kind: 'bot-token', sealed: sealSecret(JSON.stringify({ kind: 'bot-token', secretToken: 'the-secret-token-0123456789' }), loginKey, grantContext('tg')), details: {}, expiresAt: null }, Date.now());
+    const sender = createChannelSender(config, { store, secretKey: serverKey, logger });
+    const inbound = channelRoutes(config, { store, secretKey: serverKey, logger }).routes[0]!;
+    server = http.createServer((req, res) => {
+      if (req.url!.startsWith('/_gatehouse/')) return void sender.handle(req, res).catch((err) => respondWithError(req, res, err, logger));
+      void Promise.resolve(inbound.verifier.checkHeaders(req.headers, Date.now())).then((verdict) => {
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(verdict));
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  after(async () => {
+    server.close();
+    store.close();
+    await fake.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('a send answers 500 credentials_unreadable and the platform is not called', async () => {
+    const reply = await request(url, '/_gatehouse/channels/tg/messages', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ to: '1', text: 'hi' }) });
+    assert.equal(reply.status, 500);
+    assert.equal(reply.json().error.code, 'credentials_unreadable');
+    assert.equal(fake.sent.length, 0);
+  });
+
+  it('an inbound update is refused as unavailable (503 upstream of this check), not as a forgery', async () => {
+    const verdict = (await request(url, '/webhook/channels/tg', { headers: { 'x-telegram-bot-api-secret-token': 'the-secret-token-0123456789' } })).json();
+    assert.equal(verdict.ok, false);
+    assert.equal(verdict.unavailable, true);
+    assert.match(verdict.reason, /not the key it was stored with/);
+  });
+});
