@@ -31,6 +31,7 @@ export const errorCatalogue = {
   credentials_unreadable: { status: 500, message: 'Stored credentials cannot be opened with this server\'s key.' },
   channel_send_failed: { status: 502, message: 'The platform refused the message or did not answer.' },
   channel_not_connected: { status: 409, message: 'This channel is not logged in.' },
+  invalid_oauth_state: { status: 400, message: 'This authorisation response does not belong to a pending login.' },
   pairing_not_found: { status: 404, message: 'No such pairing code.' },
   pairing_gone: { status: 410, message: 'This pairing code was already used or has expired.' },
   integration_unavailable: { status: 503, message: 'The notification could not be processed now; retry later.' },

@@ -27,6 +27,18 @@ export interface AuthorizationResponse {
  * verifier is made for the token exchange. `authorizeUrl` builds the platform's consent URL,
  * `showUrl` shows it to the user. Used by Gmail setup and channel logins.
  */
+/** A fresh `state` and PKCE pair (RFC 7636, S256). */
+export function newAuthorizationSecrets(): { state: string; codeVerifier: string; codeChallenge: string } {
+  const codeVerifier = randomBytes(32).toString('base64url');
+  return { state: randomBytes(16).toString('base64url'), codeVerifier, codeChallenge: createHash('sha256').update(codeVerifier).digest('base64url') };
+}
+
+/** The platform's `error=` answer as the user should read it. */
+export function consentRefused(platform: string | undefined, params: URLSearchParams): UsageError {
+  const description = params.get('error_description');
+  return new UsageError(`${platform ?? 'the platform'} answered "${params.get('error')}"${description ? ` (${description})` : ''}: the consent was not given. Run it again and approve the requested access.`);
+}
+
 export async function receiveAuthorizationCode(options: {
   authorizeUrl: (request: AuthorizationRequest) => string;
   showUrl: (url: string) => void;
@@ -34,9 +46,7 @@ export async function receiveAuthorizationCode(options: {
   /** Who answers, in error messages (default "the platform"). */
   platform?: string;
 }): Promise<AuthorizationResponse> {
-  const state = randomBytes(16).toString('base64url');
-  const codeVerifier = randomBytes(32).toString('base64url');
-  const codeChallenge = createHash('sha256').update(codeVerifier).digest('base64url');
+  const { state, codeVerifier, codeChallenge } = newAuthorizationSecrets();
   let settle!: { resolve: (params: URLSearchParams) => void; reject: (err: Error) => void };
   const arrived = new Promise<URLSearchParams>((resolve, reject) => (settle = { resolve, reject }));
 
@@ -52,7 +62,7 @@ export async function receiveAuthorizationCode(options: {
     const error = url.searchParams.get('error');
     if (error) {
       page(200, `gatehouse: authorisation refused (${error}). You can close this tab.`);
-      return settle.reject(new UsageError(`${options.platform ?? 'the platform'} answered "${error}"${url.searchParams.get('error_description') ? ` (${url.searchParams.get('error_description')})` : ''}: the consent was not given. Run it again and approve the requested access.`));
+      return settle.reject(consentRefused(options.platform, url.searchParams));
     }
     if (!url.searchParams.get('code')) return page(400, 'gatehouse: no authorisation code in this response.');
     page(200, 'gatehouse: authorised. You can close this tab and return to the terminal.');

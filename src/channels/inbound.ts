@@ -2,13 +2,13 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import type { Logger } from 'pino';
 import type { ChannelConfig, Config } from '../config/schema.js';
 import { HttpError } from '../errors.js';
-import { openSecret } from '../secrets.js';
+import { openSecret, sealSecret } from '../secrets.js';
 import type { IntegrationRoute, PrefixRoute } from '../webhooks/receiver.js';
 import { discordVerifier } from '../webhooks/verifiers/discord.js';
 import { headerSecret } from '../webhooks/verifiers/secret.js';
 import { slackVerifier } from '../webhooks/verifiers/slack.js';
 import { dig, headerValue, saneId, type WebhookVerifier } from '../webhooks/verifiers/types.js';
-import { grantContext, type SealedGrant } from './login.js';
+import { grantContext, oauthAnswerContext, type SealedGrant } from './login.js';
 import type { ChannelStore, Device } from './state.js';
 
 export const CHANNEL_PATH_PREFIX = '/webhook/channels/';
@@ -56,9 +56,11 @@ export function channelRoutes(config: Config, deps: { store: ChannelStore; secre
         break;
       case 'oauth-bot':
         routes.push({ ...route, verifier: discordVerifier(channel), envelopeExtra: (body) => ({ channel: describe, ...discordSender(body) }) });
+        prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKey));
         break;
       case 'oauth':
         routes.push({ ...route, verifier: slackVerifier(channel), envelopeExtra: (body) => ({ channel: describe, from: dig(body, 'event', 'user') ?? null, text: textOf(dig(body, 'event', 'text')) }) });
+        prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKey));
         break;
     }
   }
@@ -126,6 +128,29 @@ function discordSender(body: Record<string, unknown>): { from: unknown; text: st
   const data = body.data as { name?: string; options?: { name: string; value: unknown }[] } | undefined;
   const text = data?.name ? `/${data.name}${(data.options ?? []).map((o) => ` ${o.name}:${String(o.value)}`).join('')}` : null;
   return { from: user ? { id: user.id, username: user.username ?? null, channelId: body.channel_id ?? null } : null, text };
+}
+
+/**
+ * `GET …/oauth/callback` for `channels login --public`: the platform's redirect lands here; an
+ * answer whose `state` matches a pending login of this channel is handed (sealed, through
+ * storage) to the waiting CLI, once. Any other is 400 and counts for the lockout.
+ */
+function oauthCallbackRoute(store: ChannelStore, name: string, secretKey: Buffer): PrefixRoute {
+  return {
+    prefix: `${CHANNEL_PATH_PREFIX}${name}/`,
+    async handle(req, res, rest, tools) {
+      if (rest !== 'oauth/callback') throw new HttpError('not_found', 'no channel route at this path');
+      if (req.method !== 'GET') throw new HttpError('method_not_allowed', `${req.method} on the OAuth callback`, { allow: 'GET' });
+      const query = (req.url ?? '').split('?')[1] ?? '';
+      const state = new URLSearchParams(query).get('state');
+      if (!state || !store.answerOAuthRequest(name, state, sealSecret(query, secretKey, oauthAnswerContext(name)), Date.now())) {
+        await tools.lockout.recordFailure(tools.clientIp);
+        throw new HttpError('invalid_oauth_state', 'no pending login with this state');
+      }
+      res.writeHead(200, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' });
+      res.end('gatehouse: answer received. You can close this tab and return to the terminal.\n');
+    },
+  };
 }
 
 /**

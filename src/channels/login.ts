@@ -2,8 +2,8 @@ import { randomBytes } from 'node:crypto';
 import QRCode from 'qrcode';
 import type { ChannelConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
-import { receiveAuthorizationCode } from '../oauth-loopback.js';
-import { sealSecret } from '../secrets.js';
+import { consentRefused, newAuthorizationSecrets, receiveAuthorizationCode, type AuthorizationRequest, type AuthorizationResponse } from '../oauth-loopback.js';
+import { openSecret, sealSecret } from '../secrets.js';
 import { discord, exchangeCode, PlatformError, telegram } from './platforms.js';
 import type { ChannelStore } from './state.js';
 
@@ -32,6 +32,8 @@ export interface LoginContext {
   webhookBaseUrl: string;
   io: LoginIo;
   browser: boolean;
+  /** OAuth kinds: receive the redirect on the running server's callback route instead of a loopback listener. */
+  publicCallback?: boolean;
   timeoutMs?: number;
   now?: () => number;
 }
@@ -122,7 +124,7 @@ async function loginOAuthBot(ctx: LoginContext, channel: Extract<ChannelConfig, 
     return { value: me, detail: `bot ${me.username} (id ${me.id})` };
   });
   const response = await step(ctx, 'authorise', 'Approve the install in the browser, with an account that can manage the server.', async () => {
-    const value = await receiveAuthorizationCode({
+    const value = await receiveCode(ctx, channel.publicUrl, {
       authorizeUrl: ({ redirectUri, state, codeChallenge }) => {
         const url = new URL(channel.authorizeUrl);
         url.search = new URLSearchParams({
@@ -155,7 +157,7 @@ async function loginOAuthBot(ctx: LoginContext, channel: Extract<ChannelConfig, 
 async function loginOAuth(ctx: LoginContext, channel: Extract<ChannelConfig, { kind: 'oauth' }>): Promise<void> {
   const now = ctx.now ?? Date.now;
   const response = await step(ctx, 'authorise', 'Approve the install in the browser, with an account allowed to install apps in the workspace.', async () => {
-    const value = await receiveAuthorizationCode({
+    const value = await receiveCode(ctx, channel.publicUrl, {
       authorizeUrl: ({ redirectUri, state }) => {
         const url = new URL(channel.authorizeUrl);
         url.search = new URLSearchParams({ client_id: channel.clientId, scope: channel.scopes.join(','), redirect_uri: redirectUri, state }).toString();
@@ -180,6 +182,41 @@ async function loginOAuth(ctx: LoginContext, channel: Extract<ChannelConfig, { k
     expiresAt: null,
   }, now());
   ctx.io.step(true, 'stored', 'bot token stored encrypted');
+}
+
+/** The redirect's answer, sealed in storage between the server's callback route and the waiting CLI. */
+export const oauthAnswerContext = (name: string) => `oauth:${name}`;
+export const oauthCallbackPath = (name: string) => `/webhook/channels/${name}/oauth/callback`;
+
+/**
+ * The authorization code: on a loopback listener (default), or with `--public` on the running
+ * server's `/webhook/channels/<name>/oauth/callback` (for hosts no browser can reach), which
+ * checks `state` and hands the answer to this process through storage.
+ */
+async function receiveCode(
+  ctx: LoginContext,
+  publicUrl: string | undefined,
+  options: { authorizeUrl: (request: AuthorizationRequest) => string; showUrl: (url: string) => void; timeoutMs?: number },
+): Promise<AuthorizationResponse> {
+  if (!ctx.publicCallback) return receiveAuthorizationCode(options);
+  if (!publicUrl) throw new UsageError(`--public needs channels.${ctx.name}.publicUrl (the URL the platform and the browser reach the webhook listener at)`);
+  const now = ctx.now ?? Date.now;
+  const timeoutMs = options.timeoutMs ?? 5 * 60_000;
+  const { state, codeVerifier, codeChallenge } = newAuthorizationSecrets();
+  const redirectUri = `${publicUrl.replace(/\/$/, '')}${oauthCallbackPath(ctx.name)}`;
+  ctx.store.createOAuthRequest(ctx.name, state, timeoutMs, now());
+  options.showUrl(options.authorizeUrl({ redirectUri, state, codeChallenge }));
+  const deadline = now() + timeoutMs;
+  for (;;) {
+    const sealed = ctx.store.takeOAuthAnswer(state, now());
+    if (sealed) {
+      const params = new URLSearchParams(openSecret(sealed, ctx.secretKey, oauthAnswerContext(ctx.name)));
+      if (params.get('error')) throw consentRefused(undefined, params);
+      return { code: params.get('code')!, redirectUri, codeVerifier, params };
+    }
+    if (now() >= deadline) throw new UsageError(`no answer reached ${redirectUri} within ${Math.round(timeoutMs / 60_000)} minutes (is gatehouse running and reachable there?)`);
+    await new Promise((r) => setTimeout(r, 250));
+  }
 }
 
 function showUrl(ctx: LoginContext, url: string): void {

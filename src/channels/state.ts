@@ -79,6 +79,12 @@ CREATE TABLE IF NOT EXISTS channel_outbox (
   fetched_at INTEGER
 );
 CREATE INDEX IF NOT EXISTS channel_outbox_pending ON channel_outbox (device_id, fetched_at, id);
+CREATE TABLE IF NOT EXISTS channel_oauth_requests (
+  state_hash TEXT PRIMARY KEY,
+  channel    TEXT NOT NULL,
+  expires_at INTEGER NOT NULL,
+  answer     TEXT
+);
 `;
 
 /** Crockford-style: no 0/O, 1/I/L, U: a code read off a screen is typed back right. */
@@ -125,6 +131,10 @@ export class ChannelStore {
       enqueue: db.prepare('INSERT INTO channel_outbox (channel, device_id, text, created_at) VALUES (?, ?, ?, ?)'),
       pending: db.prepare<[string, number], { id: number; text: string; created_at: number }>('SELECT id, text, created_at FROM channel_outbox WHERE device_id = ? AND fetched_at IS NULL ORDER BY id LIMIT ?'),
       fetched: db.prepare('UPDATE channel_outbox SET fetched_at = ? WHERE id = ?'),
+      addOAuthRequest: db.prepare('INSERT INTO channel_oauth_requests (state_hash, channel, expires_at) VALUES (?, ?, ?)'),
+      answerOAuthRequest: db.prepare('UPDATE channel_oauth_requests SET answer = ? WHERE state_hash = ? AND channel = ? AND answer IS NULL AND expires_at > ?'),
+      oauthAnswer: db.prepare<[string], { answer: string | null; expires_at: number }>('SELECT answer, expires_at FROM channel_oauth_requests WHERE state_hash = ?'),
+      dropOAuthRequest: db.prepare('DELETE FROM channel_oauth_requests WHERE state_hash = ? OR expires_at < ?'),
     };
   }
 
@@ -232,6 +242,28 @@ export class ChannelStore {
       for (const row of rows) this.statements.fetched.run(now, row.id);
       return rows.map((r) => ({ id: r.id, text: r.text, createdAt: r.created_at }));
     }).immediate();
+  }
+
+  /**
+   * `login --public`: the CLI waits for the platform's redirect to reach the running server's
+   * callback route. The request is keyed by the SHA-256 of its `state`; the answer (the query
+   * string, sealed by the caller) is taken once.
+   */
+  createOAuthRequest(channel: string, state: string, ttlMs: number, now: number): void {
+    this.statements.addOAuthRequest.run(sha256(state), channel, now + ttlMs);
+  }
+
+  /** The callback: false when no pending request of this channel has this state (forged, replayed, expired). */
+  answerOAuthRequest(channel: string, state: string, sealedAnswer: string, now: number): boolean {
+    return this.statements.answerOAuthRequest.run(sealedAnswer, sha256(state), channel, now).changes === 1;
+  }
+
+  /** The sealed answer once the callback came (and the request is gone), else undefined. */
+  takeOAuthAnswer(state: string, now: number): string | undefined {
+    const row = this.statements.oauthAnswer.get(sha256(state));
+    if (!row?.answer) return undefined;
+    this.statements.dropOAuthRequest.run(sha256(state), now);
+    return row.answer;
   }
 
   close(): void {

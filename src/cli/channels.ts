@@ -33,8 +33,9 @@ export function registerChannelsCommands(program: Command): void {
     .description('run the channel\'s authentication ceremony (QR pairing, bot token, OAuth)')
     .option(...configOption)
     .option('--no-browser', 'print the authorisation URL only (headless)')
+    .option('--public', 'OAuth kinds: receive the answer on the running server\'s /webhook/channels/<name>/oauth/callback (needs the channel\'s publicUrl)', false)
     .option('--timeout <minutes>', 'how long to wait for the browser or the device', '10')
-    .action(async (name: string, o: { config: string; browser: boolean; timeout: string }) => {
+    .action(async (name: string, o: { config: string; browser: boolean; public: boolean; timeout: string }) => {
       const secretKey = secretKeyFromEnv(); // refuse before any ceremony: nothing could be stored
       const { config, store, channel } = open(o.config, name);
       const minutes = Number(o.timeout);
@@ -49,6 +50,7 @@ export function registerChannelsCommands(program: Command): void {
           secretKey,
           webhookBaseUrl: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
           browser: o.browser,
+          publicCallback: o.public,
           timeoutMs: minutes * 60_000,
           io: {
             step: (ok, step, detail) => process.stdout.write(`  ${ok ? '✓' : '✗'} ${step.padEnd(10)} ${detail}\n`),

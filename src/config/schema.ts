@@ -340,6 +340,8 @@ const channelSchema = z.discriminatedUnion('kind', [
     clientId: z.string().regex(/^\d{5,25}$/, 'clientId: the application id (digits)'),
     clientSecret: z.string().min(8),
     botToken: z.string().min(20),
+    /** Where the platform reaches the webhook listener: the OAuth callback of `login --public`. */
+    publicUrl: httpUrl('publicUrl').optional(),
     publicKey: z.string().regex(/^[0-9a-fA-F]{64}$/, 'publicKey must be the 32-byte Ed25519 key as 64 hex digits'),
     permissions: z.string().regex(/^\d+$/).default('2048'),
     scopes: z.array(z.string().min(1)).min(1).default(['bot', 'applications.commands']),
@@ -355,6 +357,7 @@ const channelSchema = z.discriminatedUnion('kind', [
     clientId: z.string().min(1),
     clientSecret: z.string().min(8),
     signingSecret: hookSecret('signingSecret'),
+    publicUrl: httpUrl('publicUrl').optional(),
     scopes: z.array(z.string().min(1)).min(1).default(['chat:write', 'channels:history']),
     toleranceSeconds: z.number().int().min(1).max(3600).default(300),
     apiBaseUrl: httpUrl('apiBaseUrl').default('https://slack.com/api'),

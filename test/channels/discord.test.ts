@@ -12,7 +12,7 @@ import { DISCORD_CLIENT, startFakeDiscord, type FakeDiscord } from '../helpers/f
 import { request } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertNotInStorage, channelsCli, consent, envelopes, loginThroughBrowser, nthEnvelope, settledEnvelopeCount, startGatehouse,
+  API_KEY, assertNotInStorage, channelsCli, consent, envelopes, loginThroughBrowser, nthEnvelope, printedAuthorizeUrl, settledEnvelopeCount, startGatehouse,
   startLogin, statusJson, storedGrant, visit, removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
 } from './helpers.js';
 
@@ -45,8 +45,9 @@ describe('oauth-bot channel (Discord)', () => {
       apiBaseUrl: `${fake.url}/api/v10`, authorizeUrl: `${fake.url}/oauth2/authorize`, tokenUrl: `${fake.url}/api/oauth2/token`,
     };
     writeConfig(ws, {
-      channels: { dc: channel, dcfail: channel, dcbadbot: { ...channel, botToken: 'not-the-bot-token-0123456789' } },
+      channels: { dc: channel, dcfail: channel, dcbadbot: { ...channel, botToken: 'not-the-bot-token-0123456789' }, dcpub: { ...channel, publicUrl: ws.webhookUrl } },
       targetUrl: target.url, upstreamUrl: upstream.url,
+      failuresMax: 100, // the forged interactions and callbacks below must not lock the test client out
     });
     gatehouse = await startGatehouse(ws);
   });
@@ -290,5 +291,31 @@ describe('oauth-bot channel (Discord)', () => {
       assert.match(status.stdout, /^✓ dc \(oauth-bot, discord\): connected since/m);
       assert.match(status.stdout, /^ {4}expires {8}\d{4}-.*\(in \d+ min\)$/m);
     });
+  });
+
+  // Last: its grant and token exchange would change the counts the tests above assert.
+  it('login --public: the answer lands on the running server\'s callback route (a forged state is 400), the CLI takes it from storage', async () => {
+    const login = startLogin(ws, 'dcpub', { args: ['--public'] });
+    try {
+      const authorizeUrl = await printedAuthorizeUrl(login);
+      const callback = `${ws.webhookUrl}/webhook/channels/dcpub/oauth/callback`;
+      assert.equal(authorizeUrl.searchParams.get('redirect_uri'), callback);
+      const forged = await visit(`${callback}?code=forged-code&state=not-the-state`);
+      assert.equal(forged.status, 400);
+      assert.match(forged.page, /invalid_oauth_state/);
+      const back = await consent(authorizeUrl);
+      assert.equal(`${back.origin}${back.pathname}`, callback);
+      const answered = await visit(back);
+      assert.equal(answered.status, 200);
+      assert.equal((await visit(back)).status, 400, 'an answer is taken once');
+    } catch (err) {
+      await login.kill();
+      throw err;
+    }
+    const run = await login.exited;
+    assert.equal(run.code, 0, run.stderr);
+    assert.match(run.stdout, /channel dcpub connected/);
+    assert.ok(!tokenCalls('authorization_code').some((c) => (c.body as any)?.code === 'forged-code'), 'the forged code is never exchanged');
+    assert.equal(storedGrant(ws, 'dcpub')?.name, 'dcpub');
   });
 });

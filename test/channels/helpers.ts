@@ -127,8 +127,8 @@ export interface RunningLogin {
 }
 
 /** `gatehouse channels login <name> --no-browser` as a child process the test can follow while it waits. */
-export function startLogin(ws: Workspace, name: string, options: { env?: NodeJS.ProcessEnv } = {}): RunningLogin {
-  const child = spawnCli(['channels', 'login', name, '--no-browser', '--config', ws.config], { env: options.env ?? ws.env });
+export function startLogin(ws: Workspace, name: string, options: { env?: NodeJS.ProcessEnv; args?: string[] } = {}): RunningLogin {
+  const child = spawnCli(['channels', 'login', name, '--no-browser', '--config', ws.config, ...(options.args ?? [])], { env: options.env ?? ws.env });
   const result: CliResult = { code: null, stdout: '', stderr: '' };
   let watchers: (() => void)[] = [];
   const changed = () => {
