@@ -1,4 +1,4 @@
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { UsageError } from './errors.js';
@@ -27,6 +27,12 @@ export interface AuthorizationResponse {
  * verifier is made for the token exchange. `authorizeUrl` builds the platform's consent URL,
  * `showUrl` shows it to the user. Used by Gmail setup and channel logins.
  */
+/** Constant-time equality of two strings (compared as SHA-256 digests, so lengths do not leak either). */
+function sameSecret(a: string, b: string): boolean {
+  const digest = (s: string) => createHash('sha256').update(s, 'utf8').digest();
+  return timingSafeEqual(digest(a), digest(b));
+}
+
 /** A fresh `state` and PKCE pair (RFC 7636, S256). */
 export function newAuthorizationSecrets(): { state: string; codeVerifier: string; codeChallenge: string } {
   const codeVerifier = randomBytes(32).toString('base64url');
@@ -45,6 +51,8 @@ export async function receiveAuthorizationCode(options: {
   timeoutMs?: number;
   /** Who answers, in error messages (default "the platform"). */
   platform?: string;
+  /** A fixed loopback port, for platforms that match redirect URIs exactly (default: any free port). */
+  port?: number;
 }): Promise<AuthorizationResponse> {
   const { state, codeVerifier, codeChallenge } = newAuthorizationSecrets();
   let settle!: { resolve: (params: URLSearchParams) => void; reject: (err: Error) => void };
@@ -58,7 +66,7 @@ export async function receiveAuthorizationCode(options: {
     };
     if (url.pathname !== '/') return page(404, 'not found');
     // Without our state it is not the answer to our request (another tab, a forged link): ignored.
-    if (url.searchParams.get('state') !== state) return page(400, 'gatehouse: this response does not belong to the running login (state mismatch).');
+    if (!sameSecret(url.searchParams.get('state') ?? '', state)) return page(400, 'gatehouse: this response does not belong to the running login (state mismatch).');
     const error = url.searchParams.get('error');
     if (error) {
       page(200, `gatehouse: authorisation refused (${error}). You can close this tab.`);
@@ -68,7 +76,10 @@ export async function receiveAuthorizationCode(options: {
     page(200, 'gatehouse: authorised. You can close this tab and return to the terminal.');
     settle.resolve(url.searchParams);
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (err: NodeJS.ErrnoException) => reject(new UsageError(`cannot listen on 127.0.0.1:${options.port ?? 0} for the redirect (${err.code ?? err.message})`)));
+    server.listen(options.port ?? 0, '127.0.0.1', resolve);
+  });
   const redirectUri = `http://127.0.0.1:${(server.address() as AddressInfo).port}/`;
   const timeoutMs = options.timeoutMs ?? CONSENT_TIMEOUT_MS;
   const timer = setTimeout(() => settle.reject(new UsageError(`no answer from the browser within ${Math.round(timeoutMs / 60_000)} minutes`)), timeoutMs);

@@ -10,6 +10,7 @@ import { UsageError } from './errors.js';
 export const SECRET_KEY_VARIABLE = 'GATEHOUSE_SECRET_KEY';
 const FORMAT = 'v1';
 const IV_BYTES = 12;
+const TAG_BYTES = 16;
 
 export const HOW_TO_MAKE_A_SECRET_KEY =
   `${SECRET_KEY_VARIABLE} must be 32 random bytes in base64; gatehouse encrypts the tokens it stores with it. ` +
@@ -41,9 +42,12 @@ export function openSecret(sealed: string, key: Buffer, context: string): string
     throw new UsageError(`a stored secret for ${context} is not in a format this gatehouse reads`);
   }
   try {
-    const decipher = createDecipheriv('aes-256-gcm', key, Buffer.from(iv, 'base64url'));
+    const authTag = Buffer.from(tag, 'base64url');
+    // Node accepts shorter GCM tags (down to 4 bytes): only the full 16 bytes gatehouse writes are taken.
+    if (authTag.length !== TAG_BYTES) throw new Error('short tag');
+    const decipher = createDecipheriv('aes-256-gcm', key, Buffer.from(iv, 'base64url'), { authTagLength: TAG_BYTES });
     decipher.setAAD(Buffer.from(context, 'utf8'));
-    decipher.setAuthTag(Buffer.from(tag, 'base64url'));
+    decipher.setAuthTag(authTag);
     return Buffer.concat([decipher.update(Buffer.from(ciphertext, 'base64url')), decipher.final()]).toString('utf8');
   } catch {
     throw new UsageError(`cannot decrypt the stored secret for ${context}: ${SECRET_KEY_VARIABLE} is not the key it was stored with (or the storage was altered)`);

@@ -175,8 +175,19 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     return buildWebhookApp(c, { logger, lockout, store, onAccepted, routes: [...gmailRoutes, ...channels.routes], prefixRoutes: channels.prefixRoutes });
   };
   let app = build(config);
-  const listening = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));
-  await deliverer.start();
+  let listening: Listening;
+  try {
+    listening = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));
+    await deliverer.start();
+  } catch (err) {
+    // Nothing half-started may keep the process alive (a port in use must exit 1, not hang).
+    await gmail?.close();
+    await refresher?.close();
+    await deliverer.stop(0);
+    channelStore?.close();
+    await store.close();
+    throw err;
+  }
   logger.info({
     url: listening.url,
     endpoints: [
@@ -197,7 +208,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     async close(graceMs: number) {
       await closeServer(listening.server, graceMs);
       await gmail?.close();
-      refresher?.close();
+      await refresher?.close();
       await deliverer.stop(graceMs);
       await store.close();
       channelStore?.close();

@@ -32,7 +32,9 @@ type ToPrimary =
   | { type: 'failure'; key: string; now: number; settings: LockoutSettings };
 
 const STARTUP_TIMEOUT_MS = 30_000;
+const FIRST_RESTART_DELAY_MS = 500;
 const MAX_RESTART_DELAY_MS = 30_000;
+const STABLE_AFTER_MS = 30_000;
 
 /** The number of gateway processes `gateway.workers` asks for ("auto": one per CPU the process may use). */
 export function resolveWorkerCount(setting: Config['gateway']['workers']): number {
@@ -48,7 +50,7 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
   const { logger, lockoutStore } = deps;
   let config = initial;
   let stopping = false;
-  let restartDelayMs = 500;
+  let restartDelayMs = FIRST_RESTART_DELAY_MS;
   const workers = new Set<Worker>();
   // Structured clone keeps the config exactly (JSON would turn undefined fields into gaps).
   cluster.setupPrimary({ serialization: 'advanced' });
@@ -65,6 +67,13 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
             break;
           case 'listening':
             listening = true;
+            // A new worker (a replacement) learns the lockouts in force: otherwise each one would
+            // give a locked-out client another `max` guesses.
+            for (const [key, until] of lockoutStore.activeLocks?.(Date.now()) ?? []) send(worker, { type: 'locked', key, until });
+            // The restart delay resets only once a worker has stayed up a while (no crash loop at 500 ms).
+            setTimeout(() => {
+              if (!worker.isDead()) restartDelayMs = FIRST_RESTART_DELAY_MS;
+            }, STABLE_AFTER_MS).unref();
             resolve(message.url);
             break;
           case 'failed':
@@ -77,33 +86,32 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
       });
       worker.on('exit', (code, signal) => {
         workers.delete(worker);
-        if (!listening) {
-          reject(new Error(`gateway worker ${worker.id} exited (${signal ?? code}) before listening`));
-          return;
-        }
-        if (stopping) return;
+        if (!listening) reject(new Error(`gateway worker ${worker.id} exited (${signal ?? code}) before listening`));
+        // At start a failure fails the start; later, a worker that died (or a replacement that
+        // could not start) is replaced again, after a delay that grows while they keep dying.
+        if (stopping || !started) return;
         logger.error({ worker: worker.id, pid: worker.process.pid, code, signal, restartInMs: restartDelayMs }, 'gateway worker died: starting a new one');
         const delay = restartDelayMs;
         restartDelayMs = Math.min(restartDelayMs * 2, MAX_RESTART_DELAY_MS);
         setTimeout(() => {
-          if (stopping) return;
-          fork().then(
-            () => (restartDelayMs = 500),
-            (err: Error) => logger.error({ err: err.message }, 'replacement gateway worker failed to start'),
-          );
+          if (!stopping) fork().catch((err: Error) => logger.error({ err: err.message }, 'replacement gateway worker failed to start'));
         }, delay).unref();
       });
     });
   }
 
   async function countFailure({ key, now, settings }: Extract<ToPrimary, { type: 'failure' }>): Promise<void> {
-    const seconds = await lockoutStore.recordFailure(key, now, settings);
+    await lockoutStore.recordFailure(key, now, settings);
+    // Locked now, or already (a worker that had not heard yet): every worker is told.
+    const seconds = await lockoutStore.lockedFor(key, now);
     if (seconds > 0) for (const worker of workers) send(worker, { type: 'locked', key, until: now + seconds * 1000 });
   }
 
   let urls: string[];
+  let started = false;
   try {
     urls = await withTimeout(Promise.all(Array.from({ length: count }, fork)), STARTUP_TIMEOUT_MS, 'gateway workers did not start');
+    started = true;
   } catch (err) {
     stopping = true;
     for (const worker of workers) worker.kill('SIGKILL');

@@ -25,7 +25,9 @@ export function platformOf(channel: ChannelConfig): string {
  * events, verified its own way (a paired device's token, Telegram's secret token from login,
  * Discord's Ed25519 signature, Slack's v0 signature), and queues them as actions whose envelope
  * adds `channel`, `from` and `text` (the raw update stays in `payload`). For `qr` channels the
- * prefix routes serve pairing (`…/pair/<code>`) and the device outbox (`…/outbox`).
+ * prefix routes serve pairing (`…/pair/<code>`) and the device outbox (`…/outbox`). Failed
+ * platform signatures do not count for the lockout: Telegram, Discord and Slack send from shared
+ * addresses (anyone could get them locked out), and their secrets cannot be guessed anyway.
  */
 export function channelRoutes(config: Config, deps: { store: ChannelStore; secretKey: Buffer; logger: Logger }): { routes: IntegrationRoute[]; prefixRoutes: PrefixRoute[] } {
   const routes: IntegrationRoute[] = [];
@@ -52,14 +54,14 @@ export function channelRoutes(config: Config, deps: { store: ChannelStore; secre
         prefixRoutes.push(devicePrefixRoute(store, name, channel, deps.logger));
         break;
       case 'bot-token':
-        routes.push({ ...route, failureCode: 'invalid_webhook_secret', verifier: telegramChannelVerifier(store, name, deps.secretKey), envelopeExtra: (body) => ({ channel: describe, ...telegramSender(body) }) });
+        routes.push({ ...route, countsFailures: false, failureCode: 'invalid_webhook_secret', verifier: telegramChannelVerifier(store, name, deps.secretKey), envelopeExtra: (body) => ({ channel: describe, ...telegramSender(body) }) });
         break;
       case 'oauth-bot':
-        routes.push({ ...route, verifier: discordVerifier(channel), envelopeExtra: (body) => ({ channel: describe, ...discordSender(body) }) });
+        routes.push({ ...route, countsFailures: false, verifier: discordVerifier(channel), envelopeExtra: (body) => ({ channel: describe, ...discordSender(body) }) });
         prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKey));
         break;
       case 'oauth':
-        routes.push({ ...route, verifier: slackVerifier(channel), envelopeExtra: (body) => ({ channel: describe, from: dig(body, 'event', 'user') ?? null, text: textOf(dig(body, 'event', 'text')) }) });
+        routes.push({ ...route, countsFailures: false, verifier: slackVerifier(channel), envelopeExtra: (body) => ({ channel: describe, from: dig(body, 'event', 'user') ?? null, text: textOf(dig(body, 'event', 'text')) }) });
         prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKey));
         break;
     }
@@ -175,6 +177,9 @@ function devicePrefixRoute(store: ChannelStore, name: string, _channel: ChannelC
         const body = await tools.readJson();
         const deviceName = typeof body.deviceName === 'string' ? body.deviceName.trim() : '';
         if (!DEVICE_NAME.test(deviceName)) throw new HttpError('invalid_request', 'deviceName: 1-64 letters, digits, spaces or . _ \' ( ) -');
+        // Again after the body: concurrent guesses all passed the first check before any failed.
+        const lockedFor = await tools.lockout.lockedFor(tools.clientIp);
+        if (lockedFor > 0) throw new HttpError('too_many_failures', `locked out for ${lockedFor}s more`, { 'retry-after': String(lockedFor) });
         const outcome = store.pair(name, pairing[1]!, deviceName, now);
         if (!outcome.ok) {
           await tools.lockout.recordFailure(tools.clientIp);

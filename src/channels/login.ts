@@ -34,6 +34,8 @@ export interface LoginContext {
   browser: boolean;
   /** OAuth kinds: receive the redirect on the running server's callback route instead of a loopback listener. */
   publicCallback?: boolean;
+  /** OAuth kinds: the loopback listener's port (default: any free one). */
+  loopbackPort?: number;
   timeoutMs?: number;
   now?: () => number;
 }
@@ -198,7 +200,7 @@ async function receiveCode(
   publicUrl: string | undefined,
   options: { authorizeUrl: (request: AuthorizationRequest) => string; showUrl: (url: string) => void; timeoutMs?: number },
 ): Promise<AuthorizationResponse> {
-  if (!ctx.publicCallback) return receiveAuthorizationCode(options);
+  if (!ctx.publicCallback) return receiveAuthorizationCode({ ...options, port: ctx.loopbackPort });
   if (!publicUrl) throw new UsageError(`--public needs channels.${ctx.name}.publicUrl (the URL the platform and the browser reach the webhook listener at)`);
   const now = ctx.now ?? Date.now;
   const timeoutMs = options.timeoutMs ?? 5 * 60_000;

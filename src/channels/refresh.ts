@@ -14,11 +14,19 @@ const CHECK_EVERY_MS = 60 * 60 * 1000;
  * refreshed at the platform's token URL and stored sealed again. A failure is logged at error
  * level and recorded for `channels status`; the next check tries again.
  */
-export function startGrantRefresher(initial: Config, deps: { store: ChannelStore; secretKey: Buffer; logger: Logger; now?: () => number }): { close(): void; reconfigure(next: Config): void; refreshDue(): Promise<void> } {
+export function startGrantRefresher(initial: Config, deps: { store: ChannelStore; secretKey: Buffer; logger: Logger; now?: () => number }): { close(): Promise<void>; reconfigure(next: Config): void; refreshDue(): Promise<void> } {
   const now = deps.now ?? Date.now;
   let config = initial;
-  async function refreshDue(): Promise<void> {
+  let closed = false;
+  // One pass at a time: Discord rotates refresh tokens, so two passes would race on the same one.
+  let running: Promise<void> | undefined;
+  function refreshDue(): Promise<void> {
+    running ??= refreshPass().catch((err: Error) => deps.logger.error({ problem: err.message }, 'channel grant refresh pass failed')).finally(() => (running = undefined));
+    return running;
+  }
+  async function refreshPass(): Promise<void> {
     for (const [name, channel] of Object.entries(config.channels)) {
+      if (closed) return;
       if (channel.kind !== 'oauth-bot') continue;
       const grant = deps.store.grant(name);
       if (!grant || grant.expiresAt === null || grant.expiresAt - now() > REFRESH_AHEAD_MS) continue;
@@ -31,6 +39,7 @@ export function startGrantRefresher(initial: Config, deps: { store: ChannelStore
         deps.store.replaceSealed(name, sealSecret(JSON.stringify(next), deps.secretKey, grantContext(name)), expiresAt);
         deps.logger.info({ channel: name, expiresAt: expiresAt && new Date(expiresAt).toISOString() }, 'channel grant refreshed');
       } catch (err) {
+        if (closed) return;
         const problem = `grant refresh failed: ${(err as Error).message}`;
         deps.store.noteError(name, problem, now());
         deps.logger.error({ channel: name, problem }, `CHANNEL GRANT REFRESH FAILED: run \`gatehouse channels login ${name}\` if it keeps failing`);
@@ -41,7 +50,12 @@ export function startGrantRefresher(initial: Config, deps: { store: ChannelStore
   const timer = setInterval(() => void refreshDue(), CHECK_EVERY_MS);
   timer.unref();
   return {
-    close: () => clearInterval(timer),
+    /** Stops the checks and waits for a pass in progress (the store closes after). */
+    async close() {
+      closed = true;
+      clearInterval(timer);
+      await running;
+    },
     /** After a reload: the channels as now configured (new ones are checked at once). */
     reconfigure(next) {
       config = next;

@@ -34,10 +34,13 @@ export function registerChannelsCommands(program: Command): void {
     .option(...configOption)
     .option('--no-browser', 'print the authorisation URL only (headless)')
     .option('--public', 'OAuth kinds: receive the answer on the running server\'s /webhook/channels/<name>/oauth/callback (needs the channel\'s publicUrl)', false)
+    .option('--port <port>', 'OAuth kinds: the loopback redirect\'s port (register http://127.0.0.1:<port>/ with the platform)')
     .option('--timeout <minutes>', 'how long to wait for the browser or the device', '10')
-    .action(async (name: string, o: { config: string; browser: boolean; public: boolean; timeout: string }) => {
+    .action(async (name: string, o: { config: string; browser: boolean; public: boolean; port?: string; timeout: string }) => {
       const secretKey = secretKeyFromEnv(); // refuse before any ceremony: nothing could be stored
       const { config, store, channel } = open(o.config, name);
+      const loopbackPort = o.port === undefined ? undefined : Number(o.port);
+      if (loopbackPort !== undefined && !(Number.isInteger(loopbackPort) && loopbackPort > 0 && loopbackPort < 65536)) throw new UsageError(`--port must be a TCP port (got "${o.port}")`);
       const minutes = Number(o.timeout);
       if (!(minutes > 0)) throw new UsageError(`--timeout must be a positive number of minutes (got "${o.timeout}")`);
       const { host, port } = config.webhooks.listen;
@@ -51,6 +54,7 @@ export function registerChannelsCommands(program: Command): void {
           webhookBaseUrl: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
           browser: o.browser,
           publicCallback: o.public,
+          loopbackPort,
           timeoutMs: minutes * 60_000,
           io: {
             step: (ok, step, detail) => process.stdout.write(`  ${ok ? '✓' : '✗'} ${step.padEnd(10)} ${detail}\n`),

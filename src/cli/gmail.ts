@@ -70,7 +70,10 @@ export function registerGmailCommands(webhooks: Command): void {
         configFile: file,
         currentSection: config.webhooks.gmail,
       };
-      if (options.pushEndpoint !== undefined && !/^https?:\/\//.test(options.pushEndpoint)) throw new UsageError(`--push-endpoint must be an https URL (got "${options.pushEndpoint}")`);
+      // Pub/Sub pushes only to https; plain http is allowed to a loopback address (tests, local fakes).
+      if (options.pushEndpoint !== undefined && !/^https:\/\//.test(options.pushEndpoint) && !/^http:\/\/(127\.\d+\.\d+\.\d+|localhost|\[::1\])[:/]/.test(options.pushEndpoint)) {
+        throw new UsageError(`--push-endpoint must be an https URL (got "${options.pushEndpoint}")`);
+      }
       // Refuse before anything is asked of the user: without the key the grant could not be stored.
       const secretKey = options.dryRun ? undefined : secretKeyFromEnv();
       const json = Boolean(o.json);

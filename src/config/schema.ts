@@ -268,6 +268,10 @@ const gmail = z
     if (g.mode === 'push' && !g.push) ctx.addIssue({ code: 'custom', path: ['push'], message: 'mode "push" needs push: { audience, serviceAccountEmail } (or use mode: "pull")' });
   });
 
+/** Channels' own routes live under this path; nothing else may be configured there. */
+const CHANNEL_PATHS = '/webhook/channels/';
+const isChannelPath = (path: string) => path === CHANNEL_PATHS.slice(0, -1) || path.startsWith(CHANNEL_PATHS);
+
 const webhooks = z
   .strictObject({
     enabled: z.boolean().default(false),
@@ -296,6 +300,7 @@ const webhooks = z
       const first = seen.get(endpoint.path);
       if (first !== undefined) ctx.addIssue({ code: 'custom', path: ['endpoints', i, 'path'], message: `duplicate endpoint path "${endpoint.path}" (also at endpoints[${first}])` });
       else seen.set(endpoint.path, i);
+      if (isChannelPath(endpoint.path)) ctx.addIssue({ code: 'custom', path: ['endpoints', i, 'path'], message: `${CHANNEL_PATHS} is reserved for channels` });
       if (!hooks.targets[endpoint.action]) {
         ctx.addIssue({ code: 'custom', path: ['endpoints', i, 'action'], message: `action "${endpoint.action}" has no target: add webhooks.targets["${endpoint.action}"]` });
       }
@@ -306,6 +311,7 @@ const webhooks = z
       if (!hooks.targets[gmail.action]) ctx.addIssue({ code: 'custom', path: ['gmail', 'action'], message: `action "${gmail.action}" has no target: add webhooks.targets["${gmail.action}"]` });
       const clash = gmail.mode === 'push' && gmail.push && seen.has(gmail.push.path);
       if (clash) ctx.addIssue({ code: 'custom', path: ['gmail', 'push', 'path'], message: `"${gmail.push!.path}" is also an endpoint path` });
+      if (gmail.push && isChannelPath(gmail.push.path)) ctx.addIssue({ code: 'custom', path: ['gmail', 'push', 'path'], message: `${CHANNEL_PATHS} is reserved for channels` });
     }
   });
 

@@ -19,6 +19,8 @@ export interface LockoutStore {
   lockedFor(key: string, now: number): Promise<number>;
   /** Counts one failure; returns the seconds of lockout it triggered (0 when none). */
   recordFailure(key: string, now: number, settings: LockoutSettings): Promise<number>;
+  /** Every lockout in force as [key, until (ms)]: what a new gateway worker must learn. */
+  activeLocks?(now: number): [string, number][];
 }
 
 interface Entry {
@@ -62,6 +64,12 @@ export class MemoryLockoutStore implements LockoutStore {
     entry.head = 0;
     entry.lockedUntil = Math.max(entry.lockedUntil, now + settings.lockoutSeconds * 1000);
     return settings.lockoutSeconds;
+  }
+
+  activeLocks(now: number): [string, number][] {
+    const locks: [string, number][] = [];
+    for (const [key, entry] of this.entries) if (entry.lockedUntil > now) locks.push([key, entry.lockedUntil]);
+    return locks;
   }
 
   /** Locks `key` until `until` (ms): another process's verdict, e.g. the cluster primary's. */

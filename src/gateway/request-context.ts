@@ -24,6 +24,8 @@ declare module 'node:http' {
   }
 }
 
+const PAIRING_CODE_IN_PATH = /^(\/webhook\/channels\/[^/]+\/pair\/)[^/]*/;
+
 // Printable, no spaces, bounded: safe to echo into logs and upstream headers.
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:@\-]{1,128}$/;
 
@@ -65,7 +67,8 @@ function logRequest(log: RequestLog, req: IncomingMessage, res: ServerResponse, 
     id: ctx.id,
     method: req.method,
     // The query string is left out: clients put credentials there despite being told not to.
-    path: queryAt === -1 ? url : url.slice(0, queryAt),
+    // A pairing code in a path (channels) is a credential too.
+    path: (queryAt === -1 ? url : url.slice(0, queryAt)).replace(PAIRING_CODE_IN_PATH, '$1[redacted]'),
     status: res.writableFinished ? res.statusCode : 499,
     ms: Math.round((performance.now() - ctx.startedAt) * 100) / 100,
     auth: ctx.identity?.methods.join(',') || undefined,

@@ -28,13 +28,19 @@ interface Endpoint {
   envelopeExtra?: (body: Record<string, unknown>, headers: IncomingHttpHeaders) => Record<string, unknown>;
   /** Called after an event of this route is stored (a channel's "last event"). */
   onStored?: () => void;
+  /**
+   * false: a failed check does not count for the lockout. For platforms whose servers share
+   * egress addresses (anyone can point their own bot at the URL and get the platform's
+   * addresses locked out) and whose signatures cannot be guessed anyway.
+   */
+  countsFailures?: boolean;
 }
 
 /**
  * A verified route an integration adds to the receiver (Gmail push, channel events); it goes
  * through the same steps as a configured endpoint.
  */
-export type IntegrationRoute = Pick<Endpoint, 'path' | 'action' | 'verifyType' | 'verifier' | 'consume' | 'envelopeExtra' | 'onStored'> & { failureCode?: ErrorCode };
+export type IntegrationRoute = Pick<Endpoint, 'path' | 'action' | 'verifyType' | 'verifier' | 'consume' | 'envelopeExtra' | 'onStored' | 'countsFailures'> & { failureCode?: ErrorCode };
 
 /** What a prefix handler gets: the client address (already past the lockout check) and helpers. */
 export interface RouteTools {
@@ -86,7 +92,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   }
 
   async function rejectSender(req: IncomingMessage, endpoint: Endpoint, reason: string): Promise<HttpError> {
-    await lockout.recordFailure(req.gatehouse!.clientIp!);
+    if (endpoint.countsFailures !== false) await lockout.recordFailure(req.gatehouse!.clientIp!);
     return new HttpError(endpoint.failureCode, `${endpoint.verifyType}: ${reason}`);
   }
 

@@ -97,6 +97,10 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
     // Stored hashed: neither the token nor the code is in the SQLite files.
     assertNotInStorage(ws, token, 'the device token');
     assert.equal(storageBytes(ws).includes(Buffer.from(code)), false, 'the pairing code is stored in clear');
+    // Nor in the logs: the request line shows the pairing path with the code redacted.
+    const pairingLine = await gatehouse.process.waitFor((l) => l.msg === 'request' && typeof l.path === 'string' && l.path.includes('/pair/'));
+    assert.equal(pairingLine.path, '/webhook/channels/phone/pair/[redacted]');
+    assert.ok(!JSON.stringify(gatehouse.process.lines).includes(code), 'the pairing code is in the log');
   });
 
   describe('with a paired device', () => {

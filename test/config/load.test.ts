@@ -286,6 +286,12 @@ describe('config: webhooks', () => {
     }
   });
 
+  it('an endpoint under /webhook/channels/ (reserved for channels)', () => {
+    for (const bad of ['/webhook/channels', '/webhook/channels/tg', '/webhook/channels/phone/pair/x']) {
+      assertProblemAt(problemsOf(withWebhooks({ endpoints: [{ ...endpoint, path: bad }], targets: { message: target } })), 'webhooks.endpoints[0].path');
+    }
+  });
+
   it('a duplicate endpoint path points at the second one', () => {
     const problems = problemsOf(withWebhooks({ endpoints: [endpoint, { ...endpoint, path: '/webhook/other' }, endpoint], targets: { message: target } }));
     assertProblemAt(problems, 'webhooks.endpoints[2].path');

@@ -117,6 +117,24 @@ describe('gateway.workers: 2', () => {
     }
   });
 
+  it('a replacement worker learns the lockouts already in force', async () => {
+    const { server, url, pids } = await startCluster(writeConfig('relock.json5', KEY));
+    try {
+      for (let i = 0; i < 3; i++) await request(url, '/api/guess', { headers: { 'x-api-key': WRONG } });
+      await server.waitFor(() => server.lines.filter((l) => l.error === 'invalid_api_key').length === 3);
+      await new Promise((r) => setTimeout(r, 200));
+      process.kill(pids[0]!, 'SIGKILL');
+      await server.waitFor((l) => l.msg === 'gateway listening' && l.worker === 3);
+      const before = upstream.received.length;
+      for (let i = 0; i < 4; i++) {
+        assert.equal((await request(url, '/api/after-restart', { headers: { 'x-api-key': KEY } })).status, 429, `request ${i}`);
+      }
+      assert.equal(upstream.received.length, before);
+    } finally {
+      await server.stop();
+    }
+  });
+
   it('a port already in use fails the start with exit 1', async () => {
     const taken = upstream.url.split(':').pop();
     const file = path.join(dir, 'taken.json5');

@@ -27,6 +27,8 @@ describe('sealed secrets (AES-256-GCM under GATEHOUSE_SECRET_KEY)', () => {
     flipped[0]! ^= 1;
     assert.throws(() => openSecret([v, iv, tag, flipped.toString('base64url')].join(':'), key, 'channel:tg'), UsageError);
     assert.throws(() => openSecret('plain-token', key, 'channel:tg'), UsageError);
+    // A truncated GCM tag (Node would accept 4 bytes) is refused.
+    assert.throws(() => openSecret([v, iv, Buffer.from(tag!, 'base64url').subarray(0, 4).toString('base64url'), data].join(':'), key, 'channel:tg'), UsageError);
   });
 
   it('the key must be 32 bytes of base64; the error says how to make one', () => {

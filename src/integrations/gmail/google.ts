@@ -32,6 +32,8 @@ export function googleEndpoints(base?: string): GoogleEndpoints {
   return { gmailRoot: root, pubsubRoot: root, authorizeUrl: `${root}o/oauth2/v2/auth`, tokenUrl: `${root}token`, jwksUri: `${root}oauth2/v3/certs` };
 }
 
+const CALL_TIMEOUT_MS = 30_000;
+
 /** Scopes gatehouse asks for: read mail, and manage/pull the Pub/Sub topic and subscription. */
 export const GMAIL_SCOPES = ['https://www.googleapis.com/auth/gmail.readonly', 'https://www.googleapis.com/auth/pubsub'];
 
@@ -48,7 +50,8 @@ export function createOAuthClient(endpoints: GoogleEndpoints, client: { clientId
 }
 
 export function createGmailClient(endpoints: GoogleEndpoints, auth: OAuth2Client): gmail_v1.Gmail {
-  return gmail({ version: 'v1', auth, rootUrl: endpoints.gmailRoot });
+  // A bounded wait per call: a hung Google call must not hold a notification (or shutdown) forever.
+  return gmail({ version: 'v1', auth, rootUrl: endpoints.gmailRoot, timeout: CALL_TIMEOUT_MS });
 }
 
 export interface PubSubSubscription {
@@ -96,7 +99,9 @@ export class PubSubRest {
   }
 
   async call<T>(method: 'GET' | 'PUT' | 'PATCH' | 'POST', nameAndVerb: string, data?: unknown, signal?: AbortSignal): Promise<T> {
-    const response = await this.auth.request<T>({ url: `${this.root}v1/${nameAndVerb}`, method, data, signal, retry: method === 'GET' });
+    // pull may long-poll (Google holds it up to ~90 s when nothing is there).
+    const timeout = nameAndVerb.endsWith(':pull') ? 100_000 : CALL_TIMEOUT_MS;
+    const response = await this.auth.request<T>({ url: `${this.root}v1/${nameAndVerb}`, method, data, signal, timeout, retry: method === 'GET' });
     return response.data;
   }
 
