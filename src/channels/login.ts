@@ -140,7 +140,7 @@ async function loginOAuthBot(ctx: LoginContext, channel: Extract<ChannelConfig, 
     });
     return { value, detail: `consent given${value.params.get('guild_id') ? ` for guild ${value.params.get('guild_id')}` : ''}` };
   });
-  const tokens = await step(ctx, 'token', `Check channels.${ctx.name}.clientId/clientSecret, and that the redirect URI http://127.0.0.1 is allowed (Developer Portal → OAuth2 → Redirects).`, async () => {
+  const tokens = await step(ctx, 'token', `Check channels.${ctx.name}.clientId/clientSecret, and that the redirect URI ${response.redirectUri} is registered exactly (Developer Portal → OAuth2 → Redirects; a fixed port with --port).`, async () => {
     const value = await exchangeCode('discord', channel.tokenUrl, { clientId: channel.clientId, clientSecret: channel.clientSecret, code: response.code, redirectUri: response.redirectUri, codeVerifier: response.codeVerifier });
     return { value, detail: `grant for guild ${value.guild?.id ?? response.params.get('guild_id') ?? '?'}, expires in ${Math.round(Number(value.expires_in ?? 0) / 3600)} h` };
   });
@@ -170,7 +170,7 @@ async function loginOAuth(ctx: LoginContext, channel: Extract<ChannelConfig, { k
     });
     return { value, detail: 'consent given' };
   });
-  const tokens = await step(ctx, 'token', `Check channels.${ctx.name}.clientId/clientSecret, and add http://127.0.0.1 to the app's Redirect URLs (OAuth & Permissions).`, async () => {
+  const tokens = await step(ctx, 'token', `Check channels.${ctx.name}.clientId/clientSecret, and add ${response.redirectUri} to the app's Redirect URLs (OAuth & Permissions; a fixed port with --port).`, async () => {
     const value = await exchangeCode('slack', channel.tokenUrl, { clientId: channel.clientId, clientSecret: channel.clientSecret, code: response.code, redirectUri: response.redirectUri });
     if (typeof value.access_token !== 'string') throw new PlatformError('slack', 'the token response has no bot access_token');
     return { value, detail: `installed in ${value.team?.name ?? value.team?.id} (${value.team?.id}), bot user ${value.bot_user_id}` };
