@@ -27,6 +27,15 @@ export function registerChannelsCommands(program: Command): void {
     }
     return { config, store: new ChannelStore(config.storage.path), channel };
   };
+  /** Runs `work` with the config, the channel (when named) and the store, closing the store after. */
+  const withChannels = async (file: string, name: string | undefined, work: (opened: ReturnType<typeof open>) => unknown): Promise<void> => {
+    const opened = open(file, name);
+    try {
+      await work(opened);
+    } finally {
+      opened.store.close();
+    }
+  };
 
   channels
     .command('login <name>')
@@ -38,13 +47,12 @@ export function registerChannelsCommands(program: Command): void {
     .option('--timeout <minutes>', 'how long to wait for the browser or the device', '10')
     .action(async (name: string, o: { config: string; browser: boolean; public: boolean; port?: string; timeout: string }) => {
       const secretKey = secretKeyFromEnv(); // refuse before any ceremony: nothing could be stored
-      const { config, store, channel } = open(o.config, name);
       const loopbackPort = o.port === undefined ? undefined : Number(o.port);
       if (loopbackPort !== undefined && !(Number.isInteger(loopbackPort) && loopbackPort > 0 && loopbackPort < 65536)) throw new UsageError(`--port must be a TCP port (got "${o.port}")`);
       const minutes = Number(o.timeout);
       if (!(minutes > 0)) throw new UsageError(`--timeout must be a positive number of minutes (got "${o.timeout}")`);
-      const { host, port } = config.webhooks.listen;
-      try {
+      return withChannels(o.config, name, async ({ config, store, channel }) => {
+        const { host, port } = config.webhooks.listen;
         process.stdout.write(`channel ${name} (${channel!.kind}, ${platformOf(channel!)})\n`);
         await loginChannel({
           name,
@@ -63,9 +71,7 @@ export function registerChannelsCommands(program: Command): void {
           },
         });
         process.stdout.write(`channel ${name} connected\n`);
-      } finally {
-        store.close();
-      }
+      });
     });
 
   channels
@@ -74,15 +80,12 @@ export function registerChannelsCommands(program: Command): void {
     .option(...configOption)
     .option('--json', 'one JSON array', false)
     .action((o: { config: string; json: boolean }) => {
-      const { config, store } = open(o.config);
-      try {
+      return withChannels(o.config, undefined, async ({ config, store }) => {
         const rows = Object.entries(config.channels).map(([name, channel]) => describe(name, channel, store));
         if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         for (const r of rows) process.stdout.write(`${r.name.padEnd(16)} ${r.kind.padEnd(10)} ${String(r.platform).padEnd(9)} ${r.connected ? `connected since ${iso(r.connectedAt)}` : 'NOT CONNECTED'}${r.lastError ? `  last error: ${r.lastError}` : ''}\n`);
-      } finally {
-        store.close();
-      }
+      });
     });
 
   channels
@@ -91,8 +94,7 @@ export function registerChannelsCommands(program: Command): void {
     .option(...configOption)
     .option('--json', 'one JSON array', false)
     .action((name: string | undefined, o: { config: string; json: boolean }) => {
-      const { config, store } = open(o.config, name);
-      try {
+      return withChannels(o.config, name, async ({ config, store }) => {
         const rows = Object.entries(config.channels).filter(([n]) => name === undefined || n === name).map(([n, c]) => describe(n, c, store));
         if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
@@ -106,9 +108,7 @@ export function registerChannelsCommands(program: Command): void {
             `    ${'last error'.padEnd(14)} ${r.lastError ? `${r.lastError} (${when(r.lastErrorAt, now)})` : 'none'}`,
           ].join('\n') + '\n');
         }
-      } finally {
-        store.close();
-      }
+      });
     });
 
   channels
@@ -116,16 +116,13 @@ export function registerChannelsCommands(program: Command): void {
     .description('forget the channel\'s stored grant (and revoke its devices); a Telegram webhook is removed')
     .option(...configOption)
     .action(async (name: string, o: { config: string }) => {
-      const { store, channel } = open(o.config, name);
-      try {
+      return withChannels(o.config, name, async ({ store, channel }) => {
         if (channel!.kind === 'bot-token') {
           await telegram.deleteWebhook(channel!.apiBaseUrl, channel!.botToken).catch((err: Error) => process.stderr.write(`warning: deleteWebhook failed (${err.message}); the grant is forgotten anyway\n`));
         }
         store.forget(name, Date.now());
         process.stdout.write(`channel ${name}: logged out\n`);
-      } finally {
-        store.close();
-      }
+      });
     });
 
   channels
@@ -134,16 +131,13 @@ export function registerChannelsCommands(program: Command): void {
     .option(...configOption)
     .option('--json', 'one JSON array', false)
     .action((name: string, o: { config: string; json: boolean }) => {
-      const { store, channel } = open(o.config, name);
-      try {
+      return withChannels(o.config, name, async ({ store, channel }) => {
         if (channel!.kind !== 'qr') throw new UsageError(`channel ${name} is ${channel!.kind}: only qr channels have devices`);
         const devices = store.devices(name);
         if (o.json) return void process.stdout.write(`${JSON.stringify(devices)}\n`);
         if (devices.length === 0) return void process.stdout.write(`no devices: pair one with \`gatehouse channels login ${name}\`\n`);
         for (const d of devices) process.stdout.write(`${d.id}  ${d.name.padEnd(24)} ${d.revokedAt ? `revoked ${iso(d.revokedAt)}` : 'active'}  paired ${iso(d.createdAt)}  last seen ${d.lastSeenAt ? iso(d.lastSeenAt) : 'never'}\n`);
-      } finally {
-        store.close();
-      }
+      });
     });
 
   channels
@@ -151,14 +145,11 @@ export function registerChannelsCommands(program: Command): void {
     .description('revoke a paired device (by id or name): its token fails from the next request')
     .option(...configOption)
     .action((name: string, device: string, o: { config: string }) => {
-      const { store } = open(o.config, name);
-      try {
+      return withChannels(o.config, name, async ({ store }) => {
         const revoked = store.revoke(name, device, Date.now());
         if (revoked === 0) throw new UsageError(`no active device "${device}" on channel ${name} (see \`gatehouse channels devices ${name}\`)`);
         process.stdout.write(`revoked ${revoked} device${revoked === 1 ? '' : 's'}\n`);
-      } finally {
-        store.close();
-      }
+      });
     });
 }
 

@@ -63,12 +63,13 @@ export function beginRequest(req: IncomingMessage, res: ServerResponse, log: Req
 function logRequest(log: RequestLog, req: IncomingMessage, res: ServerResponse, ctx: RequestContext): void {
   const url = req.url ?? '';
   const queryAt = url.indexOf('?');
+  // The query string is left out: clients put credentials there despite being told not to.
+  const path = queryAt === -1 ? url : url.slice(0, queryAt);
   log({
     id: ctx.id,
     method: req.method,
-    // The query string is left out: clients put credentials there despite being told not to.
     // A pairing code in a path (channels) is a credential too.
-    path: (queryAt === -1 ? url : url.slice(0, queryAt)).replace(PAIRING_CODE_IN_PATH, '$1[redacted]'),
+    path: path.includes('/pair/') ? path.replace(PAIRING_CODE_IN_PATH, '$1[redacted]') : path,
     status: res.writableFinished ? res.statusCode : 499,
     ms: Math.round((performance.now() - ctx.startedAt) * 100) / 100,
     auth: ctx.identity?.methods.join(',') || undefined,
