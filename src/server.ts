@@ -175,12 +175,13 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     return buildWebhookApp(c, { logger, lockout, store, onAccepted, routes: [...gmailRoutes, ...channels.routes], prefixRoutes: channels.prefixRoutes });
   };
   let app = build(config);
-  let listening: Listening;
+  let opened: Listening | undefined;
   try {
-    listening = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));
+    opened = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));
     await deliverer.start();
   } catch (err) {
     // Nothing half-started may keep the process alive (a port in use must exit 1, not hang).
+    if (opened) await closeServer(opened.server, 0);
     await gmail?.close();
     await refresher?.close();
     await deliverer.stop(0);
@@ -188,6 +189,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     await store.close();
     throw err;
   }
+  const listening = opened;
   logger.info({
     url: listening.url,
     endpoints: [

@@ -79,6 +79,14 @@ describe('gatehouse start', () => {
     assert.doesNotMatch(result.stdout, /listening/);
   });
 
+  it('a webhook port already in use: exit 1 with the reason, and the process does not hang', async () => {
+    const file = writeConfig('port-taken.json5', `{ storage: { path: "${path.join(dir, 'taken.db')}" }, gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "port-taken-key-0123456789abcdefghijklmnop" } },
+      webhooks: { enabled: true, listen: { port: ${upstream.port} }, endpoints: [{ path: "/webhook/x", secret: "port-taken-secret-0123", action: "message" }], targets: { message: { url: "${upstream.url}" } } } }`);
+    const result = await runCli(['start', '--config', file], { timeoutMs: 15_000 });
+    assert.equal(result.code, 1, 'killed by the timeout means it hung');
+    assert.match(result.stderr, /EADDRINUSE/);
+  });
+
   it('SIGHUP swaps in a new valid config (key rotation) and keeps the old one when the new is invalid', async () => {
     const oldKey = 'old-key-0123456789abcdefghijklmnopqrstuv';
     const newKey = 'new-key-0123456789abcdefghijklmnopqrstuv';
