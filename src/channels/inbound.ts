@@ -42,7 +42,7 @@ export function channelRoutes(config: Config, deps: { store: ChannelStore; secre
       onStored: () => store.noteEvent(name, Date.now()),
     };
     switch (channel.kind) {
-      case 'qr':
+      case 'qr': {
         const devices = new WeakMap<IncomingHttpHeaders, Device>();
         routes.push({
           ...route,
@@ -53,6 +53,7 @@ export function channelRoutes(config: Config, deps: { store: ChannelStore; secre
         });
         prefixRoutes.push(devicePrefixRoute(store, name, channel, deps.logger));
         break;
+      }
       case 'bot-token':
         routes.push({ ...route, countsFailures: false, failureCode: 'invalid_webhook_secret', verifier: telegramChannelVerifier(store, name, deps.secretKey), envelopeExtra: (body) => ({ channel: describe, ...telegramSender(body) }) });
         break;
