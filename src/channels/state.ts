@@ -101,9 +101,17 @@ export function newPairingCode(): string {
   return code;
 }
 
+/**
+ * "Last event" and "last seen" are for `status`, not for decisions: written at most this often per
+ * channel or device, since each write is a synchronous fsync on the receiver's event loop.
+ */
+const ACTIVITY_WRITE_INTERVAL_MS = 60_000;
+
 export class ChannelStore {
   private readonly db: Database.Database;
   private readonly statements;
+  /** channel name or device id → when its activity was last written. */
+  private readonly activityWritten = new Map<string, number>();
 
   constructor(file: string, options: { mustExist?: boolean } = {}) {
     this.db = openDatabase(file, options);
@@ -164,7 +172,13 @@ export class ChannelStore {
   }
 
   noteEvent(name: string, now: number): void {
-    this.statements.noteEvent.run(now, name);
+    if (this.activityDue(`channel:${name}`, now)) this.statements.noteEvent.run(now, name);
+  }
+
+  private activityDue(key: string, now: number): boolean {
+    if (now - (this.activityWritten.get(key) ?? -Infinity) < ACTIVITY_WRITE_INTERVAL_MS) return false;
+    this.activityWritten.set(key, now);
+    return true;
   }
 
   noteError(name: string, error: string, now: number): void {
@@ -213,7 +227,7 @@ export class ChannelStore {
     if (!token.startsWith(DEVICE_TOKEN_PREFIX)) return undefined;
     const row = this.statements.deviceByToken.get(sha256(token));
     if (!row || row.channel !== channel || row.revoked_at !== null) return undefined;
-    this.statements.seen.run(now, row.id);
+    if (this.activityDue(`device:${row.id}`, now)) this.statements.seen.run(now, row.id);
     return toDevice(row);
   }
 
