@@ -2,16 +2,16 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
 import { CHANNEL_SEND_PREFIX, type ChannelSender } from './channels/outbound.js';
-import type { Config } from './config/schema.js';
+import type { Config, HttpLimits } from './config/schema.js';
 import { HttpError } from './errors.js';
 import { createClientIpResolver, type ClientOrigin } from './gateway/client-ip.js';
-import { Authenticator } from './gateway/credentials/authenticate.js';
-import { checkConnectionHeader, prepareUpstreamHeaders } from './gateway/forward-headers.js';
+import { Authenticator, type AuthOutcome } from './gateway/credentials/authenticate.js';
+import { prepareUpstreamHeaders } from './gateway/forward-headers.js';
 import { compileAddressMatcher, parseAddress } from './gateway/ip-allowlist.js';
-import type { FailureLockout } from './gateway/lockout.js';
+import type { FailureLockout, LockoutSlot } from './gateway/lockout.js';
 import { API_PREFIX, checkApiPath } from './gateway/path-gate.js';
 import { createUpstreamProxy } from './gateway/proxy.js';
-import { answerHealthy, beginRequest, requestLogger, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
+import { admitRequest, answerHealthy, requestLogger, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
 
 type Next = NextFunction;
 type Req = IncomingMessage & { gatehouse: RequestContext };
@@ -27,12 +27,12 @@ export interface GatewayApp {
 }
 
 /**
- * Builds the /api/ edge from a Config: the pipeline path gate → client IP → allowedIPs →
+ * Builds the /api/ edge from a Config: framing (src/listener.ts) → the pipeline path gate → client IP → allowedIPs →
  * lockout → credentials → upstream headers → proxy, each a named step.
  * Everything that can be compiled (matchers, keys, verifiers) is compiled here, once.
  * Never listens: server.ts does, so tests can mount it anywhere.
  */
-export async function buildGatewayApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; channels?: ChannelSender }): Promise<GatewayApp> {
+export async function buildGatewayApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; channels?: ChannelSender; limits: HttpLimits }): Promise<GatewayApp> {
   const { gateway } = config;
   const { logger, lockout } = deps;
   const resolveClientIp = createClientIpResolver(gateway.trustProxy);
@@ -65,21 +65,37 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     return ok ? undefined : new HttpError('ip_not_allowed', `${origin.ip} is not in allowedIPs`);
   }
 
+  // The lockout slot a request takes in failureLockout and gives back in credentials, the step
+  // that always follows it: concurrent requests cannot all pass the check before one fails.
+  const lockoutSlots = new WeakMap<Req, LockoutSlot>();
+
   async function failureLockout(req: Req): Promise<HttpError | undefined> {
-    const seconds = await lockout.lockedFor(req.gatehouse.clientIp!);
-    if (seconds > 0) return new HttpError('too_many_failures', `locked out for ${seconds}s more`, { 'retry-after': String(seconds) });
+    let admission = lockout.acquire(req.gatehouse.clientIp!);
+    if (admission instanceof Promise) admission = await admission;
+    if (typeof admission === 'number') return new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) });
+    lockoutSlots.set(req, admission);
     return undefined;
   }
 
   async function credentials(req: Req): Promise<HttpError | undefined> {
-    const outcome = await authenticator.authenticate(req);
+    const slot = lockoutSlots.get(req)!;
+    let outcome: AuthOutcome;
+    try {
+      outcome = await authenticator.authenticate(req);
+    } catch (err) {
+      slot.succeeded(); // a bug, not the client's guess: given back uncounted
+      throw err;
+    }
     if (!outcome.ok) {
       if (outcome.presentedBadCredential) {
-        const lockedFor = await lockout.recordFailure(req.gatehouse.clientIp!);
+        const lockedFor = slot.failed();
         if (lockedFor > 0) logger.warn({ ip: req.gatehouse.clientIp, seconds: lockedFor }, 'client locked out after repeated authentication failures');
+      } else {
+        slot.succeeded();
       }
       return outcome.error;
     }
+    slot.succeeded();
     req.gatehouse.identity = outcome.identity;
     prepareUpstreamHeaders(req, {
       requestId: req.gatehouse.id,
@@ -97,14 +113,14 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
    * cost gatehouse added on top of proxying. Everything that is not /api/ still goes to Express.
    */
   async function apiPipeline(req: Req, res: ServerResponse): Promise<void> {
-    const error = checkApiPath(req) ?? checkConnectionHeader(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
+    const error = checkApiPath(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
     if (error) return respondWithError(req, res, error, logger);
     await proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
   }
 
   /** Gatehouse's own channel API: the same checks as /api/, then the channel instead of the proxy. */
   async function channelPipeline(req: Req, res: ServerResponse): Promise<void> {
-    const error = checkConnectionHeader(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
+    const error = clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
     if (error) return respondWithError(req, res, error, logger);
     await deps.channels!.handle(req, res);
   }
@@ -117,7 +133,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) => respondWithError(req, res, err, logger));
 
   function handle(req: IncomingMessage, res: ServerResponse): void {
-    beginRequest(req, res, requestLog);
+    if (!admitRequest(req, res, requestLog, deps.limits, logger)) return;
     if (req.url?.startsWith(API_PREFIX)) {
       apiPipeline(req as Req, res).catch((err: unknown) => respondWithError(req, res, err, logger));
     } else if (deps.channels && req.url?.startsWith(CHANNEL_SEND_PREFIX)) {

@@ -58,7 +58,8 @@ export async function receiveAuthorizationCode(options: {
   let settle!: { resolve: (params: URLSearchParams) => void; reject: (err: Error) => void };
   const arrived = new Promise<URLSearchParams>((resolve, reject) => (settle = { resolve, reject }));
 
-  const server = http.createServer((req, res) => {
+  // A short-lived loopback listener for one browser redirect: small, explicit parser limits too.
+  const server = http.createServer({ maxHeaderSize: 16_384, headersTimeout: 10_000, requestTimeout: 30_000, keepAliveTimeout: 1_000 }, (req, res) => {
     const url = new URL(req.url ?? '/', 'http://127.0.0.1');
     const page = (status: number, text: string) => {
       res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' });
@@ -76,6 +77,7 @@ export async function receiveAuthorizationCode(options: {
     page(200, 'gatehouse: authorised. You can close this tab and return to the terminal.');
     settle.resolve(url.searchParams);
   });
+  server.maxHeadersCount = 100;
   await new Promise<void>((resolve, reject) => {
     server.once('error', (err: NodeJS.ErrnoException) => reject(new UsageError(`cannot listen on 127.0.0.1:${options.port ?? 0} for the redirect (${err.code ?? err.message})`)));
     server.listen(options.port ?? 0, '127.0.0.1', resolve);

@@ -1,5 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { HttpError } from './errors.js';
+import { closeAfterAnswer } from './listener.js';
 
 /**
  * Reads the body up to `limit` bytes within `timeoutMs`. Past the limit (declared or actual) it
@@ -7,11 +8,7 @@ import { HttpError } from './errors.js';
  */
 export function readBody(req: IncomingMessage, res: ServerResponse, limit: number, timeoutMs: number): Promise<Buffer> {
   // The rest of the body is never read: tell the client, and close once the answer is out.
-  const abandonBody = () => {
-    req.pause();
-    res.setHeader('connection', 'close');
-    res.once('finish', () => setTimeout(() => req.socket.destroy(), 1_000).unref());
-  };
+  const abandonBody = () => closeAfterAnswer(res);
   const declared = Number(req.headers['content-length'] ?? NaN);
   if (declared > limit) {
     abandonBody();

@@ -1,27 +1,19 @@
-import { readFileSync } from 'node:fs';
-import http from 'node:http';
-import https from 'node:https';
-import type { AddressInfo } from 'node:net';
 import type { Logger } from 'pino';
 import { buildGatewayApp, type GatewayApp } from './app.js';
 import { isLoopbackHost, type Config } from './config/schema.js';
+import { configWarnings } from './config/warnings.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
 import { Deliverer } from './webhooks/deliverer.js';
 import { channelRoutes } from './channels/inbound.js';
 import { createChannelSender } from './channels/outbound.js';
 import { startGrantRefresher } from './channels/refresh.js';
 import { ChannelStore } from './channels/state.js';
+import { closeServer, listen, type Listening } from './listener.js';
 import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
 import { secretKeyFromEnv } from './secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from './webhooks/receiver.js';
 import { createVerifier } from './webhooks/verifiers/index.js';
 import { SqliteEventStore, type EventStore } from './webhooks/store.js';
-
-export interface Listening {
-  server: http.Server;
-  /** e.g. http://127.0.0.1:8080 (the port actually bound when configured as 0). */
-  url: string;
-}
 
 export interface RunningGatehouse {
   gateway: { url: string };
@@ -77,6 +69,8 @@ export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next
   for (const [what, before, after] of [
     ['gateway.listen', config.gateway.listen, next.gateway.listen],
     ['gateway.tls', config.gateway.tls, next.gateway.tls],
+    ['gateway.limits', config.gateway.limits, next.gateway.limits],
+    ['webhooks.limits', config.webhooks.limits, next.webhooks.limits],
     ['gateway.workers', config.gateway.workers, next.gateway.workers],
     ['webhooks.enabled', config.webhooks.enabled, next.webhooks.enabled],
     ['webhooks.listen', config.webhooks.listen, next.webhooks.listen],
@@ -111,14 +105,16 @@ export const startGateway: GatewayStarter = async (initial, options) => {
     channelStore ??= new ChannelStore(c.storage.path);
     return createChannelSender(c, { store: channelStore, secretKey: secretKeyFromEnv(), logger });
   };
-  let app = await buildGatewayApp(config, { logger, lockout, channels: channelsOf(config) });
-  const listening = await listen(config.gateway.listen, config.gateway.tls, (req, res) => app.handle(req, res));
+  // The parser limits are the listener's: fixed at start, whatever a reload says.
+  const limits = config.gateway.limits;
+  let app = await buildGatewayApp(config, { logger, lockout, channels: channelsOf(config), limits });
+  const listening = await listen(config.gateway.listen, config.gateway.tls, limits, (req, res) => app.handle(req, res));
   describeGateway(logger, config, app, listening.url, 'gateway listening');
   void warmUp(logger, app);
   return {
     url: listening.url,
     async reload(next) {
-      const nextApp = await buildGatewayApp(next, { logger, lockout, channels: channelsOf(next) });
+      const nextApp = await buildGatewayApp(next, { logger, lockout, channels: channelsOf(next), limits });
       await warmUp(logger, nextApp);
       const previous = app;
       app = nextApp;
@@ -167,17 +163,18 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   }
   // The Gmail route is fixed at start (webhooks.gmail changes need a restart); channel routes follow reloads.
   const gmailRoutes: IntegrationRoute[] = gmail?.push
-    ? [{ path: gmail.push.path, action: config.webhooks.gmail!.action, verifyType: 'gmail push', verifier: createVerifier(gmail.push.verify), consume: gmail.push.consume }]
+    ? [{ path: gmail.push.path, action: config.webhooks.gmail!.action, verifyType: 'gmail push', verifier: createVerifier(gmail.push.verify), consume: gmail.push.consume, countsFailures: false }]
     : [];
   const refresher = channelStore ? startGrantRefresher(config, { store: channelStore, secretKey: secretKey!, logger }) : undefined;
+  const limits = config.webhooks.limits; // the listener's, fixed at start
   const build = (c: Config): WebhookApp => {
     const channels = channelStore ? channelRoutes(c, { store: channelStore, secretKey: secretKey!, logger }) : { routes: [], prefixRoutes: [] };
-    return buildWebhookApp(c, { logger, lockout, store, onAccepted, routes: [...gmailRoutes, ...channels.routes], prefixRoutes: channels.prefixRoutes });
+    return buildWebhookApp(c, { logger, lockout, store, onAccepted, limits, routes: [...gmailRoutes, ...channels.routes], prefixRoutes: channels.prefixRoutes });
   };
   let app = build(config);
   let opened: Listening | undefined;
   try {
-    opened = await listen(config.webhooks.listen, undefined, (req, res) => app.handle(req, res));
+    opened = await listen(config.webhooks.listen, undefined, limits, (req, res) => app.handle(req, res));
     await deliverer.start();
   } catch (err) {
     // Nothing half-started may keep the process alive (a port in use must exit 1, not hang).
@@ -245,35 +242,5 @@ function describeGateway(logger: Logger, config: Config, app: GatewayApp, url: s
   if (auth.enabled && app.authenticator.methods.length === 0) {
     logger.warn('no credential is configured: every /api/ request will be refused with 401');
   }
-}
-
-async function listen(
-  at: { host: string; port: number },
-  tls: { cert: string; key: string } | undefined,
-  handler: http.RequestListener,
-): Promise<Listening> {
-  const server = tls
-    ? https.createServer({ cert: readFileSync(tls.cert), key: readFileSync(tls.key) }, handler)
-    : http.createServer(handler);
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(at.port, at.host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-  const address = server.address() as AddressInfo;
-  const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
-  return { server, url: `${tls ? 'https' : 'http'}://${host}:${address.port}` };
-}
-
-/** Drain: stop accepting, close idle keep-alive sockets, wait for in-flight requests, then cut the rest. */
-export async function closeServer(server: http.Server, graceMs: number): Promise<void> {
-  if (!server.listening) return;
-  const closed = new Promise<void>((resolve) => server.close(() => resolve()));
-  server.closeIdleConnections();
-  const timer = setTimeout(() => server.closeAllConnections(), graceMs);
-  timer.unref();
-  await closed;
-  clearTimeout(timer);
+  for (const warning of configWarnings(config)) logger.warn(warning);
 }

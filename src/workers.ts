@@ -13,13 +13,17 @@ import { startGateway, type RunningGateway } from './server.js';
  * so all of them run the same one.
  *
  * The lockout stays one count across the cluster: each worker reports a failure to the primary,
- * which counts them all and tells every worker when a client is locked out. Without that, N
- * workers would give an attacker N times the allowed guesses.
+ * which counts them all and tells every worker when a client is locked out. That verdict comes
+ * over IPC, after the failures: to bound the guesses without an IPC round trip per request,
+ * each worker also enforces its share of the budget, max(1, floor(max / N)) failures per
+ * window, with the same slots (lockout.ts), so N workers check at most `max` bad credentials
+ * of a client in total (when max ≥ N). The price: a client whose connections all land on one
+ * worker is locked out by that worker after its share, sooner than after `max`.
  */
 
 /** Messages from the primary to a worker. */
 type ToWorker =
-  | { type: 'config'; config: Config }
+  | { type: 'config'; config: Config; workers: number }
   | { type: 'locked'; key: string; until: number }
   | { type: 'shutdown'; graceMs: number };
 
@@ -63,7 +67,7 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
       worker.on('message', (message: ToPrimary) => {
         switch (message.type) {
           case 'ready':
-            send(worker, { type: 'config', config });
+            send(worker, { type: 'config', config, workers: count });
             break;
           case 'listening':
             listening = true;
@@ -80,7 +84,7 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
             if (!listening) reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
             break;
           case 'failure':
-            void countFailure(message);
+            countFailure(message);
             break;
         }
       });
@@ -100,10 +104,10 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
     });
   }
 
-  async function countFailure({ key, now, settings }: Extract<ToPrimary, { type: 'failure' }>): Promise<void> {
-    await lockoutStore.recordFailure(key, now, settings);
+  function countFailure({ key, now, settings }: Extract<ToPrimary, { type: 'failure' }>): void {
+    lockoutStore.recordFailure(key, now, settings);
     // Locked now, or already (a worker that had not heard yet): every worker is told.
-    const seconds = await lockoutStore.lockedFor(key, now);
+    const seconds = lockoutStore.refusedFor(key, now, settings);
     if (seconds > 0) for (const worker of workers) send(worker, { type: 'locked', key, until: now + seconds * 1000 });
   }
 
@@ -133,7 +137,7 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
           else reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
         };
         worker.on('message', onMessage);
-        send(worker, { type: 'config', config: next });
+        send(worker, { type: 'config', config: next, workers: count });
       }))), STARTUP_TIMEOUT_MS, 'gateway workers did not take the new configuration');
     },
     /** Asks every worker to drain (up to `graceMs`) and waits for them to exit. */
@@ -157,12 +161,24 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
  */
 export async function runGatewayWorker(): Promise<void> {
   const toPrimary = (message: ToPrimary) => process.send!(message);
+  // This worker's view: its own failures against its share of `max`, and the primary's locks.
   const locks = new MemoryLockoutStore();
+  let workerCount = 1; // from the primary's first config message, before any request
+  let fullSettings: LockoutSettings | undefined;
+  let shareSettings: LockoutSettings | undefined;
+  const share = (settings: LockoutSettings): LockoutSettings => {
+    if (settings !== fullSettings) {
+      fullSettings = settings;
+      shareSettings = { ...settings, max: Math.max(1, Math.floor(settings.max / workerCount)) };
+    }
+    return shareSettings!;
+  };
   const lockoutStore: LockoutStore = {
-    lockedFor: (key, now) => locks.lockedFor(key, now),
+    refusedFor: (key, now, settings) => locks.refusedFor(key, now, share(settings)),
+    room: (key, now, settings) => locks.room(key, now, share(settings)),
     recordFailure(key, now, settings) {
       toPrimary({ type: 'failure', key, now, settings });
-      return locks.recordFailure(key, now, settings);
+      return locks.recordFailure(key, now, share(settings));
     },
   };
   // Signals go to the primary, which drains the workers in order; a terminal's Ctrl-C reaches
@@ -187,6 +203,7 @@ export async function runGatewayWorker(): Promise<void> {
     process.on('message', (message: ToWorker) => {
       switch (message.type) {
         case 'config':
+          workerCount = message.workers;
           configuring = configuring.then(async () => {
             try {
               if (!running) {

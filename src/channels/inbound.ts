@@ -74,6 +74,11 @@ function textOf(value: unknown): string | null {
   return typeof value === 'string' ? value.slice(0, MAX_TEXT_CHARS) : null;
 }
 
+/** String() of a primitive; an object is empty (String() of a JSON object with its own "toString" throws). */
+function primitiveText(value: unknown): string {
+  return value !== null && typeof value === 'object' ? '' : String(value);
+}
+
 /** A paired device: `Authorization: Bearer <device token>`; a revoked device fails at once (looked up per request). */
 function deviceVerifier(store: ChannelStore, name: string, devices: WeakMap<IncomingHttpHeaders, Device>): WebhookVerifier {
   return {
@@ -128,8 +133,12 @@ function telegramSender(body: Record<string, unknown>): { from: unknown; text: s
 
 function discordSender(body: Record<string, unknown>): { from: unknown; text: string | null } {
   const user = (dig(body, 'member', 'user') ?? dig(body, 'user')) as Record<string, unknown> | undefined;
-  const data = body.data as { name?: string; options?: { name: string; value: unknown }[] } | undefined;
-  const text = data?.name ? `/${data.name}${(data.options ?? []).map((o) => ` ${o.name}:${String(o.value)}`).join('')}` : null;
+  // Shape asserted, not assumed: a signed body is still untrusted JSON (a non-array `options`,
+  // or an object with its own "toString", would make the envelope throw).
+  const name = dig(body, 'data', 'name');
+  const options = dig(body, 'data', 'options');
+  const option = (o: unknown) => ` ${primitiveText(dig(o, 'name'))}:${primitiveText(dig(o, 'value'))}`;
+  const text = typeof name === 'string' && name !== '' ? `/${name}${Array.isArray(options) ? options.map(option).join('') : ''}` : null;
   return { from: user ? { id: user.id, username: user.username ?? null, channelId: body.channel_id ?? null } : null, text };
 }
 

@@ -76,7 +76,8 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
     async handle(req, res) {
       const match = /^\/_gatehouse\/channels\/([a-z0-9][a-z0-9_-]{0,31})\/messages(?:\?.*)?$/.exec(req.url ?? '');
       const name = match?.[1];
-      const channel = name !== undefined ? config.channels[name] : undefined;
+      // Own properties only: a name like "constructor" must not find Object.prototype's.
+      const channel = name !== undefined && Object.hasOwn(config.channels, name) ? config.channels[name] : undefined;
       if (!name || !channel) throw new HttpError('not_found', 'no such channel');
       if (req.method !== 'POST') throw new HttpError('method_not_allowed', `${req.method} on a channel`, { allow: 'POST' });
       const raw = await readBody(req, res, MAX_BODY_BYTES, 10_000);

@@ -20,7 +20,7 @@ export function registerChannelsCommands(program: Command): void {
 
   const open = (file: string, name?: string): { config: Config; store: ChannelStore; channel?: ChannelConfig } => {
     const { config } = loadConfig(file);
-    const channel = name === undefined ? undefined : config.channels[name];
+    const channel = name !== undefined && Object.hasOwn(config.channels, name) ? config.channels[name] : undefined;
     if (name !== undefined && !channel) {
       const known = Object.keys(config.channels);
       throw new UsageError(`no channel "${name}" in ${file}${known.length ? ` (configured: ${known.join(', ')})` : ' (no channels configured)'}`);

@@ -1,6 +1,7 @@
 import type { Command } from 'commander';
 import { loadConfig } from '../config/load.js';
 import type { Config } from '../config/schema.js';
+import { configWarnings } from '../config/warnings.js';
 
 export const DEFAULT_CONFIG_FILE = 'gateway.json5';
 
@@ -14,6 +15,7 @@ export function registerConfigCommands(program: Command): void {
     .option('-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE)
     .action((options: { config: string }) => {
       const { config, file } = loadConfig(options.config);
+      for (const warning of configWarnings(config)) process.stderr.write(`warning: ${warning}\n`);
       process.stdout.write(`ok: ${file}: ${summarizeConfig(config)}\n`);
     });
 }

@@ -74,7 +74,7 @@ function expandReferences(value: unknown, at: (string | number)[], ctx: { env: N
   if (typeof value === 'string') {
     if (!value.includes('${')) return value;
     return value.replace(ENV_REFERENCE, (_match, name: string) => {
-      const found = ctx.env[name];
+      const found = Object.hasOwn(ctx.env, name) ? ctx.env[name] : undefined; // `${constructor}` is not a variable
       if (found === undefined) {
         ctx.problems.push(`${formatPath(at)}: environment variable ${name} is not set`);
         return '';

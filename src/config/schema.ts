@@ -36,6 +36,26 @@ const listen = (defaultPort: number) =>
     port: port.default(defaultPort),
   });
 
+/**
+ * The HTTP parser's limits on a listener, all explicit (Node's defaults are generous and some,
+ * like its silent header-count cut, are unsafe for a proxy). See src/listener.ts.
+ */
+const httpLimits = (requestTimeoutMs: number) =>
+  z.strictObject({
+    /** Header lines per request; a request with more is refused (431), never cut. Apache's LimitRequestFields. */
+    maxHeaderCount: z.number().int().min(16).max(1000).default(100),
+    /** Bytes of the request line and headers together (431 past it). */
+    maxHeaderBytes: z.number().int().min(1024).max(65_536).default(16_384),
+    /** Time to receive the request line and headers (408, connection closed). */
+    headersTimeoutMs: positiveInt.default(15_000),
+    /** Time to receive the whole request, body included (408). */
+    requestTimeoutMs: positiveInt.default(requestTimeoutMs),
+    /** How long an idle keep-alive connection stays open (make it longer than a load balancer's idle timeout in front). */
+    keepAliveTimeoutMs: positiveInt.default(5_000),
+  }).superRefine((limits, ctx) => {
+    if (limits.headersTimeoutMs > limits.requestTimeoutMs) ctx.addIssue({ code: 'custom', path: ['headersTimeoutMs'], message: 'headersTimeoutMs must not exceed requestTimeoutMs' });
+  });
+
 const KEY_ID = /^[A-Za-z0-9._:-]{1,64}$/;
 const KEY_HASH = /^sha256:[0-9a-f]{64}$/;
 const apiKeyEntry = z.strictObject({
@@ -72,6 +92,8 @@ const jwtSettings = z
     jwksCooldownSeconds: z.number().int().min(0).default(30),
     /** How long a verified token is trusted again without re-verifying (never past its exp); 0 disables. */
     cacheSeconds: z.number().int().min(0).max(3600).default(30),
+    /** Refuse tokens without a non-empty string `sub`, so the upstream always learns who called. */
+    requireSubject: z.boolean().default(true),
   })
   .superRefine((jwt, ctx) => {
     const sources = (['jwksUri', 'secret', 'publicKey'] as const).filter((k) => jwt[k] !== undefined);
@@ -143,6 +165,8 @@ const gateway = z.strictObject({
   }),
   trustProxy: z.array(addressRange).default([]),
   tls: z.strictObject({ cert: z.string().min(1), key: z.string().min(1) }).optional(),
+  /** Uploads stream through to the upstream, so the whole-request time is generous. */
+  limits: httpLimits(300_000).prefault({}),
   auth: auth.prefault({}),
   /** Processes serving /api/ (node:cluster, sharing the port): "auto" = one per CPU. The webhook receiver stays in one. */
   workers: z.union([z.literal('auto'), z.number().int().min(1).max(256)], { error: 'workers must be "auto" or a whole number from 1 to 256' }).default(1),
@@ -276,7 +300,14 @@ const webhooks = z
   .strictObject({
     enabled: z.boolean().default(false),
     listen: listen(8081).prefault({}),
+    /** Bodies are small and bounded by bodyTimeoutMs: a short whole-request time. */
+    limits: httpLimits(60_000).prefault({}),
     maxBodyBytes: positiveInt.default(262_144),
+    /**
+     * How deep a JSON body may nest arrays and objects (the top level is 1); deeper is 400
+     * invalid_json, checked before parsing. Capped well below where JSON.stringify runs out of stack.
+     */
+    maxJsonDepth: z.number().int().min(1).max(1000).default(64),
     /** A body that has not fully arrived after this long gets 408 (slow-loris guard). */
     bodyTimeoutMs: positiveInt.default(15_000),
     endpoints: z.array(webhookEndpoint).default([]),
@@ -405,6 +436,7 @@ export function isLoopbackHost(host: string): boolean {
 export type Config = z.output<typeof configSchema>;
 export type GatewayConfig = Config['gateway'];
 export type AuthConfig = GatewayConfig['auth'];
+export type HttpLimits = z.output<ReturnType<typeof httpLimits>>;
 export type JwtConfig = z.output<typeof jwtSettings>;
 export type WebhooksConfig = Config['webhooks'];
 export type GmailConfig = NonNullable<WebhooksConfig['gmail']>;

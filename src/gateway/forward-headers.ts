@@ -1,9 +1,9 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
-import { HttpError } from '../errors.js';
+import { FRAMING_HEADERS, isValidHost, PLAIN_CONNECTION } from '../listener.js';
 import type { ClientOrigin } from './client-ip.js';
 import type { Identity } from './credentials/authenticate.js';
 
-/** Headers a client may not set for the upstream: gatehouse owns them (compared with `_` read as `-`). */
+/** Headers a client may not set for the upstream: gatehouse owns them. */
 const OWNED_HEADERS = [
   'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-port', 'forwarded', 'x-real-ip', 'x-request-id',
   // Read by common frameworks as "what the proxy saw" (Spring, Rack, Symfony, IIS, CDNs): a client may not set them.
@@ -13,32 +13,28 @@ const OWNED_HEADERS = [
 const CREDENTIAL_HEADERS = ['x-api-key'];
 /** Hop-by-hop (RFC 9110 7.6.1): about the client's connection, not the upstream's. A client's `Connection: close` must not end our keep-alive. */
 const HOP_BY_HOP = ['connection', 'keep-alive', 'proxy-connection', 'te', 'upgrade', 'proxy-authorization', 'proxy-authenticate'];
+/** The body's framing on the way up is gatehouse's own choice (see prepareUpstreamHeaders), never the client's lines. */
+const BODY_FRAMING = ['content-length', 'transfer-encoding'];
 const OWNED_PREFIX = 'x-gatehouse-';
-const STRIPPED = new Set([...OWNED_HEADERS, ...HOP_BY_HOP]);
+const STRIPPED = new Set([...OWNED_HEADERS, ...HOP_BY_HOP, ...BODY_FRAMING]);
 const STRIPPED_WITH_CREDENTIALS = new Set([...STRIPPED, ...CREDENTIAL_HEADERS]);
-/** Headers that frame the message: a client may not have them dropped by naming them in Connection. */
-const FRAMING = ['content-length', 'transfer-encoding', 'host'];
+
+/** A name made only of what every server reads the same way; anything else gets the look-alike check. */
+const PLAIN_NAME = /^[a-z0-9-]+$/;
+const SEPARATOR_LIKE = /[^a-z0-9]/g;
 
 /**
- * Refuses framing an upstream could read differently (smuggling): a body on a method that has
- * none, or a Connection header naming a framing header (honouring it would strip the body's
- * length on the way up and let the body pass for a second request).
+ * Whether a client header name is, or could be read as, one gatehouse strips. CGI, PHP, and
+ * servers built on them turn every character outside [A-Za-z0-9] into `_` (HTTP_X_GATEHOUSE_SUBJECT),
+ * so `X-Gatehouse.Subject`, `X_Gatehouse_Subject` and `X.Real~IP` all land where gatehouse's own
+ * header does: a name is compared with each such character read as `-`.
  */
-export function checkConnectionHeader(req: IncomingMessage): HttpError | undefined {
-  // A body on GET/HEAD/TRACE has no meaning (RFC 9110 9.3.1) and many servers never read it:
-  // forwarded, its bytes would be parsed as the next request on the upstream connection.
-  if ((req.method === 'GET' || req.method === 'HEAD' || req.method === 'TRACE') &&
-      (req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0)) {
-    return new HttpError('invalid_request', `${req.method} with a body`);
-  }
-  const connection = req.headers.connection;
-  if (connection === undefined || PLAIN_CONNECTION.test(connection)) return undefined;
-  const named = connection.toLowerCase().split(',').map((t) => t.trim());
-  return named.some((name) => FRAMING.includes(name)) ? new HttpError('invalid_request', `Connection names a framing header: ${connection}`) : undefined;
+function isStripped(name: string, stripped: ReadonlySet<string>): boolean {
+  if (stripped.has(name) || name.startsWith(OWNED_PREFIX)) return true;
+  if (PLAIN_NAME.test(name)) return false;
+  const canonical = name.replace(SEPARATOR_LIKE, '-');
+  return stripped.has(canonical) || canonical.startsWith(OWNED_PREFIX);
 }
-
-/** Connection values that name no other header: the common case skips parsing it. */
-const PLAIN_CONNECTION = /^\s*(keep-alive|close)\s*$/i;
 
 export interface ForwardContext {
   requestId: string;
@@ -50,29 +46,31 @@ export interface ForwardContext {
 
 /**
  * Replaces the request's headers with what the upstream may see: client-sent identity and
- * forwarding headers removed (any case, `_` variants too), hop-by-hop headers removed,
+ * forwarding headers removed (any case, look-alike spellings too), hop-by-hop headers removed,
+ * the body's framing restated,
  * credentials removed unless configured otherwise, then gatehouse's own set.
  * A new object rather than deletes: deleting keys would slow every later read of it.
  */
 export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext): void {
   const headers = req.headers;
   const trustedProto = ctx.origin.viaTrustedProxy ? single(headers['x-forwarded-proto']) : undefined;
-  const trustedHost = ctx.origin.viaTrustedProxy ? single(headers['x-forwarded-host']) : undefined;
+  const forwardedHost = ctx.origin.viaTrustedProxy ? single(headers['x-forwarded-host']) : undefined;
+  const trustedHost = isValidHost(forwardedHost) ? forwardedHost : undefined;
   const stripped = ctx.forwardCredentials ? STRIPPED : STRIPPED_WITH_CREDENTIALS;
   const connection = headers.connection;
   const namedByConnection = connection !== undefined && !PLAIN_CONNECTION.test(connection)
-    ? connection.toLowerCase().split(',').map((t) => t.trim()).filter((name) => !FRAMING.includes(name))
+    ? connection.toLowerCase().split(',').map((t) => t.trim()).filter((name) => !FRAMING_HEADERS.includes(name))
     : undefined;
 
   const out: IncomingHttpHeaders = {};
   for (const name in headers) {
-    if (stripped.has(name) || name.startsWith(OWNED_PREFIX) || namedByConnection?.includes(name)) continue;
-    if (name.includes('_')) {
-      const canonical = name.replace(/_/g, '-');
-      if (stripped.has(canonical) || canonical.startsWith(OWNED_PREFIX)) continue;
-    }
+    if (isStripped(name, stripped) || namedByConnection?.includes(name)) continue;
     out[name] = headers[name];
   }
+  // The body goes up framed as gatehouse parsed it, stated by gatehouse: chunked stays chunked
+  // (checkFraming let no other coding through), a length is re-sent as the number it is.
+  if (headers['transfer-encoding'] !== undefined) out['transfer-encoding'] = 'chunked';
+  else if (headers['content-length'] !== undefined) out['content-length'] = String(Number(headers['content-length']));
   // A bearer Authorization is a credential; other schemes (Basic…) are the upstream's business.
   if (!ctx.forwardCredentials && out.authorization !== undefined && /^bearer(\s|$)/i.test(out.authorization)) {
     delete out.authorization;
@@ -80,8 +78,9 @@ export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext
 
   out['x-forwarded-for'] = ctx.origin.chain.join(', ');
   out['x-forwarded-proto'] = trustedProto === 'http' || trustedProto === 'https' ? trustedProto : ctx.encrypted ? 'https' : 'http';
+  // Host was checked at the door (one, host[:port]); a proxy's X-Forwarded-Host only if it is as sound.
   const host = trustedHost ?? headers.host;
-  if (host !== undefined) out['x-forwarded-host'] = host;
+  if (isValidHost(host)) out['x-forwarded-host'] = host;
   out['x-request-id'] = ctx.requestId;
   out['x-gatehouse-auth'] = ctx.identity.methods.length ? ctx.identity.methods.join(',') : 'none';
   if (ctx.identity.subject !== undefined) out['x-gatehouse-subject'] = headerSafe(ctx.identity.subject);
@@ -96,11 +95,15 @@ function single(value: string | string[] | undefined): string | undefined {
   return last === '' ? undefined : last;
 }
 
-/** A JWT `sub` can hold anything; percent-encode what a header cannot carry (and `%` itself). */
-const HEADER_SAFE = /^[\x20-\x24\x26-\x7e]*$/;
-function headerSafe(value: string): string {
-  if (HEADER_SAFE.test(value)) return value;
+/**
+ * A JWT `sub` can hold anything; percent-encode what a header cannot carry, `%` itself, and
+ * spaces at either end (a header parser trims them: `"  admin  "` would arrive as `admin`).
+ */
+const HEADER_SAFE = /^(?! )[\x20-\x24\x26-\x7e]*$/;
+const UNSAFE = /[^\x20-\x7e]|%|^ +| +$/gu;
+export function headerSafe(value: string): string {
+  if (HEADER_SAFE.test(value) && !value.endsWith(' ')) return value;
   // toWellFormed first: a lone surrogate (valid in JSON) would make encodeURIComponent throw.
   const wellFormed = (value as string & { toWellFormed(): string }).toWellFormed();
-  return wellFormed.replace(/[^\x20-\x7e]|%/gu, (c) => encodeURIComponent(c));
+  return wellFormed.replace(UNSAFE, (c) => (c.startsWith(' ') ? '%20'.repeat(c.length) : encodeURIComponent(c)));
 }

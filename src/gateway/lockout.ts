@@ -2,11 +2,16 @@ import type ipaddr from 'ipaddr.js';
 import { parseAddress } from './ip-allowlist.js';
 
 /**
- * Failure lockout: `max` bad credentials from one client within `windowSeconds`
- * lock that client out for `lockoutSeconds`. A success does not unlock it.
+ * Failure lockout: at most `max` bad credentials from one client are evaluated within
+ * `windowSeconds`; the `max`-th locks the client out for `lockoutSeconds`. A success does not
+ * unlock it.
  *
- * The counters sit behind `LockoutStore` so a shared store (Redis) can replace the
- * in-memory one when several gatehouse instances must agree.
+ * The bound holds however concurrent the client is: a request takes a slot (`acquire`) before
+ * its credential is checked and gives it back with the verdict (`succeeded` / `failed`). While
+ * the failures in the window plus the slots in flight reach `max`, a new request waits (first
+ * come, first served) for a slot to come back instead of being checked alongside them, then
+ * either proceeds or, once those turned into a lockout, gets the lockout. Nobody is refused for
+ * concurrency alone.
  */
 export interface LockoutSettings {
   max: number;
@@ -14,90 +19,215 @@ export interface LockoutSettings {
   lockoutSeconds: number;
 }
 
+/**
+ * The counters and locks, per key. Synchronous on purpose: it is consulted on every /api/
+ * request. A count shared between processes keeps a local view and reports failures in the
+ * background, as gateway workers do (workers.ts).
+ */
 export interface LockoutStore {
-  /** Seconds left on the lockout of `key`, 0 when not locked. */
-  lockedFor(key: string, now: number): Promise<number>;
+  /**
+   * Seconds `key` is refused for: locked out, or its window already holds `max` failures
+   * (which happens without a lockout only when `max` was lowered or the lock table is full).
+   * 0 when it may be checked.
+   */
+  refusedFor(key: string, now: number, settings: LockoutSettings): number;
+  /** How many more failures the window of `key` takes before it locks (`max` minus those counted). */
+  room(key: string, now: number, settings: LockoutSettings): number;
   /** Counts one failure; returns the seconds of lockout it triggered (0 when none). */
-  recordFailure(key: string, now: number, settings: LockoutSettings): Promise<number>;
+  recordFailure(key: string, now: number, settings: LockoutSettings): number;
   /** Every lockout in force as [key, until (ms)]: what a new gateway worker must learn. */
   activeLocks?(now: number): [string, number][];
 }
 
-interface Entry {
+const DEFAULT_MAX_COUNTERS = 100_000;
+const DEFAULT_MAX_LOCKS = 1_000_000;
+/** Stale counters and expired locks dropped from the head per write: more than one, so a backlog shrinks. */
+const SWEEP_PER_WRITE = 2;
+
+interface Counter {
   /** Times (ms) of recent failures, oldest first; those before `head` have left the window. */
   failures: number[];
   head: number;
-  lockedUntil: number;
 }
 
-/** Per-process counters. Bounded: past `maxEntries` clients, stale entries are swept, then the oldest dropped. */
+/**
+ * Per-process counters and locks, every operation O(1) (amortised), also at capacity.
+ *
+ * - Counters sit in a Map ordered by last failure (a failure moves its key to the end). Past
+ *   `maxCounters` keys the least recently failing counter is dropped from the head: an
+ *   address-spraying attacker can make the store forget old counts, never spend its CPU.
+ * - Locks sit apart, in a Map in the order they were set, which is expiry order (every lock
+ *   lasts `lockoutSeconds`), so expired ones are dropped from the head. A lock is never
+ *   dropped before it expires: spraying new addresses cannot lift one. Past `maxLocks` locks in
+ *   force, a client that reaches `max` is not locked but refused until its oldest counted
+ *   failure leaves the window (`max` guesses per window instead of per lockout).
+ */
 export class MemoryLockoutStore implements LockoutStore {
-  private readonly entries = new Map<string, Entry>();
-  constructor(private readonly maxEntries = 100_000) {}
+  private readonly counters = new Map<string, Counter>();
+  private readonly locks = new Map<string, number>();
+  private readonly maxCounters: number;
+  private readonly maxLocks: number;
 
-  async lockedFor(key: string, now: number): Promise<number> {
-    const entry = this.entries.get(key);
-    if (!entry || entry.lockedUntil <= now) return 0;
-    return Math.ceil((entry.lockedUntil - now) / 1000);
+  constructor(limits: { maxCounters?: number; maxLocks?: number } = {}) {
+    this.maxCounters = limits.maxCounters ?? DEFAULT_MAX_COUNTERS;
+    this.maxLocks = limits.maxLocks ?? DEFAULT_MAX_LOCKS;
   }
 
-  async recordFailure(key: string, now: number, settings: LockoutSettings): Promise<number> {
-    let entry = this.entries.get(key);
-    if (!entry) {
-      if (this.entries.size >= this.maxEntries) this.evict(now, settings);
-      entry = { failures: [], head: 0, lockedUntil: 0 };
-      this.entries.set(key, entry);
+  /** Keys with a counter and keys locked (expired ones included until swept): for tests and metrics. */
+  get size(): { counters: number; locks: number } {
+    return { counters: this.counters.size, locks: this.locks.size };
+  }
+
+  refusedFor(key: string, now: number, settings: LockoutSettings): number {
+    const until = this.locks.get(key);
+    if (until !== undefined) {
+      if (until > now) return Math.ceil((until - now) / 1000);
+      this.locks.delete(key);
     }
-    // Amortised O(1) per failure: a head index instead of filtering the whole list each time
-    // (a flood of bad keys from one address made that list, and each failure, grow).
-    const windowStart = now - settings.windowSeconds * 1000;
-    const { failures } = entry;
-    while (entry.head < failures.length && failures[entry.head]! <= windowStart) entry.head++;
-    failures.push(now);
-    if (failures.length - entry.head > settings.max) entry.head = failures.length - settings.max;
-    if (entry.head > 32 && entry.head * 2 > failures.length) {
-      entry.failures = failures.slice(entry.head);
-      entry.head = 0;
+    const counter = this.counters.get(key);
+    if (counter === undefined) return 0;
+    const counted = countInWindow(counter, now, settings);
+    if (counted < settings.max) return 0;
+    // Free again once enough failures leave the window to bring the count under max.
+    const freeAt = counter.failures[counter.head + counted - settings.max]! + settings.windowSeconds * 1000;
+    return Math.max(1, Math.ceil((freeAt - now) / 1000));
+  }
+
+  room(key: string, now: number, settings: LockoutSettings): number {
+    const counter = this.counters.get(key);
+    return settings.max - (counter === undefined ? 0 : countInWindow(counter, now, settings));
+  }
+
+  recordFailure(key: string, now: number, settings: LockoutSettings): number {
+    let counter = this.counters.get(key);
+    if (counter === undefined) {
+      this.sweepCounters(now, settings);
+      if (this.counters.size >= this.maxCounters) this.counters.delete(this.counters.keys().next().value!);
+      counter = { failures: [], head: 0 };
+    } else {
+      this.counters.delete(key); // re-inserted below: the Map stays in last-failure order
     }
-    if (entry.failures.length - entry.head < settings.max) return 0;
-    entry.failures = [];
-    entry.head = 0;
-    entry.lockedUntil = Math.max(entry.lockedUntil, now + settings.lockoutSeconds * 1000);
+    this.counters.set(key, counter);
+    const counted = countInWindow(counter, now, settings);
+    counter.failures.push(now);
+    // Only the last `max` matter; a head index instead of filtering keeps each failure O(1).
+    if (counted + 1 > settings.max) counter.head = counter.failures.length - settings.max;
+    if (counter.head > 32 && counter.head * 2 > counter.failures.length) {
+      counter.failures = counter.failures.slice(counter.head);
+      counter.head = 0;
+    }
+    if (counted + 1 < settings.max) return 0;
+    // Lock table full of locks in force: the full window keeps refusing the client (refusedFor).
+    if (!this.setLock(key, now + settings.lockoutSeconds * 1000, now)) return 0;
+    this.counters.delete(key);
     return settings.lockoutSeconds;
   }
 
   activeLocks(now: number): [string, number][] {
-    const locks: [string, number][] = [];
-    for (const [key, entry] of this.entries) if (entry.lockedUntil > now) locks.push([key, entry.lockedUntil]);
-    return locks;
+    const active: [string, number][] = [];
+    for (const entry of this.locks) if (entry[1] > now) active.push(entry);
+    return active;
   }
 
   /** Locks `key` until `until` (ms): another process's verdict, e.g. the cluster primary's. */
-  lockUntil(key: string, until: number): void {
-    let entry = this.entries.get(key);
-    if (!entry) {
-      if (this.entries.size >= this.maxEntries) this.entries.delete(this.entries.keys().next().value!);
-      entry = { failures: [], head: 0, lockedUntil: 0 };
-      this.entries.set(key, entry);
-    }
-    entry.lockedUntil = Math.max(entry.lockedUntil, until);
+  lockUntil(key: string, until: number, now = Date.now()): void {
+    this.setLock(key, until, now);
   }
 
-  private evict(now: number, settings: LockoutSettings): void {
+  /** false: the table is full of locks in force, and `key` was not locked. */
+  private setLock(key: string, until: number, now: number): boolean {
+    const current = this.locks.get(key);
+    if (current !== undefined) {
+      if (current >= until) return true;
+      this.locks.delete(key); // re-inserted at the end, where the latest expiries are
+    } else {
+      this.sweepLocks(now, this.locks.size >= this.maxLocks ? Infinity : SWEEP_PER_WRITE);
+      if (this.locks.size >= this.maxLocks) return false;
+    }
+    this.locks.set(key, until);
+    return true;
+  }
+
+  /**
+   * Drops up to `limit` expired locks from the head. Locks are set in expiry order, except after
+   * a reload shortened `lockoutSeconds` or with another process's verdicts: then a later expiry
+   * at the head holds the sweep up until it expires too (those behind it are still refused
+   * nothing: refusedFor compares with the time).
+   */
+  private sweepLocks(now: number, limit: number): void {
+    let swept = 0;
+    for (const [key, until] of this.locks) {
+      if (until > now || swept++ >= limit) return;
+      this.locks.delete(key);
+    }
+  }
+
+  /** Drops a few counters whose last failure has left the window (they sit at the head). */
+  private sweepCounters(now: number, settings: LockoutSettings): void {
     const windowStart = now - settings.windowSeconds * 1000;
-    for (const [key, entry] of this.entries) {
-      if (entry.lockedUntil <= now && (entry.failures.at(-1) ?? 0) <= windowStart) this.entries.delete(key);
+    let swept = 0;
+    for (const [key, counter] of this.counters) {
+      if (counter.failures[counter.failures.length - 1]! > windowStart || swept++ >= SWEEP_PER_WRITE) return;
+      this.counters.delete(key);
     }
-    // Still full (an address-spraying attack): drop the oldest entries rather than grow without bound.
-    for (const key of this.entries.keys()) {
-      if (this.entries.size < this.maxEntries) break;
-      this.entries.delete(key);
-    }
+  }
+}
+
+/** Failures of `counter` inside the window ending `now` (moves its head past those that left). */
+function countInWindow(counter: Counter, now: number, settings: LockoutSettings): number {
+  const windowStart = now - settings.windowSeconds * 1000;
+  const { failures } = counter;
+  while (counter.head < failures.length && failures[counter.head]! <= windowStart) counter.head++;
+  return failures.length - counter.head;
+}
+
+/** Permission to check one credential of a client; given back once, with the verdict. */
+export interface LockoutSlot {
+  /** The credential was good, or nothing that counts failed: nothing is counted. */
+  succeeded(): void;
+  /** A bad credential: counted; returns the seconds of lockout it set off (0 when none). */
+  failed(): number;
+}
+
+/** What `acquire` answers: a slot, or the seconds the client is refused for. */
+export type LockoutAdmission = LockoutSlot | number;
+
+type Waiter = (admission: LockoutAdmission) => void;
+
+/** The requests of one key being checked, and those waiting for their turn (FIFO from `head`). */
+interface Gate {
+  key: string;
+  inFlight: number;
+  /** Made when the first request must wait (most gates never have one). */
+  waiters: Waiter[] | undefined;
+  head: number;
+}
+
+class Slot implements LockoutSlot {
+  private released = false;
+  constructor(
+    private readonly gate: Gate,
+    private readonly release: (gate: Gate, failed: boolean) => number,
+  ) {}
+
+  succeeded(): void {
+    if (this.released) return;
+    this.released = true;
+    this.release(this.gate, false);
+  }
+
+  failed(): number {
+    if (this.released) return 0;
+    this.released = true;
+    return this.release(this.gate, true);
   }
 }
 
 /** The lockout as the pipeline uses it: one store, the current settings, a namespace per listener. */
 export class FailureLockout {
+  /** Keys with slots out or requests waiting; an idle key has no gate. */
+  private readonly gates = new Map<string, Gate>();
+
   constructor(
     private readonly store: LockoutStore,
     private settings: LockoutSettings,
@@ -110,13 +240,70 @@ export class FailureLockout {
     this.settings = settings;
   }
 
-  lockedFor(ip: string): Promise<number> {
-    return this.store.lockedFor(this.key(ip), this.now());
+  /**
+   * A slot to check one credential of `ip`, or the seconds it is refused for. Synchronous unless
+   * the request must wait its turn (the failures in the window plus the slots out reach `max`).
+   * Every slot must be given back, on every path (a slot kept forever stalls that client).
+   */
+  acquire(ip: string): LockoutAdmission | Promise<LockoutAdmission> {
+    const key = this.key(ip);
+    const gate = this.gates.get(key);
+    if (gate === undefined) {
+      // The common case: nothing of this client in flight.
+      const refused = this.store.refusedFor(key, this.now(), this.settings);
+      if (refused > 0) return refused;
+      const fresh: Gate = { key, inFlight: 1, waiters: undefined, head: 0 };
+      this.gates.set(key, fresh);
+      return new Slot(fresh, this.release);
+    }
+    // No overtaking: with requests already waiting, a new one queues behind them.
+    if (gate.waiters === undefined) {
+      const admission = this.admit(gate);
+      if (admission !== undefined) return admission;
+    }
+    return new Promise<LockoutAdmission>((resolve) => (gate.waiters ??= []).push(resolve));
   }
 
-  recordFailure(ip: string): Promise<number> {
-    return this.store.recordFailure(this.key(ip), this.now(), this.settings);
+  /** Seconds `ip` is refused for now (0: not refused); takes no slot. */
+  lockedFor(ip: string): number {
+    return this.store.refusedFor(this.key(ip), this.now(), this.settings);
   }
+
+  /** A slot if the window has room beside those in flight; the refusal if locked; undefined: wait. */
+  private admit(gate: Gate): LockoutAdmission | undefined {
+    const now = this.now();
+    const refused = this.store.refusedFor(gate.key, now, this.settings);
+    if (refused > 0) return refused;
+    // With nothing in flight a request always proceeds, so no waiter can wait forever.
+    if (gate.inFlight > 0 && gate.inFlight >= this.store.room(gate.key, now, this.settings)) return undefined;
+    gate.inFlight++;
+    return new Slot(gate, this.release);
+  }
+
+  private readonly release = (gate: Gate, failed: boolean): number => {
+    gate.inFlight--;
+    const lockedFor = failed ? this.store.recordFailure(gate.key, this.now(), this.settings) : 0;
+    const { waiters } = gate;
+    if (waiters !== undefined) {
+      // Wake waiters in order while there is room; once locked, every one gets the lockout.
+      while (gate.head < waiters.length) {
+        const admission = this.admit(gate);
+        if (admission === undefined) break;
+        const waiter = waiters[gate.head]!;
+        waiters[gate.head++] = undefined as unknown as Waiter; // let it go
+        waiter(admission);
+      }
+      if (gate.head === waiters.length) {
+        gate.waiters = undefined;
+        gate.head = 0;
+      } else if (gate.head > 1024 && gate.head * 2 > waiters.length) {
+        gate.waiters = waiters.slice(gate.head);
+        gate.head = 0;
+      }
+    }
+    if (gate.inFlight === 0 && gate.waiters === undefined) this.gates.delete(gate.key);
+    return lockedFor;
+  };
 
   /**
    * One counter per IPv4 address, and per IPv6 /64: a single IPv6 host usually holds a whole

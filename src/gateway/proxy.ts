@@ -4,13 +4,10 @@ import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:
 import { createProxyMiddleware, type Plugin, type RequestHandler } from 'http-proxy-middleware';
 import type { GatewayConfig } from '../config/schema.js';
 import { HttpError, sendError } from '../errors.js';
+import { hasBody } from '../listener.js';
 
 const UPSTREAM_TIMEOUT = 'GATEHOUSE_UPSTREAM_TIMEOUT';
 const SAFE_REASON = /^[\t\x20-\x7e\x80-\xff]*$/;
-
-function hasBody(req: IncomingMessage): boolean {
-  return req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
-}
 
 /** Response headers about the upstream connection, not the client's (RFC 9110 7.6.1). */
 const HOP_BY_HOP_RESPONSE = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade']);

@@ -1,7 +1,9 @@
 import { randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import pino, { type Logger } from 'pino';
+import type { HttpLimits } from '../config/schema.js';
 import { HttpError, sendError } from '../errors.js';
+import { bodyPending, checkFraming, closeAfterAnswer, isClosing } from '../listener.js';
 import type { ClientOrigin } from './client-ip.js';
 import type { Identity } from './credentials/authenticate.js';
 
@@ -45,6 +47,32 @@ export function requestLogger(logger: Logger): RequestLog {
     if (!logger.isLevelEnabled('info')) return;
     stream.write(JSON.stringify({ level: 30, time: Date.now(), ...bindings, ...fields, msg: 'request' }) + '\n');
   };
+}
+
+/**
+ * Every request on either listener starts here: the context and its log line, then the framing
+ * checks (src/listener.ts) before anything else reads the request. Returns false when the
+ * request was refused (answered, and its connection closed) or came on a connection that is closing.
+ */
+export function admitRequest(req: IncomingMessage, res: ServerResponse, log: RequestLog, limits: HttpLimits, logger: Logger): boolean {
+  // Pipelined behind a request that closed the connection: its bytes are not trusted as a request.
+  if (isClosing(req.socket)) return false;
+  beginRequest(req, res, log);
+  const refused = checkFraming(req, limits);
+  if (refused) {
+    // What else is on this connection cannot be trusted to be framed as we think: close it.
+    closeAfterAnswer(res);
+    respondWithError(req, res, refused, logger);
+    return false;
+  }
+  // Answered before the body arrived (an error, a handler that did not need it): Node would read
+  // and discard the rest for as long as the client trickles it, holding the connection.
+  if (bodyPending(req)) {
+    res.once('finish', () => {
+      if (bodyPending(req)) closeAfterAnswer(res);
+    });
+  }
+  return true;
 }
 
 /** Starts the context: keeps a client's sane X-Request-Id, else makes one; logs one line (to `logger`) when done. */
@@ -97,6 +125,7 @@ export function respondWithError(req: IncomingMessage, res: ServerResponse, err:
     error = new HttpError('internal_error', err instanceof Error ? err.message : String(err));
   }
   noteError(req, error);
+  if (bodyPending(req)) closeAfterAnswer(res);
   sendError(res, error);
 }
 

@@ -1,14 +1,15 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
-import type { Config, VerifyConfig, WebhookAction } from '../config/schema.js';
+import type { Config, HttpLimits, VerifyConfig, WebhookAction } from '../config/schema.js';
 import { HttpError, type ErrorCode } from '../errors.js';
 import { createClientIpResolver } from '../gateway/client-ip.js';
-import type { FailureLockout } from '../gateway/lockout.js';
-import { answerHealthy, beginRequest, requestLogger, respondWithError } from '../gateway/request-context.js';
+import type { FailureLockout, LockoutSlot } from '../gateway/lockout.js';
+import { admitRequest, answerHealthy, requestLogger, respondWithError } from '../gateway/request-context.js';
 import { readBody } from '../read-body.js';
 import type { EventStore } from './store.js';
-import { buildEnvelope, compileTemplate, type CompiledTemplate } from './translate.js';
+import { jsonNestsDeeperThan } from './json-depth.js';
+import { compileTemplate, prepareEnvelope, type CompiledTemplate } from './translate.js';
 import { createVerifier, type DirectAnswer, type WebhookVerifier } from './verifiers/index.js';
 
 type Next = NextFunction;
@@ -29,9 +30,13 @@ interface Endpoint {
   /** Called after an event of this route is stored (a channel's "last event"). */
   onStored?: () => void;
   /**
-   * false: a failed check does not count for the lockout. For platforms whose servers share
-   * egress addresses (anyone can point their own bot at the URL and get the platform's
-   * addresses locked out) and whose signatures cannot be guessed anyway.
+   * Whether the lockout guards this route (default true): its failed checks count, a client
+   * locked out is refused, and concurrent checks of one client hold lockout slots. true for
+   * what can be guessed: a `secret` endpoint's header secret, a device token. false for senders
+   * that sign (every `verify` type but `secret`, Gmail push, the chat platforms): their servers
+   * share egress addresses, so anyone pointing their own repo or bot at the URL with a wrong
+   * secret could get the sender's addresses locked out and its deliveries lost, and a
+   * signature cannot be guessed anyway. Such routes neither count nor are refused.
    */
   countsFailures?: boolean;
 }
@@ -42,11 +47,23 @@ interface Endpoint {
  */
 export type IntegrationRoute = Pick<Endpoint, 'path' | 'action' | 'verifyType' | 'verifier' | 'consume' | 'envelopeExtra' | 'onStored' | 'countsFailures'> & { failureCode?: ErrorCode };
 
+/**
+ * The lockout as a prefix handler sees it: its request already holds a lockout slot (taken
+ * before the handler runs, given back when it returns), so concurrent guesses cannot all pass
+ * the check before one fails. `ip` is the request's own client address (`RouteTools.clientIp`).
+ */
+export interface RouteLockout {
+  /** Seconds the client is locked out for now: another request's failure may have locked it meanwhile. */
+  lockedFor(ip: string): Promise<number>;
+  /** Counts this request's failure (once per request); returns the seconds of lockout it set off. */
+  recordFailure(ip: string): Promise<number>;
+}
+
 /** What a prefix handler gets: the client address (already past the lockout check) and helpers. */
 export interface RouteTools {
   clientIp: string;
-  lockout: FailureLockout;
-  /** The body as a JSON object (size and time limits as for webhooks); throws an HttpError. */
+  lockout: RouteLockout;
+  /** The body as a JSON object (size, time and nesting limits as for webhooks); throws an HttpError. */
   readJson(): Promise<Record<string, unknown>>;
 }
 
@@ -65,12 +82,12 @@ export interface WebhookApp {
 }
 
 /**
- * The webhook receiver: path → method → lockout and the sender's proof (header secret, or
- * signature headers) → content type → raw body → signature over those bytes → JSON → the
- * sender's handshake, or durable store → 202. Nothing unverified is parsed or stored.
+ * The webhook receiver: path → method → lockout (on the routes it guards: `countsFailures`) and
+ * the sender's proof (header secret, or signature headers) → content type → raw body → signature
+ * over those bytes → JSON → the sender's handshake, or durable store → 202. Nothing unverified is parsed or stored.
  * Never listens (server.ts does).
  */
-export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; store: EventStore; onAccepted: () => void; routes?: IntegrationRoute[]; prefixRoutes?: PrefixRoute[] }): WebhookApp {
+export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; store: EventStore; onAccepted: () => void; limits: HttpLimits; routes?: IntegrationRoute[]; prefixRoutes?: PrefixRoute[] }): WebhookApp {
   const { webhooks } = config;
   const { logger, lockout, store } = deps;
   const resolveClientIp = createClientIpResolver(config.gateway.trustProxy);
@@ -81,6 +98,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     verifyType: e.verify.type,
     verifier: createVerifier(e.verify),
     failureCode: e.verify.type === 'secret' ? 'invalid_webhook_secret' : 'invalid_webhook_signature',
+    countsFailures: e.verify.type === 'secret',
     template: e.template !== undefined ? compileTemplate(e.template) : undefined,
   }]));
   for (const route of deps.routes ?? []) endpoints.set(route.path, { failureCode: 'invalid_webhook_signature', ...route });
@@ -91,9 +109,58 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     res.end(direct.body);
   }
 
-  async function rejectSender(req: IncomingMessage, endpoint: Endpoint, reason: string): Promise<HttpError> {
-    if (endpoint.countsFailures !== false) await lockout.recordFailure(req.gatehouse!.clientIp!);
+  /** A lockout slot for the client of a guarded route, or the 429 while it is locked out. */
+  async function takeLockoutSlot(ip: string): Promise<LockoutSlot | HttpError> {
+    let admission = lockout.acquire(ip);
+    if (admission instanceof Promise) admission = await admission;
+    if (typeof admission === 'number') return new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) });
+    return admission;
+  }
+
+  /** The sender failed its proof: counted (through its slot) when the route is guarded. */
+  function rejectSender(endpoint: Endpoint, reason: string, slot: LockoutSlot | undefined): HttpError {
+    slot?.failed();
     return new HttpError(endpoint.failureCode, `${endpoint.verifyType}: ${reason}`);
+  }
+
+  /**
+   * The sender's proof: the GET subscription check (answered, nothing stored), or the header
+   * checks → content type → raw body → signature over those bytes. Gives the slot back as soon
+   * as the verdict is known.
+   */
+  async function proveSender(req: IncomingMessage, res: ServerResponse, endpoint: Endpoint, query: string, slot: LockoutSlot | undefined): Promise<{ body: Buffer } | { answer: DirectAnswer } | { error: unknown }> {
+    const { verifier } = endpoint;
+    if (req.method === 'GET') {
+      // The sender's subscription check (Meta).
+      const outcome = verifier.answerGet!(new URLSearchParams(query));
+      if ('failed' in outcome) {
+        slot?.failed();
+        return { error: new HttpError('invalid_verify_token', outcome.failed) };
+      }
+      return { answer: outcome.answer };
+    }
+
+    // Only headers count: a secret or signature in the query string is never looked at.
+    const now = Date.now();
+    const headerVerdict = await verifier.checkHeaders(req.headers, now);
+    if (!headerVerdict.ok && headerVerdict.unavailable) {
+      // The sender's key set is unreachable: not its fault, and it retries a 503.
+      return { error: new HttpError('auth_unavailable', `${endpoint.verifyType}: ${headerVerdict.reason}`, { 'retry-after': '5' }) };
+    }
+    if (!headerVerdict.ok) return { error: rejectSender(endpoint, headerVerdict.reason, slot) };
+    if (!verifier.verifyBody) slot?.succeeded(); // proven by its headers: no slot held while the body arrives
+
+    if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) return { error: new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`) };
+
+    let rawBody: Buffer;
+    try {
+      rawBody = await readBody(req, res, webhooks.maxBodyBytes, webhooks.bodyTimeoutMs);
+    } catch (err) {
+      return { error: err };
+    }
+    const bodyVerdict = verifier.verifyBody?.(req.headers, rawBody, now) ?? { ok: true };
+    if (!bodyVerdict.ok) return { error: rejectSender(endpoint, bodyVerdict.reason, slot) };
+    return { body: rawBody };
   }
 
   async function receiveWebhook(req: IncomingMessage, res: ServerResponse, endpoint: Endpoint, query: string, next: Next) {
@@ -106,48 +173,29 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     const origin = resolveClientIp(req);
     if (origin.ip === undefined) return next(new HttpError('invalid_client_ip', 'unusable client address'));
     req.gatehouse!.clientIp = origin.ip;
-    const lockedFor = await lockout.lockedFor(origin.ip);
-    if (lockedFor > 0) return next(new HttpError('too_many_failures', `locked out for ${lockedFor}s more`, { 'retry-after': String(lockedFor) }));
-
-    if (req.method === 'GET') {
-      // The sender's subscription check (Meta): answered here, nothing stored.
-      const outcome = verifier.answerGet!(new URLSearchParams(query));
-      if ('failed' in outcome) {
-        await lockout.recordFailure(origin.ip);
-        return next(new HttpError('invalid_verify_token', outcome.failed));
-      }
-      return answer(res, outcome.answer);
+    let slot: LockoutSlot | undefined;
+    if (endpoint.countsFailures !== false) {
+      const admission = await takeLockoutSlot(origin.ip);
+      if (admission instanceof HttpError) return next(admission);
+      slot = admission;
     }
-
-    // Only headers count: a secret or signature in the query string is never looked at.
-    const now = Date.now();
-    const headerVerdict = await verifier.checkHeaders(req.headers, now);
-    if (!headerVerdict.ok && headerVerdict.unavailable) {
-      // The sender's key set is unreachable: not its fault, and it retries a 503.
-      return next(new HttpError('auth_unavailable', `${endpoint.verifyType}: ${headerVerdict.reason}`, { 'retry-after': '5' }));
-    }
-    if (!headerVerdict.ok) return next(await rejectSender(req, endpoint, headerVerdict.reason));
-
-    if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) return next(new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`));
-
-    let rawBody: Buffer;
+    let proof: Awaited<ReturnType<typeof proveSender>>;
     try {
-      rawBody = await readBody(req, res, webhooks.maxBodyBytes, webhooks.bodyTimeoutMs);
+      proof = await proveSender(req, res, endpoint, query, slot);
+    } finally {
+      slot?.succeeded(); // proven, or refused for what does not count (a no-op once given back)
+    }
+    if ('error' in proof) return next(proof.error);
+    if ('answer' in proof) return answer(res, proof.answer);
+    const rawBody = proof.body;
+
+    const text = rawBody.toString('utf8');
+    let fields: Record<string, unknown>;
+    try {
+      fields = parseJsonObject(text, webhooks.maxJsonDepth);
     } catch (err) {
       return next(err);
     }
-    const bodyVerdict = verifier.verifyBody?.(req.headers, rawBody, now) ?? { ok: true };
-    if (!bodyVerdict.ok) return next(await rejectSender(req, endpoint, bodyVerdict.reason));
-
-    const text = rawBody.toString('utf8');
-    let body: unknown;
-    try {
-      body = JSON.parse(text);
-    } catch {
-      return next(new HttpError('invalid_json', 'body is not valid JSON'));
-    }
-    if (body === null || typeof body !== 'object' || Array.isArray(body)) return next(new HttpError('invalid_json', 'top level is not an object'));
-    const fields = body as Record<string, unknown>;
 
     const handshake = verifier.handshake?.(fields);
     if (handshake) return answer(res, handshake);
@@ -165,17 +213,21 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
 
     const deliveryId = verifier.deliveryId(req.headers, fields);
     if (deliveryId !== undefined && !SANE_DELIVERY_ID.test(deliveryId)) return next(new HttpError('invalid_idempotency_key', 'delivery id too long or not printable'));
-    const payloadText = verifier.payload ? JSON.stringify(verifier.payload(fields)) : text;
+    const payloadText = verifier.payload ? JSON.stringify(verifier.payload(fields, { maxJsonDepth: webhooks.maxJsonDepth })) : text;
 
     const receivedAt = Date.now();
+    // Rendered here, not in the store's callback: a failure in it is a bug (500, with its stack),
+    // never reported as the store's (503, which senders retry forever).
+    const envelope = prepareEnvelope({ action: endpoint.action, endpoint: endpoint.path, receivedAt, template: endpoint.template, extra: endpoint.envelopeExtra?.(fields, req.headers) }, fields, payloadText);
     let result;
     try {
       result = await store.accept({
         endpoint: endpoint.path,
         action: endpoint.action,
         idempotencyKey: deliveryId,
+        replayKey: verifier.replayKey?.(req.headers),
         receivedAt,
-        envelope: (id) => buildEnvelope(id, { action: endpoint.action, endpoint: endpoint.path, receivedAt, template: endpoint.template, extra: endpoint.envelopeExtra?.(fields, req.headers) }, fields, payloadText),
+        envelope,
       });
     } catch (err) {
       logger.error({ err: (err as Error).message, endpoint: endpoint.path }, 'event store refused a webhook');
@@ -197,24 +249,29 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     const origin = resolveClientIp(req);
     if (origin.ip === undefined) throw new HttpError('invalid_client_ip', 'unusable client address');
     req.gatehouse!.clientIp = origin.ip;
-    const lockedFor = await lockout.lockedFor(origin.ip);
-    if (lockedFor > 0) throw new HttpError('too_many_failures', `locked out for ${lockedFor}s more`, { 'retry-after': String(lockedFor) });
-    await route.handle(req, res, rest, {
-      clientIp: origin.ip,
-      lockout,
+    const clientIp = origin.ip;
+    // Every prefix route counts its failures (pairing codes, device tokens, OAuth states):
+    // the request holds a slot for as long as the handler runs.
+    const admission = await takeLockoutSlot(clientIp);
+    if (admission instanceof HttpError) throw admission;
+    const slot = admission;
+    const tools: RouteTools = {
+      clientIp,
+      lockout: {
+        lockedFor: async () => lockout.lockedFor(clientIp),
+        recordFailure: async () => slot.failed(),
+      },
       async readJson() {
         if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) throw new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`);
         const raw = await readBody(req, res, webhooks.maxBodyBytes, webhooks.bodyTimeoutMs);
-        let body: unknown;
-        try {
-          body = JSON.parse(raw.toString('utf8'));
-        } catch {
-          throw new HttpError('invalid_json', 'body is not valid JSON');
-        }
-        if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError('invalid_json', 'top level is not an object');
-        return body as Record<string, unknown>;
+        return parseJsonObject(raw.toString('utf8'), webhooks.maxJsonDepth);
       },
-    });
+    };
+    try {
+      await route.handle(req, res, rest, tools);
+    } finally {
+      slot.succeeded(); // a no-op when the handler recorded a failure
+    }
   }
 
   const app = express();
@@ -228,7 +285,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   // As for /api/: requests to a configured endpoint skip Express's router (the hot path);
   // everything else (health, 404) is the Express app.
   function handle(req: IncomingMessage, res: ServerResponse): void {
-    beginRequest(req, res, requestLog);
+    if (!admitRequest(req, res, requestLog, deps.limits, logger)) return;
     const url = req.url ?? '';
     const queryAt = url.indexOf('?');
     const endpoint = endpoints.get(queryAt === -1 ? url : url.slice(0, queryAt));
@@ -243,4 +300,22 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     else app(req, res);
   }
   return { handle };
+}
+
+/**
+ * A request body as a JSON object, or HttpError `invalid_json` (400: the sender's fault, not to be
+ * retried): nested at most `maxDepth` levels, checked before parsing so that nothing recursive
+ * ever meets a deeper value; valid JSON; an object at the top. Every JSON body the webhook
+ * listener takes goes through here (endpoints, integration routes, prefix routes' readJson).
+ */
+function parseJsonObject(text: string, maxDepth: number): Record<string, unknown> {
+  if (jsonNestsDeeperThan(text, maxDepth)) throw new HttpError('invalid_json', `nested deeper than webhooks.maxJsonDepth (${maxDepth})`);
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    throw new HttpError('invalid_json', 'body is not valid JSON');
+  }
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError('invalid_json', 'top level is not an object');
+  return body as Record<string, unknown>;
 }

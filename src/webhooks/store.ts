@@ -11,6 +11,12 @@ export interface NewEvent {
   action: WebhookAction;
   /** The sender's delivery id (Idempotency-Key, webhook-id, X-GitHub-Delivery), if any. */
   idempotencyKey?: string;
+  /**
+   * For senders that sign no timestamp (github, meta): a digest of the verified signature. The
+   * same signed request again is a duplicate for as long as its first event is on file, whatever
+   * its delivery id says and however long ago it came.
+   */
+  replayKey?: string;
   receivedAt: number;
   /** Builds the body the target will get, once the event id is known. */
   envelope: (id: string) => string;
@@ -47,7 +53,10 @@ export type AttemptOutcome =
   | { status: 'queued'; nextAttemptAt: number }
   | { status: 'dead' };
 
-/** Accepted: a new event id; or a repeat of a delivery id seen within the idempotency window. */
+/**
+ * Accepted: a new event id; or a repeat (`duplicate`, with the first event's id): a delivery id
+ * seen within the idempotency window, or a replay key still on file.
+ */
 export type AcceptResult = { id: string; duplicate: boolean };
 
 /**
@@ -68,6 +77,7 @@ export interface EventStore {
   /** Puts an event back in the queue with a fresh attempt budget; false when unknown or already queued. */
   requeue(id: string, now: number): Promise<boolean>;
   requeueDead(now: number): Promise<number>;
+  /** Deletes events delivered before `olderThan`, with their attempts and replay keys (a replay of one is then new). */
   purgeDelivered(olderThan: number): Promise<number>;
   close(): Promise<void>;
 }
@@ -76,7 +86,11 @@ const MAX_FRESH_EVENTS = 10_000;
 /** The fresh queue holds envelopes in memory: bounded in bytes too (a slow target, large bodies). */
 const MAX_FRESH_BYTES = 32 * 1024 * 1024;
 
-/** How long a sender's delivery id is remembered: a repeat inside it is not delivered again. */
+/**
+ * How long a sender's delivery id is remembered: a repeat inside it is not delivered again.
+ * (Some senders reuse ids after a while, e.g. Telegram's update_id; replay keys, digests of
+ * signed bytes, are never reused by an honest sender and so have no window.)
+ */
 export const IDEMPOTENCY_WINDOW_MS = 24 * 60 * 60 * 1000;
 
 interface EventRow {
@@ -121,6 +135,16 @@ CREATE TABLE IF NOT EXISTS attempts (
   duration_ms INTEGER NOT NULL,
   PRIMARY KEY (event_id, attempt)
 );
+-- Replay keys (see NewEvent.replayKey): one row per signed event, gone with its event (purge).
+-- A table of its own rather than a column, so a file from an earlier version gains it here
+-- without an ALTER.
+CREATE TABLE IF NOT EXISTS event_replay_keys (
+  endpoint   TEXT NOT NULL,
+  replay_key TEXT NOT NULL,
+  event_id   TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+  PRIMARY KEY (endpoint, replay_key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS event_replay_keys_event ON event_replay_keys (event_id);
 `;
 
 /** `evt_` + a base36 millisecond prefix (time-ordered) + 80 random bits (randomUUID's pooled randomness). */
@@ -169,6 +193,8 @@ export class SqliteEventStore implements EventStore {
     this.statements = {
       findByKey: db.prepare<[string, string], { id: string; received_at: number }>('SELECT id, received_at FROM events WHERE endpoint = ? AND idempotency_key = ?'),
       forgetKey: db.prepare<[string]>('UPDATE events SET idempotency_key = NULL WHERE id = ?'),
+      findByReplayKey: db.prepare<[string, string], { id: string }>('SELECT event_id AS id FROM event_replay_keys WHERE endpoint = ? AND replay_key = ?'),
+      insertReplayKey: db.prepare<[string, string, string]>('INSERT INTO event_replay_keys (endpoint, replay_key, event_id) VALUES (?, ?, ?)'),
       insert: db.prepare('INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, \'queued\', ?)'),
       // Ids only (a covering index): leased rows are skipped without reading their envelopes.
       due: db.prepare<[string, number, number], { id: string }>('SELECT id FROM events WHERE status = \'queued\' AND action = ? AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?'),
@@ -266,14 +292,16 @@ export class SqliteEventStore implements EventStore {
   }
 
   private insertOne(event: NewEvent): AcceptResult & { stored?: StoredEvent } {
-    if (event.idempotencyKey !== undefined) {
-      const seen = this.statements.findByKey.get(event.endpoint, event.idempotencyKey);
-      if (seen && seen.received_at > event.receivedAt - IDEMPOTENCY_WINDOW_MS) return { id: seen.id, duplicate: true };
-      if (seen) this.statements.forgetKey.run(seen.id);
-    }
+    const seen = event.idempotencyKey !== undefined ? this.statements.findByKey.get(event.endpoint, event.idempotencyKey) : undefined;
+    if (seen && seen.received_at > event.receivedAt - IDEMPOTENCY_WINDOW_MS) return { id: seen.id, duplicate: true };
+    const replayed = event.replayKey !== undefined ? this.statements.findByReplayKey.get(event.endpoint, event.replayKey) : undefined;
+    if (replayed) return { id: replayed.id, duplicate: true };
     const id = newEventId(event.receivedAt);
-    const envelope = event.envelope(id);
+    const envelope = event.envelope(id); // before any write: a throw here leaves nothing behind
+    // Both keys were looked up in this same transaction, so neither insert can meet a conflict.
+    if (seen) this.statements.forgetKey.run(seen.id);
     this.statements.insert.run(id, event.endpoint, event.action, event.idempotencyKey ?? null, event.receivedAt, envelope, event.receivedAt);
+    if (event.replayKey !== undefined) this.statements.insertReplayKey.run(event.endpoint, event.replayKey, id);
     const stored: StoredEvent = {
       id, endpoint: event.endpoint, action: event.action, idempotencyKey: event.idempotencyKey ?? null, receivedAt: event.receivedAt,
       envelope, status: 'queued', attempts: 0, roundAttempts: 0, nextAttemptAt: event.receivedAt, lastError: null, deliveredAt: null,

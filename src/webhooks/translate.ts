@@ -3,7 +3,8 @@ import type { WebhookAction } from '../config/schema.js';
 /**
  * Message templates: `{{sender.name}}`, `{{items[0].title}}`. Placeholders are property paths
  * looked up in the webhook body (own properties only), never code. A missing path renders
- * empty; a non-string value renders as JSON (numbers and booleans as themselves).
+ * empty; a non-string value renders as JSON (numbers and booleans as themselves). Rendering
+ * never throws: a value JSON cannot represent renders empty too.
  */
 const PLACEHOLDER = /\{\{\s*([^{}]*?)\s*\}\}/g;
 const PATH = /^[A-Za-z0-9_$-]+(?:\.[A-Za-z0-9_$-]+|\[\d+\])*$/;
@@ -48,7 +49,22 @@ function stringify(value: unknown): string {
   if (value === undefined || value === null) return '';
   if (typeof value === 'string') return value;
   if (typeof value === 'number' || typeof value === 'boolean') return String(value);
-  return JSON.stringify(value);
+  try {
+    return JSON.stringify(value) ?? '';
+  } catch {
+    // A cycle, a BigInt, or nesting past the call stack. A webhook body has none of these (the
+    // receiver bounds its depth before parsing), so this is a guard, not worth a log line: a
+    // message is a convenience, and the target still gets the whole payload.
+    return '';
+  }
+}
+
+export interface EnvelopeInfo {
+  action: WebhookAction;
+  endpoint: string;
+  receivedAt: number;
+  template?: CompiledTemplate;
+  extra?: Record<string, unknown>;
 }
 
 /**
@@ -57,20 +73,25 @@ function stringify(value: unknown): string {
  * the body's own string `message` field, else absent.
  * `rawBody` is the sender's JSON text: it is embedded as is, so `payload` is byte-identical.
  */
-export function buildEnvelope(
-  id: string,
-  info: { action: WebhookAction; endpoint: string; receivedAt: number; template?: CompiledTemplate; extra?: Record<string, unknown> },
-  body: Record<string, unknown>,
-  rawBody: string,
-): string {
+export function buildEnvelope(id: string, info: EnvelopeInfo, body: Record<string, unknown>, rawBody: string): string {
+  return prepareEnvelope(info, body, rawBody)(id);
+}
+
+/**
+ * buildEnvelope in two steps: everything but the id now (the template rendered, the fields
+ * serialised), then the id by string concatenation alone. The receiver does the first step
+ * before handing the event to the store, so the store's callback (inside its transaction)
+ * cannot fail on the body.
+ */
+export function prepareEnvelope(info: EnvelopeInfo, body: Record<string, unknown>, rawBody: string): (id: string) => string {
   const message = info.template ? renderTemplate(info.template, body) : typeof body.message === 'string' ? body.message : undefined;
-  const head = JSON.stringify({
-    id,
+  const fields = JSON.stringify({
     action: info.action,
     endpoint: info.endpoint,
     receivedAt: new Date(info.receivedAt).toISOString(),
     ...info.extra,
     ...(message !== undefined ? { message } : {}),
   });
-  return `${head.slice(0, -1)},"payload":${rawBody.trim()}}`;
+  const rest = `${fields.slice(1, -1)},"payload":${rawBody.trim()}}`;
+  return (id) => `{"id":${JSON.stringify(id)},${rest}`;
 }

@@ -153,6 +153,13 @@ describe('config: ${VAR} expansion', () => {
     assert.ok(problems.some((p) => p.startsWith('gateway.auth.apiKey: ') && p.includes('GH_MISSING_KEY')), problems.join('\n'));
   });
 
+  it('a reference to a name of Object.prototype (${constructor}) is a missing variable, not a function\'s text', () => {
+    for (const name of ['constructor', 'toString', '__proto__', 'hasOwnProperty']) {
+      const problems = problemsOf(withGateway({ auth: { apiKey: `\${${name}}` } }), { env: { OTHER: 'x' } });
+      assert.ok(problems.some((p) => p.startsWith('gateway.auth.apiKey: ') && p.includes(`${name} is not set`)), problems.join('\n'));
+    }
+  });
+
   it('missing variables inside arrays name the element', () => {
     const problems = problemsOf(withGateway({ auth: { allowedIPs: ['10.0.0.0/8', '${OFFICE_NET}'] } }), { env: {} });
     assert.ok(problems.some((p) => p.startsWith('gateway.auth.allowedIPs[1]: ') && p.includes('OFFICE_NET')), problems.join('\n'));
@@ -313,6 +320,12 @@ describe('config: webhooks', () => {
   it('a relative target URL', () => {
     assertProblemAt(problemsOf(withWebhooks({ targets: { message: { url: '/hook' } } })), 'webhooks.targets.message.url');
     assertProblemAt(problemsOf(withWebhooks({ targets: { 'system-event': { url: 'hook' } } })), 'webhooks.targets["system-event"].url');
+  });
+
+  it('maxJsonDepth: 64 by default, a whole number from 1 to 1000', () => {
+    assert.equal(parseConfig(withWebhooks({})).webhooks.maxJsonDepth, 64);
+    assert.equal(parseConfig(withWebhooks({ maxJsonDepth: 8 })).webhooks.maxJsonDepth, 8);
+    for (const bad of [0, 1001, 2.5, '64']) assertProblemAt(problemsOf(withWebhooks({ maxJsonDepth: bad })), 'webhooks.maxJsonDepth');
   });
 
   it('a target secret shorter than 16 characters', () => {

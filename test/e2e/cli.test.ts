@@ -29,6 +29,19 @@ describe('gatehouse config check', () => {
     assert.match(result.stdout, /webhooks on 127\.0\.0\.1:9081 \(9 endpoint\(s\)\)/);
   });
 
+  it('a JWKS without audience: exit 0, with a warning naming the key (any client of the provider would pass)', async () => {
+    const file = writeConfig('jwks-no-audience.json5', `{ gateway: { upstream: { target: "http://127.0.0.1:3000" },
+      auth: { bearer: { jwt: { jwksUri: "https://idp.example/.well-known/jwks.json", issuer: "https://idp.example/" } } } } }`);
+    const result = await runCli(['config', 'check', '--config', file]);
+    assert.equal(result.code, 0, result.stderr);
+    assert.match(result.stderr, /^warning: gateway\.auth\.bearer\.jwt\.audience: not set/m);
+    const withAudience = writeConfig('jwks-audience.json5', `{ gateway: { upstream: { target: "http://127.0.0.1:3000" },
+      auth: { bearer: { jwt: { jwksUri: "https://idp.example/.well-known/jwks.json", audience: "orders-api" } } } } }`);
+    const quiet = await runCli(['config', 'check', '--config', withAudience]);
+    assert.equal(quiet.code, 0, quiet.stderr);
+    assert.doesNotMatch(quiet.stderr, /warning/);
+  });
+
   it('a bad config: exit 1 and every problem listed with its path', async () => {
     const file = writeConfig('bad.json5', `{
       // comments are fine in JSON5

@@ -80,10 +80,13 @@ describe('jwt: HS256 with a shared secret, issuer and audience pinned', () => {
     assert.equal(got.headers.authorization, undefined);
   });
 
-  it('a token without `sub` passes with no subject, and a client-sent X-Gatehouse-Subject never reaches the upstream', async () => {
-    const reply = await request(gatehouse.url, '/api/nosub', { headers: { ...bearer(await hs256({ iss: ISSUER, aud: AUDIENCE })), 'x-gatehouse-subject': 'admin' } });
+  it('a token without `sub` is refused (requireSubject), and a client-sent X-Gatehouse-Subject never reaches the upstream', async () => {
+    const before = upstream.received.length;
+    const refused = await request(gatehouse.url, '/api/nosub', { headers: { ...bearer(await hs256({ iss: ISSUER, aud: AUDIENCE })), 'x-gatehouse-subject': 'admin' } });
+    assertInvalidToken(refused, upstream, before);
+    const reply = await request(gatehouse.url, '/api/sub', { headers: { ...bearer(await hs256({ iss: ISSUER, aud: AUDIENCE, sub: 'ana' })), 'x-gatehouse-subject': 'admin' } });
     assert.equal(reply.status, 200);
-    assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-subject'], undefined);
+    assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-subject'], 'ana');
   });
 
   it('the Bearer scheme is case-insensitive', async () => {
@@ -270,6 +273,11 @@ describe('jwt: RS256 via a JWKS URL', () => {
   it('the JWKS is fetched at start, before any request', async () => {
     await waitFor(() => jwks.fetches >= 1);
     assert.equal(jwks.fetches, 1);
+  });
+
+  it('a JWKS without audience is warned about at start (tokens for any client of the provider would pass)', () => {
+    const warnings = gatehouse.logs.filter((l) => l.level === 40).map((l) => l.msg as string);
+    assert.ok(warnings.some((m) => m.startsWith('gateway.auth.bearer.jwt.audience: not set')), warnings.join('\n'));
   });
 
   it('a valid token with a published kid passes, and requests never refetch a cached key set', async () => {

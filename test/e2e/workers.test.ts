@@ -23,8 +23,23 @@ after(() => upstream.close());
 function writeConfig(name: string, apiKey: string, extra = ''): string {
   const file = path.join(dir, name);
   writeFileSync(file, `{ gateway: { listen: { port: 0 }, workers: 2, upstream: { target: "${upstream.url}" },
-    auth: { apiKey: "${apiKey}", failures: { max: 3, windowSeconds: 60, lockoutSeconds: 60 } } }${extra} }`);
+    auth: { apiKey: "${apiKey}", failures: { max: 4, windowSeconds: 60, lockoutSeconds: 60 } } }${extra} }`);
   return file;
+}
+
+/**
+ * Sends wrong keys on new connections (round robin: alternately to each worker) until the client
+ * is locked out everywhere. Each worker checks at most its share of max 4 (2), so exactly 4 are
+ * evaluated in total, and the primary, having counted 4, locks the client out of every worker.
+ */
+async function lockOut(server: ServerProcess, url: string): Promise<void> {
+  const statuses: number[] = [];
+  for (let i = 0; i < 8; i++) statuses.push((await request(url, '/api/guess', { headers: { 'x-api-key': WRONG } })).status);
+  assert.equal(statuses.filter((s) => s === 401).length, 4, `statuses: ${statuses.join(' ')}`);
+  assert.equal(statuses.filter((s) => s === 429).length, 4, `statuses: ${statuses.join(' ')}`);
+  await server.waitFor(() => server.lines.filter((l) => l.error === 'invalid_api_key').length === 4);
+  // The primary's verdict reaches the workers over IPC: give it a moment.
+  await new Promise((r) => setTimeout(r, 200));
 }
 
 async function startCluster(file: string): Promise<{ server: ServerProcess; url: string; pids: number[] }> {
@@ -66,15 +81,10 @@ describe('gateway.workers: 2', () => {
     assert.deepEqual(pids.filter(isAlive), [], 'no worker outlives the primary');
   });
 
-  it('counts failed credentials across workers: max 3 in total locks the client out of every worker', async () => {
+  it('counts failed credentials across workers: max 4 in total locks the client out of every worker', async () => {
     const { server, url } = await startCluster(writeConfig('lockout.json5', KEY));
     try {
-      for (let i = 0; i < 3; i++) {
-        assert.equal((await request(url, '/api/guess', { headers: { 'x-api-key': WRONG } })).status, 401);
-      }
-      await server.waitFor(() => server.lines.filter((l) => l.error === 'invalid_api_key').length === 3);
-      // The primary's verdict reaches the workers over IPC: give it a moment, then every worker refuses.
-      await new Promise((r) => setTimeout(r, 200));
+      await lockOut(server, url);
       const before = upstream.received.length;
       for (let i = 0; i < 4; i++) {
         const reply = await request(url, '/api/after-lockout', { headers: { 'x-api-key': KEY } });
@@ -94,7 +104,7 @@ describe('gateway.workers: 2', () => {
       writeConfig('reload.json5', NEW_KEY);
       server.child.kill('SIGHUP');
       await server.waitFor((l) => l.msg === 'configuration reloaded');
-      // Alternating connections reach both workers; two refusals stay under the lockout's max of 3.
+      // Alternating connections reach both workers; two refusals stay under a worker's share (2) of max 4.
       for (let i = 0; i < 4; i++) assert.equal((await request(url, '/api/r', { headers: { 'x-api-key': NEW_KEY } })).status, 200);
       for (let i = 0; i < 2; i++) assert.equal((await request(url, '/api/r', { headers: { 'x-api-key': KEY } })).status, 401);
     } finally {
@@ -120,9 +130,7 @@ describe('gateway.workers: 2', () => {
   it('a replacement worker learns the lockouts already in force', async () => {
     const { server, url, pids } = await startCluster(writeConfig('relock.json5', KEY));
     try {
-      for (let i = 0; i < 3; i++) await request(url, '/api/guess', { headers: { 'x-api-key': WRONG } });
-      await server.waitFor(() => server.lines.filter((l) => l.error === 'invalid_api_key').length === 3);
-      await new Promise((r) => setTimeout(r, 200));
+      await lockOut(server, url);
       process.kill(pids[0]!, 'SIGKILL');
       await server.waitFor((l) => l.msg === 'gateway listening' && l.worker === 3);
       const before = upstream.received.length;

@@ -28,6 +28,8 @@ describe('gmail: the pure parts of reading a mailbox', () => {
 
   it('decodeEntities turns Gmail snippets into text', () => {
     assert.equal(decodeEntities('Tom &amp; Jerry &lt;b&gt; &quot;hi&quot; it&#39;s &#x1F600; &bogus;'), 'Tom & Jerry <b> "hi" it\'s 😀 &bogus;');
+    // An email's text is the sender's: names of Object.prototype are not entities.
+    assert.equal(decodeEntities('&constructor; &toString; &__proto__; &hasOwnProperty; &amp;'), '&constructor; &toString; &__proto__; &hasOwnProperty; &');
   });
 
   it('decodeNotification accepts Gmail\'s data (historyId as number or string) and nothing else', () => {

@@ -22,6 +22,36 @@ function event(overrides: Partial<Omit<NewEvent, 'envelope'>> = {}): NewEvent {
   };
 }
 
+/** The schema as the version before replay keys created it: such files must still open. */
+const PREVIOUS_SCHEMA = `
+CREATE TABLE events (
+  id              TEXT PRIMARY KEY,
+  endpoint        TEXT NOT NULL,
+  action          TEXT NOT NULL,
+  idempotency_key TEXT,
+  received_at     INTEGER NOT NULL,
+  envelope        TEXT NOT NULL,
+  status          TEXT NOT NULL CHECK (status IN ('queued', 'delivered', 'dead')),
+  attempts        INTEGER NOT NULL DEFAULT 0,
+  round_attempts  INTEGER NOT NULL DEFAULT 0,
+  next_attempt_at INTEGER NOT NULL,
+  last_error      TEXT,
+  delivered_at    INTEGER
+);
+CREATE UNIQUE INDEX events_idempotency ON events (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX events_due ON events (status, action, next_attempt_at, id);
+CREATE INDEX events_next ON events (status, next_attempt_at, id);
+CREATE TABLE attempts (
+  event_id    TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+  attempt     INTEGER NOT NULL,
+  at          INTEGER NOT NULL,
+  status      INTEGER,
+  error       TEXT,
+  duration_ms INTEGER NOT NULL,
+  PRIMARY KEY (event_id, attempt)
+);
+`;
+
 function attempt(n: number, at = T0, status: number | null = 503, error: string | null = null) {
   return { attempt: n, at, status, error, durationMs: 12.4 };
 }
@@ -189,6 +219,79 @@ describe('SqliteEventStore', () => {
       const again = await store.accept(event({ idempotencyKey: 'k', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS }));
       assert.equal(again.duplicate, false);
       assert.notEqual(again.id, first.id);
+    });
+  });
+
+  describe('replay keys (signed requests without a timestamp)', () => {
+    it('the same (endpoint, replay key) is a duplicate of the first event under any delivery id, long after the idempotency window', async () => {
+      let built = 0;
+      const original = await store.accept(event({ idempotencyKey: 'delivery-1', replayKey: 'sig-1' }));
+      for (const [idempotencyKey, receivedAt] of [['delivery-2', T0 + 1], [undefined, T0 + 2], ['delivery-1', T0 + IDEMPOTENCY_WINDOW_MS * 30]] as const) {
+        const replay = await store.accept({ ...event({ idempotencyKey, replayKey: 'sig-1', receivedAt }), envelope: (id) => (built++, id) });
+        assert.deepEqual(replay, { id: original.id, duplicate: true }, `${idempotencyKey} at +${receivedAt - T0} ms`);
+      }
+      assert.equal(built, 0, 'no envelope built for a replay');
+      assert.equal((await store.list({})).length, 1);
+    });
+
+    it('a replay under a new delivery id leaves that id unremembered', async () => {
+      await store.accept(event({ idempotencyKey: 'delivery-1', replayKey: 'sig-1' }));
+      assert.equal((await store.accept(event({ idempotencyKey: 'delivery-2', replayKey: 'sig-1' }))).duplicate, true);
+      const fresh = await store.accept(event({ idempotencyKey: 'delivery-2', replayKey: 'sig-2' }));
+      assert.equal(fresh.duplicate, false, 'delivery-2 was not stored by the replay');
+    });
+
+    it('is per endpoint; a different key, or none, is a new event', async () => {
+      const first = await store.accept(event({ replayKey: 'sig' }));
+      const otherEndpoint = await store.accept(event({ replayKey: 'sig', endpoint: '/webhook/whatsapp' }));
+      const otherKey = await store.accept(event({ replayKey: 'sig-b' }));
+      const none = await store.accept(event());
+      assert.ok([otherEndpoint, otherKey, none].every((r) => !r.duplicate && r.id !== first.id));
+      assert.deepEqual(await store.accept(event({ replayKey: 'sig', endpoint: '/webhook/whatsapp' })), { id: otherEndpoint.id, duplicate: true });
+    });
+
+    it('repeats inside one group commit are recognised too', async () => {
+      const [a, b] = await Promise.all([
+        store.accept(event({ idempotencyKey: 'x', replayKey: 'same' })),
+        store.accept(event({ idempotencyKey: 'y', replayKey: 'same' })),
+      ]);
+      assert.equal(a!.duplicate, false);
+      assert.deepEqual(b, { id: a!.id, duplicate: true });
+    });
+
+    it('purging the delivered event forgets its replay key with it', async () => {
+      const { id } = await store.accept(event({ replayKey: 'sig' }));
+      await store.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
+      assert.equal(await store.purgeDelivered(T0 + 10_000), 1);
+      const rows = otherConnection().prepare('SELECT COUNT(*) AS n FROM event_replay_keys').get() as { n: number };
+      assert.equal(rows.n, 0);
+      assert.equal((await store.accept(event({ replayKey: 'sig', receivedAt: T0 + 20_000 }))).duplicate, false);
+    });
+
+    it('an envelope that throws writes nothing: an expired delivery id is not forgotten, no replay key is left', async () => {
+      const first = await store.accept(event({ idempotencyKey: 'k' }));
+      const failing = store.accept({ ...event({ idempotencyKey: 'k', replayKey: 'sig', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS + 1 }), envelope: () => { throw new Error('boom'); } });
+      await assert.rejects(failing, /boom/);
+      assert.equal((await store.get(first.id))?.event.idempotencyKey, 'k');
+      assert.equal((await store.accept(event({ replayKey: 'sig', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS + 2 }))).duplicate, false);
+    });
+
+    it('a file written by the previous version (no replay-key table) opens with its events, and gains replay keys', async () => {
+      await store.close();
+      const legacyFile = path.join(dir, 'legacy.db');
+      const legacy = new Database(legacyFile);
+      legacy.exec(PREVIOUS_SCHEMA);
+      legacy.prepare("INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at) VALUES ('evt_legacy', '/webhook/github', 'message', 'gh-old', ?, '{}', 'queued', ?)").run(T0, T0);
+      legacy.close();
+
+      store = new SqliteEventStore(legacyFile);
+      assert.equal((await store.get('evt_legacy'))?.event.idempotencyKey, 'gh-old');
+      assert.deepEqual(await store.accept(event({ idempotencyKey: 'gh-old', receivedAt: T0 + 1 })), { id: 'evt_legacy', duplicate: true });
+      const signed = await store.accept(event({ idempotencyKey: 'gh-new', replayKey: 'sig' }));
+      assert.deepEqual(await store.accept(event({ idempotencyKey: 'gh-newer', replayKey: 'sig' })), { id: signed.id, duplicate: true });
+      await store.close();
+      store = new SqliteEventStore(legacyFile); // and opens again, now with the table
+      assert.deepEqual(await store.accept(event({ replayKey: 'sig' })), { id: signed.id, duplicate: true });
     });
   });
 

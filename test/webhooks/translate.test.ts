@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { buildEnvelope, compileTemplate, renderTemplate } from '../../src/webhooks/translate.js';
+import { buildEnvelope, compileTemplate, prepareEnvelope, renderTemplate } from '../../src/webhooks/translate.js';
 
 /** Compiles and renders in one step, as the receiver does for each webhook. */
 function render(template: string, data: unknown): string {
@@ -95,6 +95,16 @@ describe('message templates: rendering', () => {
 
   it('inserts values verbatim, without re-expanding placeholders found in the data', () => {
     assert.equal(render('{{a}}', { a: '{{b}}', b: 'no' }), '{{b}}');
+  });
+
+  it('never throws: a value JSON cannot represent (a cycle, a BigInt, nesting past the stack) renders empty', () => {
+    const cyclic: Record<string, unknown> = { name: 'loop' };
+    cyclic.self = cyclic;
+    let deep: unknown = [];
+    for (let i = 0; i < 100_000; i++) deep = [deep];
+    const data = { cyclic, big: { n: 10n }, deep, fn: { f: () => 1 }, ok: 'fine' };
+    assert.equal(render('[{{cyclic}}][{{big}}][{{deep}}][{{ok}}]', data), '[][][][fine]');
+    assert.equal(render('[{{fn.f}}]', data), '[]', 'JSON.stringify gives undefined for a function: empty, not "undefined"');
   });
 
   it('a compiled template is reusable across bodies', () => {
@@ -215,6 +225,20 @@ describe('buildEnvelope', () => {
   it('puts the payload last and has no other keys', () => {
     const text = buildEnvelope('evt_9', { ...info, action: 'agent' }, { message: 'm' }, '{"message":"m"}');
     assert.equal(text, '{"id":"evt_9","action":"agent","endpoint":"/webhook/github","receivedAt":"2024-05-06T07:08:09.123Z","message":"m","payload":{"message":"m"}}');
+  });
+
+  it('prepareEnvelope renders now and adds the id later, byte for byte what buildEnvelope gives', () => {
+    const raw = '{"sender":{"name":"Ada"},"n":[1,2]}';
+    const body = JSON.parse(raw) as Record<string, unknown>;
+    const full = { ...info, template: compileTemplate('hi {{sender.name}} {{n}}'), extra: { channel: { name: 'c' }, from: null } };
+    let reads = 0;
+    const counting = new Proxy(body, { get: (t, k) => (reads++, Reflect.get(t, k)) });
+    const withId = prepareEnvelope(full, counting, raw);
+    const readsWhenPrepared = reads;
+    assert.equal(withId('evt_2'), buildEnvelope('evt_2', full, body, raw));
+    assert.equal(reads, readsWhenPrepared, 'adding the id reads nothing of the body again');
+    assert.equal(withId('evt_"q"'), buildEnvelope('evt_"q"', full, body, raw), 'the id is JSON-escaped');
+    assert.deepEqual(Object.keys(JSON.parse(withId('evt_3'))), ['id', 'action', 'endpoint', 'receivedAt', 'channel', 'from', 'message', 'payload']);
   });
 
   it('a template that renders empty still sets message (to "")', () => {

@@ -106,7 +106,8 @@ export class JwtVerifier {
       const { payload, protectedHeader } = typeof this.key === 'function'
         ? await jwtVerify(token, this.key, options)
         : await jwtVerify(token, this.key, options);
-      const subject = typeof payload.sub === 'string' ? payload.sub : undefined;
+      const subject = typeof payload.sub === 'string' && payload.sub !== '' ? payload.sub : undefined;
+      if (subject === undefined && this.settings.requireSubject) return { ok: false, reason: 'token has no "sub" (gateway.auth.bearer.jwt.requireSubject)' };
       // From a JWKS, only tokens naming their key are remembered: the hit re-checks that key is still published.
       if (cacheKey !== undefined && (this.hasKid === undefined || protectedHeader.kid !== undefined)) {
         this.remember(cacheKey, { subject, until: 0, kid: protectedHeader.kid }, payload.exp!, now);

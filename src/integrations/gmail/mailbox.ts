@@ -194,11 +194,13 @@ export class Mailbox {
   }
 }
 
+/** A Map: an email's `&constructor;` must not find Object.prototype's. */
+const NAMED_ENTITIES = new Map([['amp', '&'], ['lt', '<'], ['gt', '>'], ['quot', '"'], ['apos', "'"], ['nbsp', '\u00a0']]);
+
 /** Gmail sends `snippet` HTML-escaped (`&lt;`, `&#39;`); targets get plain text. */
 export function decodeEntities(text: string): string {
-  const named: Record<string, string> = { amp: '&', lt: '<', gt: '>', quot: '"', apos: "'", nbsp: '\u00a0' };
   return text.replace(/&(#x[0-9a-f]+|#\d+|[a-z]+);/gi, (entity, body: string) => {
-    if (body[0] !== '#') return named[body.toLowerCase()] ?? entity;
+    if (body[0] !== '#') return NAMED_ENTITIES.get(body.toLowerCase()) ?? entity;
     const code = body[1] === 'x' || body[1] === 'X' ? parseInt(body.slice(2), 16) : Number(body.slice(1));
     return code > 0 && code <= 0x10ffff ? String.fromCodePoint(code) : entity;
   });

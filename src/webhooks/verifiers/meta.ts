@@ -5,8 +5,14 @@ import { dig, saneId, type WebhookVerifier } from './types.js';
 /**
  * Meta (WhatsApp Cloud API, Messenger, Instagram): POST `X-Hub-Signature-256: sha256=<hex HMAC-SHA256(appSecret, body)>`;
  * GET `hub.mode=subscribe&hub.verify_token=…&hub.challenge=…` echoes the challenge when the token matches, else 403.
+ * Deduped on the ids below and on the signature (a replay after those ids left the idempotency window).
  * https://developers.facebook.com/docs/graph-api/webhooks/getting-started
  */
+/** `a:b` from primitive parts; none when a part is an object (String() of a JSON object with its own `toString` throws). */
+function composedId(...parts: unknown[]): string | undefined {
+  return parts.some((p) => p !== null && typeof p === 'object') ? undefined : saneId(parts.map(String).join(':'));
+}
+
 export function metaVerifier(config: { appSecret: string; verifyToken: string }): WebhookVerifier {
   const verifyToken = sha256(config.verifyToken);
   return {
@@ -18,10 +24,10 @@ export function metaVerifier(config: { appSecret: string; verifyToken: string })
       if (messageId !== undefined) return saneId(messageId);
       // Status updates (sent, delivered, read) share the message's id: the status tells them apart.
       const status = dig(entry, 'changes', 0, 'value', 'statuses', 0);
-      if (dig(status, 'id') !== undefined) return saneId(`${String(dig(status, 'id'))}:${String(dig(status, 'status'))}`);
+      if (dig(status, 'id') !== undefined) return composedId(dig(status, 'id'), dig(status, 'status'));
       const entryId = dig(entry, 'id');
       const time = dig(entry, 'time');
-      return entryId !== undefined && time !== undefined ? saneId(`${String(entryId)}:${String(time)}`) : undefined;
+      return entryId !== undefined && time !== undefined ? composedId(entryId, time) : undefined;
     },
     answerGet(query) {
       const challenge = query.get('hub.challenge') ?? '';

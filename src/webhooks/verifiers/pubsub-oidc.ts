@@ -1,5 +1,6 @@
 import { createRemoteJWKSet, errors, jwtVerify } from 'jose';
 import { isKeySetOutage } from '../../gateway/credentials/jwt.js';
+import { jsonNestsDeeperThan } from '../json-depth.js';
 import { dig, headerValue, saneId, type WebhookVerifier } from './types.js';
 
 const GOOGLE_ISSUERS = ['https://accounts.google.com', 'accounts.google.com'];
@@ -26,11 +27,13 @@ export function pubsubOidcVerifier(config: { audience: string; serviceAccountEma
       }
     },
     deliveryId: (_headers, body) => saneId(dig(body, 'message', 'messageId') ?? dig(body, 'message', 'message_id')),
-    payload(body) {
+    payload(body, limits) {
       const message = (dig(body, 'message') ?? {}) as Record<string, unknown>;
       const text = typeof message.data === 'string' ? Buffer.from(message.data, 'base64').toString('utf8') : undefined;
       let data: unknown = text;
-      if (text !== undefined) {
+      // Nested deeper than the body may be: kept as text (the sender is not at fault, and a 4xx
+      // would only make Pub/Sub retry it).
+      if (text !== undefined && !jsonNestsDeeperThan(text, limits.maxJsonDepth)) {
         try {
           data = JSON.parse(text);
         } catch {

@@ -13,7 +13,8 @@ export interface DirectAnswer {
 /**
  * How one kind of sender proves a webhook is theirs. The receiver runs `checkHeaders` before
  * reading the body, `verifyBody` on the raw bytes before parsing them, then the rest on the
- * parsed body. Every failure is a 401 for the sender and a lockout count.
+ * parsed body. Every failure is a 401 for the sender; it counts toward the lockout only on the
+ * routes that count failures (`secret` endpoints, device tokens: see receiver.ts `countsFailures`).
  */
 export interface WebhookVerifier {
   /** Header-only checks: a header secret, or that the signature headers are there and well-formed. */
@@ -22,14 +23,23 @@ export interface WebhookVerifier {
   verifyBody?(headers: IncomingHttpHeaders, rawBody: Buffer, now: number): Verdict;
   /** The sender's id for this delivery, for deduplication (undefined: none). */
   deliveryId(headers: IncomingHttpHeaders, body: Record<string, unknown>): string | undefined;
+  /**
+   * For senders that sign no timestamp, whose signed requests stay valid forever: what identifies
+   * the signed request itself (a digest of its verified signature), so a replay of it is a
+   * duplicate even under a new delivery id. Called only once `verifyBody` has passed.
+   */
+  replayKey?(headers: IncomingHttpHeaders): string;
   /** The sender's handshake (Slack url_verification, Discord PING): answered, not queued. */
   handshake?(body: Record<string, unknown>): DirectAnswer | undefined;
   /** What the sender must get once its event is stored (or is a repeat), when a 202 is not enough (Discord). */
   acceptedAnswer?(body: Record<string, unknown>): DirectAnswer;
   /** GET on the endpoint (Meta's subscription check): the answer, or why it failed (403). Absent: GET is 405. */
   answerGet?(query: URLSearchParams): { answer: DirectAnswer } | { failed: string };
-  /** The `payload` the target receives when it is not the body as sent (Pub/Sub's base64 data). */
-  payload?(body: Record<string, unknown>): Record<string, unknown>;
+  /**
+   * The `payload` the target receives when it is not the body as sent (Pub/Sub's base64 data).
+   * JSON it finds inside the body is parsed only within `maxJsonDepth` levels (as the body was).
+   */
+  payload?(body: Record<string, unknown>, limits: { maxJsonDepth: number }): Record<string, unknown>;
 }
 
 /** Only one header value counts; repeated signature headers are refused rather than guessed at. */

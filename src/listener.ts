@@ -1,0 +1,165 @@
+import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import type { AddressInfo, Socket } from 'node:net';
+import type { HttpLimits } from './config/schema.js';
+import { errorCatalogue, HttpError, type ErrorCode } from './errors.js';
+
+export interface Listening {
+  server: http.Server;
+  /** e.g. http://127.0.0.1:8080 (the port actually bound when configured as 0). */
+  url: string;
+}
+
+/**
+ * Opens a listener with every HTTP parser limit set explicitly (`gateway.limits`, `webhooks.limits`).
+ * Node's silent cut of header lines past `maxHeadersCount` is the reason for `+ 1`: the parser
+ * keeps one line more than allowed, so `checkFraming` can tell "exactly at the limit" from "cut"
+ * and refuse the latter (its body framing may have come from a line nobody else can see).
+ */
+export async function listen(
+  at: { host: string; port: number },
+  tls: { cert: string; key: string } | undefined,
+  limits: HttpLimits,
+  handler: http.RequestListener,
+): Promise<Listening> {
+  const options: http.ServerOptions = {
+    maxHeaderSize: limits.maxHeaderBytes,
+    headersTimeout: limits.headersTimeoutMs,
+    requestTimeout: limits.requestTimeoutMs,
+    keepAliveTimeout: limits.keepAliveTimeoutMs,
+    // Node checks the two timeouts above only this often (default 30 s, which made a 15 s limit 45 s).
+    connectionsCheckingInterval: Math.min(1_000, limits.headersTimeoutMs),
+    requireHostHeader: true,
+    joinDuplicateHeaders: false,
+  };
+  const server = tls
+    ? https.createServer({ ...options, cert: readFileSync(tls.cert), key: readFileSync(tls.key) }, handler)
+    : http.createServer(options, handler);
+  server.maxHeadersCount = limits.maxHeaderCount + 1;
+  server.maxRequestsPerSocket = 0;
+  server.on('clientError', answerParseError);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(at.port, at.host, () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const address = server.address() as AddressInfo;
+  const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
+  return { server, url: `${tls ? 'https' : 'http'}://${host}:${address.port}` };
+}
+
+/** Drain: stop accepting, close idle keep-alive sockets, wait for in-flight requests, then cut the rest. */
+export async function closeServer(server: http.Server, graceMs: number): Promise<void> {
+  if (!server.listening) return;
+  const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+  server.closeIdleConnections();
+  const timer = setTimeout(() => server.closeAllConnections(), graceMs);
+  timer.unref();
+  await closed;
+  clearTimeout(timer);
+}
+
+/**
+ * What the parser refused (malformed framing, headers too large, too slow) gets the catalogue's
+ * JSON answer instead of Node's bare one; the connection is closed either way.
+ */
+function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
+  const inResponse = (socket as Socket & { _httpMessage?: http.ServerResponse })._httpMessage;
+  if (err.code === 'ECONNRESET' || !socket.writable || (inResponse && inResponse.headersSent)) {
+    socket.destroy();
+    return;
+  }
+  const code: ErrorCode = err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
+    : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
+    : 'invalid_request';
+  const { status, message } = errorCatalogue[code];
+  const body = JSON.stringify({ error: { code, message } });
+  socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n${body}`);
+  socket.destroySoon();
+}
+
+/** Connections that will take no further request: what was pipelined behind is never handled. */
+const closing = new WeakSet<Socket>();
+
+/**
+ * Ends the connection once this answer is out: `Connection: close` for the client, requests
+ * already pipelined behind it are dropped (see `isClosing`), and the socket is destroyed a moment
+ * after the answer is written (at once could reset it before the client has read it).
+ * For answers sent before a body arrived, and for requests whose framing was refused: the rest of
+ * the bytes on such a connection are never read as anything.
+ */
+export function closeAfterAnswer(res: http.ServerResponse): void {
+  const { req } = res;
+  const socket = req.socket;
+  const closeSoon = () => setTimeout(() => socket.destroy(), 1_000).unref();
+  req.pause();
+  if (closing.has(socket)) return;
+  closing.add(socket);
+  if (res.writableFinished) return void closeSoon();
+  if (!res.headersSent) res.setHeader('connection', 'close');
+  res.once('finish', closeSoon);
+}
+
+/** The connection was told to close: a request parsed from it after that is not handled. */
+export function isClosing(socket: Socket): boolean {
+  return closing.has(socket);
+}
+
+/** The request has body bytes that have not all arrived yet. */
+export function bodyPending(req: http.IncomingMessage): boolean {
+  return !req.complete && hasBody(req);
+}
+
+/** `host[:port]` with a DNS-style name, IPv4 or [IPv6]: nothing a list or path could hide in (RFC 9112 3.2). */
+const HOST = /^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~-]+)(?::[0-9]{1,5})?$/;
+
+export function isValidHost(value: string | undefined): value is string {
+  return value !== undefined && HOST.test(value);
+}
+
+/** Headers that frame the message: a client may not have them dropped by naming them in Connection. */
+export const FRAMING_HEADERS = ['content-length', 'transfer-encoding', 'host'];
+/** Connection values that name no other header: the common case skips parsing it. */
+export const PLAIN_CONNECTION = /^\s*(keep-alive|close)\s*$/i;
+
+/**
+ * Refuses, before anything else reads the request, framing that gatehouse and a server behind
+ * it could read differently (request smuggling):
+ * - more header lines than `maxHeaderCount` (Node drops the rest from `req.headers` while its
+ *   parser still frames the body by them: a hidden Content-Length or chunked);
+ * - Host missing in HTTP/1.1 (Node refuses that itself), repeated, or not `host[:port]`;
+ * - a transfer coding other than exactly `chunked` (the only one gatehouse re-frames);
+ * - a body on GET/HEAD/TRACE (many servers never read it, so its bytes become the next request);
+ * - a Connection header naming a framing header (honouring it would strip the body's length).
+ * Duplicate or conflicting Content-Length, and Content-Length with Transfer-Encoding, never get
+ * here: Node's parser answers them 400.
+ */
+export function checkFraming(req: http.IncomingMessage, limits: HttpLimits): HttpError | undefined {
+  const raw = req.rawHeaders;
+  if (raw.length > 2 * limits.maxHeaderCount) return new HttpError('request_header_fields_too_large', `more than ${limits.maxHeaderCount} header lines`);
+  let hosts = 0;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length === 4 && name.toLowerCase() === 'host') hosts++;
+  }
+  if (hosts > 1) return new HttpError('invalid_host', `${hosts} Host headers`);
+  if (hosts === 1 && !isValidHost(req.headers.host)) return new HttpError('invalid_host', 'Host is not host[:port]');
+
+  const coding = req.headers['transfer-encoding'];
+  if (coding !== undefined && coding.toLowerCase() !== 'chunked') return new HttpError('invalid_request', `transfer-encoding ${coding}`);
+  if ((req.method === 'GET' || req.method === 'HEAD' || req.method === 'TRACE') && hasBody(req)) {
+    return new HttpError('invalid_request', `${req.method} with a body`);
+  }
+  const connection = req.headers.connection;
+  if (connection === undefined || PLAIN_CONNECTION.test(connection)) return undefined;
+  const named = connection.toLowerCase().split(',').map((t) => t.trim());
+  return named.some((name) => FRAMING_HEADERS.includes(name)) ? new HttpError('invalid_request', `Connection names a framing header: ${connection}`) : undefined;
+}
+
+/** The request carries a body, as its (complete, checked) headers frame it. */
+export function hasBody(req: http.IncomingMessage): boolean {
+  return req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
+}

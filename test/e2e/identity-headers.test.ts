@@ -1,0 +1,142 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { SignJWT, type JWTPayload } from 'jose';
+import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
+import { rawExchange } from '../helpers/raw-socket.js';
+import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+
+/*
+ * Identity headers cannot be forged under look-alike names. CGI and PHP (and servers built on
+ * them) read every character outside [A-Za-z0-9] in a header name as `_`: `X-Gatehouse.Subject`
+ * becomes HTTP_X_GATEHOUSE_SUBJECT, the variable gatehouse's own header fills. So every owned
+ * name is generated with every separator a header name may contain, and the upstream's raw
+ * headers are searched for the forged value.
+ */
+
+/** Every name gatehouse sets or strips on the way up (src/gateway/forward-headers.ts). */
+const OWNED = [
+  'x-gatehouse-subject', 'x-gatehouse-key-id', 'x-gatehouse-auth', 'x-gatehouse-anything',
+  'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-port', 'x-real-ip', 'x-request-id',
+  'x-forwarded-prefix', 'x-forwarded-scheme', 'x-forwarded-ssl', 'x-forwarded-server', 'x-forwarded-path', 'x-original-forwarded-for',
+  'x-original-url', 'x-rewrite-url', 'x-original-host', 'true-client-ip', 'x-client-ip', 'cf-connecting-ip', 'x-cluster-client-ip', 'fastly-client-ip',
+  'x-api-key', 'keep-alive', 'proxy-connection', 'proxy-authorization',
+];
+/** RFC 9110 tchar minus letters and digits: everything a header name may use as a separator. */
+const SEPARATORS = ['-', '_', '.', '!', '#', '$', '%', '&', "'", '*', '+', '^', '`', '|', '~'];
+const FORGED = 'forged-by-client';
+
+/** Each name with all its dashes replaced by each separator, one dash at a time too, in mixed case. */
+function lookAlikes(name: string): string[] {
+  const out = new Set<string>();
+  const dashes = [...name].flatMap((c, i) => (c === '-' ? [i] : []));
+  for (const sep of SEPARATORS) {
+    out.add(name.replaceAll('-', sep));
+    for (const at of dashes) out.add(name.slice(0, at) + sep + name.slice(at + 1));
+  }
+  out.add(name.toUpperCase().replaceAll('-', '.'));
+  out.add(name.replace(/(^|-)(\w)/g, (_m, dash: string, c: string) => dash + c.toUpperCase()).replaceAll('-', '_'));
+  return [...out];
+}
+
+describe('identity headers: no look-alike of an owned name reaches the upstream', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    gatehouse = await startTestGatehouse(testConfig(upstream.url));
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+
+  // X-API-Key itself is the credential, and a sane X-Request-Id is kept for tracing: their exact
+  // spellings have their own tests; every other spelling of them must go.
+  const names = OWNED.flatMap(lookAlikes).filter((n) => n !== 'x-api-key' && n !== 'x-request-id');
+  it(`${names.length} generated look-alike names, ${SEPARATORS.length} separators: the forged value never arrives`, async () => {
+    const perRequest = 90; // under gateway.limits.maxHeaderCount with Host, X-API-Key and Connection
+    let sent = 0;
+    for (let i = 0; i < names.length; i += perRequest) {
+      const batch = names.slice(i, i + perRequest);
+      const exchange = await rawExchange(gatehouse.url,
+        `GET /api/look-alikes HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n${batch.map((n) => `${n}: ${FORGED}\r\n`).join('')}Connection: close\r\n\r\n`);
+      assert.equal(exchange.responses[0]?.status, 200, exchange.raw.slice(0, 300));
+      sent++;
+    }
+    assert.equal(upstream.received.length, sent);
+    for (const record of upstream.received) {
+      const forged: string[] = [];
+      for (let i = 0; i < record.rawHeaders.length; i += 2) {
+        if (record.rawHeaders[i + 1]!.includes(FORGED)) forged.push(record.rawHeaders[i]!);
+      }
+      assert.deepEqual(forged, [], 'forged headers reached the upstream');
+      assert.equal(record.headers['x-gatehouse-subject'], 'default');
+      assert.equal(record.headers['x-gatehouse-key-id'], 'default');
+      assert.equal(record.headers['x-forwarded-for'], '127.0.0.1');
+    }
+  });
+
+  it('a header that only resembles an owned one is forwarded (the check is exact, not a prefix)', async () => {
+    await rawExchange(gatehouse.url, `GET /api/ok HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nX-Forwarded-Forward: kept\r\nX.Custom.Trace: kept\r\nConnection: close\r\n\r\n`);
+    const record = upstream.received.at(-1)!;
+    assert.equal(record.headers['x-forwarded-forward'], 'kept');
+    assert.equal(record.headers['x.custom.trace'], 'kept');
+  });
+});
+
+describe('identity headers: the JWT subject', () => {
+  const SECRET = 'identity-test-secret-0123456789abcdefghijklmnop';
+  let upstream: RecordingServer;
+  let required: TestGatehouse;
+  let optional: TestGatehouse;
+  const sign = (claims: JWTPayload) => new SignJWT(claims).setProtectedHeader({ alg: 'HS256' }).setExpirationTime('5m').sign(new TextEncoder().encode(SECRET));
+  const bearerOnly = (requireSubject?: boolean) => {
+    const config = testConfig(upstream.url, { gateway: { auth: { bearer: { jwt: { secret: SECRET, ...(requireSubject === undefined ? {} : { requireSubject }) } }, failures: { max: 1000 } } } });
+    delete config.gateway.auth.apiKey;
+    return config;
+  };
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    required = await startTestGatehouse(bearerOnly());
+    optional = await startTestGatehouse(bearerOnly(false));
+  });
+  after(async () => {
+    await required.close();
+    await optional.close();
+    await upstream.close();
+  });
+
+  /** The raw value of a header as the upstream's socket carried it (before any trimming). */
+  const rawValue = (name: string) => {
+    const raw = upstream.received.at(-1)!.rawHeaders;
+    const at = raw.findIndex((n, i) => i % 2 === 0 && n.toLowerCase() === name);
+    return at === -1 ? undefined : raw[at + 1];
+  };
+
+  it('spaces at either end of sub are percent-encoded, so the upstream cannot trim "  admin  " into "admin"', async () => {
+    const token = await sign({ sub: '  admin  ' });
+    const exchange = await rawExchange(required.url, `GET /api/me HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ${token}\r\nConnection: close\r\n\r\n`);
+    assert.equal(exchange.responses[0]?.status, 200);
+    assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-subject'], '%20%20admin%20%20');
+    assert.equal(rawValue('x-gatehouse-subject'), '%20%20admin%20%20');
+    await rawExchange(required.url, `GET /api/me HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ${await sign({ sub: 'a b' })}\r\nConnection: close\r\n\r\n`);
+    assert.equal(rawValue('x-gatehouse-subject'), 'a b', 'inner spaces are kept as they are');
+  });
+
+  for (const [label, claims] of [['no sub', {}], ['an empty sub', { sub: '' }], ['a numeric sub', { sub: 42 }]] as const) {
+    it(`a token with ${label} is refused (401 invalid_token), the upstream untouched`, async () => {
+      const before = upstream.received.length;
+      const exchange = await rawExchange(required.url, `GET /api/me HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ${await sign(claims as JWTPayload)}\r\nConnection: close\r\n\r\n`);
+      assert.equal(exchange.responses[0]?.status, 401);
+      assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'invalid_token');
+      assert.equal(upstream.received.length, before);
+    });
+  }
+
+  it('requireSubject: false lets a token without sub through, with no subject header', async () => {
+    const exchange = await rawExchange(optional.url, `GET /api/me HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ${await sign({})}\r\nConnection: close\r\n\r\n`);
+    assert.equal(exchange.responses[0]?.status, 200);
+    assert.equal(rawValue('x-gatehouse-subject'), undefined);
+    assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-auth'], 'bearer');
+  });
+});

@@ -1,0 +1,317 @@
+import assert from 'node:assert/strict';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
+import { rawExchange } from '../helpers/raw-socket.js';
+import { startRecordingUpstream, type ReceivedRequest, type RecordingServer } from '../helpers/upstream.js';
+
+/*
+ * Request smuggling, as a class: what the upstream parsed is compared with what gatehouse
+ * accepted. Requests are written byte for byte over raw sockets (header counts up to and past the
+ * limit, duplicated and obfuscated framing, bodies on every method, pipelining), each carrying a
+ * second request in its body that would reach the upstream if any hop framed it differently.
+ */
+
+const MAX_HEADERS = 100; // gateway.limits.maxHeaderCount's default
+
+const SMUGGLED = (n: number) =>
+  `POST /admin/users?case=${n} HTTP/1.1\r\nHost: upstream\r\nX-Gatehouse-Subject: root\r\nX-Gatehouse-Key-Id: root\r\n` +
+  `X-Forwarded-For: 10.0.0.1\r\nX-Request-Id: smuggled-${n}\r\nContent-Length: 0\r\n\r\n`;
+const chunked = (body: string) => `${Buffer.byteLength(body).toString(16)}\r\n${body}\r\n0\r\n\r\n`;
+
+/** One way to frame the body: header lines before and after the filler lines, and the body bytes. */
+interface Framing {
+  name: string;
+  before: (body: string) => string[];
+  after: (body: string) => string[];
+  encode: (body: string) => string;
+}
+const raw = (body: string) => body;
+const len = (body: string) => Buffer.byteLength(body);
+const FRAMINGS: Framing[] = [
+  { name: 'content-length after the fillers', before: () => [], after: (b) => [`Content-Length: ${len(b)}`], encode: raw },
+  { name: 'chunked after the fillers', before: () => [], after: () => ['Transfer-Encoding: chunked'], encode: chunked },
+  { name: 'gzip visible, chunked after the fillers', before: () => ['Transfer-Encoding: gzip'], after: () => ['Transfer-Encoding: chunked'], encode: chunked },
+  { name: 'content-length first', before: (b) => [`Content-Length: ${len(b)}`], after: () => [], encode: raw },
+  { name: 'chunked first', before: () => ['Transfer-Encoding: chunked'], after: () => [], encode: chunked },
+  { name: 'content-length twice', before: (b) => [`Content-Length: ${len(b)}`], after: (b) => [`Content-Length: ${len(b)}`], encode: raw },
+  { name: 'content-length and chunked', before: (b) => [`Content-Length: ${len(b)}`], after: () => ['Transfer-Encoding: chunked'], encode: chunked },
+  { name: 'chunked, chunked', before: () => ['Transfer-Encoding: chunked, chunked'], after: () => [], encode: chunked },
+  { name: 'gzip, chunked', before: () => ['Transfer-Encoding: gzip, chunked'], after: () => [], encode: chunked },
+  { name: 'space before the colon', before: () => ['Transfer-Encoding : chunked'], after: () => [], encode: chunked },
+  { name: 'xchunked', before: () => ['Transfer-Encoding: xchunked'], after: () => [], encode: chunked },
+  { name: 'tab before chunked', before: () => ['Transfer-Encoding:\tchunked'], after: () => [], encode: chunked },
+  { name: 'content-length with a sign', before: (b) => [`Content-Length: +${len(b)}`], after: () => [], encode: raw },
+  { name: 'Connection names content-length', before: (b) => ['Connection: content-length', `Content-Length: ${len(b)}`], after: () => [], encode: raw },
+  { name: 'no framing (the body is a pipelined request)', before: () => [], after: () => [], encode: raw },
+];
+const METHODS = ['GET', 'HEAD', 'DELETE', 'OPTIONS', 'POST', 'PUT', 'PATCH', 'TRACE'];
+/** Filler lines: none, around the limit (with Host, X-API-Key and the framing lines), and far past it. */
+const FILLERS = [0, MAX_HEADERS - 4, MAX_HEADERS - 3, MAX_HEADERS - 2, MAX_HEADERS, 1_100, 1_990];
+
+function caseOf(record: ReceivedRequest): number | undefined {
+  const match = /case[-=](\d+)/.exec(record.url);
+  return match ? Number(match[1]) : undefined;
+}
+
+describe('smuggling: what the upstream parses is exactly what gatehouse accepted', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { auth: { failures: { max: 100_000 } } } }));
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+
+  it(`${FILLERS.length * FRAMINGS.length * METHODS.length} generated requests: at most one upstream request per accepted one, each carrying gatehouse's X-Request-Id`, async () => {
+    const cases: { n: number; label: string; bytes: string; head: boolean; wellFramed: boolean }[] = [];
+    for (const fillers of FILLERS) {
+      for (const framing of FRAMINGS) {
+        for (const method of METHODS) {
+          const n = cases.length;
+          const body = SMUGGLED(n);
+          const lines = [
+            `${method} /api/case-${n} HTTP/1.1`, 'Host: gatehouse', `X-API-Key: ${TEST_PLAIN_KEY}`,
+            ...framing.before(body), ...Array.from({ length: fillers }, () => 'TE: x'), ...framing.after(body),
+          ];
+          // A well-formed request pipelined behind: it must be answered (or the connection closed), never merged.
+          const follow = `GET /api/case-${n}-follow HTTP/1.1\r\nHost: gatehouse\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nConnection: close\r\n\r\n`;
+          const wellFramed = fillers < MAX_HEADERS - 3 && framing.name.endsWith(' first') && ['DELETE', 'OPTIONS', 'POST', 'PUT', 'PATCH'].includes(method);
+          cases.push({ n, label: `${method}, ${fillers} fillers, ${framing.name}`, bytes: lines.join('\r\n') + '\r\n\r\n' + framing.encode(body) + follow, head: method === 'HEAD', wellFramed });
+        }
+      }
+    }
+    const exchanges = new Array<Awaited<ReturnType<typeof rawExchange>>>(cases.length);
+    let next = 0;
+    await Promise.all(Array.from({ length: 16 }, async () => {
+      while (next < cases.length) {
+        const c = cases[next++]!;
+        exchanges[c.n] = await rawExchange(gatehouse.url, c.bytes, { idleMs: 5_000, headMethods: c.head ? [0] : [] });
+      }
+    }));
+    await new Promise((r) => setTimeout(r, 200)); // anything still on its way upstream
+
+    const outsideApi = upstream.received.filter((r) => !r.url.startsWith('/api/'));
+    assert.deepEqual(outsideApi.map((r) => `${r.method} ${r.url}`), [], 'nothing outside /api/ may reach the upstream');
+    const forged = upstream.received.filter((r) => r.headers['x-gatehouse-subject'] === 'root' || String(r.headers['x-request-id']).startsWith('smuggled-'));
+    assert.deepEqual(forged.map((r) => `${r.method} ${r.url}`), [], 'no request carrying the attacker\'s identity may reach the upstream');
+
+    const byCase = new Map<number, ReceivedRequest[]>();
+    for (const record of upstream.received) {
+      const n = caseOf(record);
+      assert.notEqual(n, undefined, `unexpected upstream request ${record.url}`);
+      byCase.set(n!, [...(byCase.get(n!) ?? []), record]);
+    }
+    const problems: string[] = [];
+    for (const c of cases) {
+      const exchange = exchanges[c.n]!;
+      const accepted = exchange.responses.filter((r) => r.status === 200);
+      const acceptedIds = new Set(accepted.map((r) => r.headers['x-request-id']));
+      const reached = byCase.get(c.n) ?? [];
+      if (reached.length > accepted.length) problems.push(`${c.label}: upstream parsed ${reached.length} requests for ${accepted.length} accepted`);
+      for (const record of reached) {
+        const id = record.headers['x-request-id'] as string;
+        if (!acceptedIds.has(id)) problems.push(`${c.label}: upstream got ${record.method} ${record.url} with X-Request-Id ${id}, not one gatehouse answered`);
+        if (record.headers['x-gatehouse-key-id'] !== 'default') problems.push(`${c.label}: upstream got ${record.url} without gatehouse's identity`);
+      }
+      acceptedIds.forEach((id) => {
+        if (reached.filter((r) => r.headers['x-request-id'] === id).length > 1) problems.push(`${c.label}: X-Request-Id ${id} reached the upstream twice`);
+      });
+    }
+    assert.deepEqual(problems, []);
+    // Not vacuous: well-framed bodies within the limit went through as data, and so did the requests pipelined behind them.
+    const wellFramed = cases.filter((c) => c.wellFramed);
+    assert.equal(wellFramed.length, 20);
+    for (const c of wellFramed) {
+      const reached = byCase.get(c.n) ?? [];
+      assert.deepEqual(reached.map((r) => r.url), [`/api/case-${c.n}`, `/api/case-${c.n}-follow`], c.label);
+      assert.equal(reached[0]!.body, SMUGGLED(c.n), `${c.label}: the body arrives as data`);
+    }
+  });
+});
+
+describe('smuggling: header lines past the count limit are refused, never cut', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  const smuggled = SMUGGLED(0);
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    const storage = path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-smuggling-')), 'gatehouse.db');
+    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
+      storage: { path: storage },
+      gateway: { trustProxy: ['127.0.0.1'], auth: { allowedIPs: ['203.0.113.0/24', '127.0.0.1'], failures: { max: 100_000 } } },
+      webhooks: {
+        enabled: true,
+        listen: { host: '127.0.0.1', port: 0 },
+        endpoints: [{ path: '/webhook/deploys', secret: 'deploy-hook-secret-0123456789', action: 'system-event' }],
+        targets: { 'system-event': { url: upstream.url + '/target' } },
+      },
+    }));
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+
+  const fillers = (n: number) => 'TE: x\r\n'.repeat(n);
+
+  it('the reported attack: GET with a valid key, 1,100 fillers, then Content-Length → 431, connection closed, upstream untouched', async () => {
+    const before = upstream.received.length;
+    const exchange = await rawExchange(gatehouse.url,
+      `GET /api/carrier HTTP/1.1\r\nHost: gatehouse\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n${fillers(1_100)}Content-Length: ${len(smuggled)}\r\n\r\n${smuggled}`);
+    assert.equal(exchange.responses.length, 1, exchange.raw.slice(0, 300));
+    assert.equal(exchange.responses[0]!.status, 431);
+    assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'request_header_fields_too_large');
+    assert.equal(exchange.responses[0]!.headers.connection, 'close');
+    assert.ok(exchange.closedByServer, 'gatehouse must close the connection');
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(upstream.received.length, before, 'nothing may reach the upstream');
+  });
+
+  it('the same with HEAD and DELETE, and chunked hidden behind a visible gzip coding', async () => {
+    const before = upstream.received.length;
+    for (const text of [
+      `HEAD /api/carrier HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n${fillers(1_100)}Content-Length: ${len(smuggled)}\r\n\r\n${smuggled}`,
+      `DELETE /api/carrier HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n${fillers(1_100)}Content-Length: ${len(smuggled)}\r\n\r\n${smuggled}`,
+      `POST /api/carrier HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nTransfer-Encoding: gzip\r\n${fillers(1_100)}Transfer-Encoding: chunked\r\n\r\n${chunked(smuggled)}`,
+    ]) {
+      const exchange = await rawExchange(gatehouse.url, text, { headMethods: text.startsWith('HEAD') ? [0] : [] });
+      assert.equal(exchange.responses[0]?.status, 431, text.slice(0, 40));
+      assert.ok(exchange.closedByServer);
+    }
+    await new Promise((r) => setTimeout(r, 100));
+    assert.equal(upstream.received.length, before);
+  });
+
+  it('a trusted proxy\'s X-Forwarded-For past the cut cannot let the client\'s own one be believed', async () => {
+    const before = upstream.received.length;
+    // The client claims an allowed address; the proxy (127.0.0.1) appends the real one, 198.51.100.7, last.
+    const exchange = await rawExchange(gatehouse.url,
+      `GET /api/ip HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nX-Forwarded-For: 203.0.113.5\r\n${fillers(1_100)}X-Forwarded-For: 198.51.100.7\r\nConnection: close\r\n\r\n`);
+    assert.equal(exchange.responses[0]?.status, 431);
+    // Within the limit the appended address is seen, and refused.
+    const seen = await rawExchange(gatehouse.url,
+      `GET /api/ip HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nX-Forwarded-For: 203.0.113.5\r\n${fillers(10)}X-Forwarded-For: 198.51.100.7\r\nConnection: close\r\n\r\n`);
+    assert.equal(seen.responses[0]?.status, 403);
+    assert.equal(upstream.received.length, before);
+  });
+
+  it('exactly the limit goes through with every line; one more is refused', async () => {
+    const before = upstream.received.length;
+    const at = await rawExchange(gatehouse.url, `GET /api/at-limit HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nConnection: close\r\n${'X-Filler: y\r\n'.repeat(MAX_HEADERS - 3)}\r\n`);
+    assert.equal(at.responses[0]?.status, 200, at.raw.slice(0, 300));
+    assert.equal(upstream.received.length, before + 1);
+    assert.equal(upstream.received.at(-1)!.headers['x-filler'], Array(MAX_HEADERS - 3).fill('y').join(', '), 'every line within the limit is forwarded');
+    const over = await rawExchange(gatehouse.url, `GET /api/over-limit HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nConnection: close\r\n${'X-Filler: y\r\n'.repeat(MAX_HEADERS - 2)}\r\n`);
+    assert.equal(over.responses[0]?.status, 431);
+    assert.equal(upstream.received.length, before + 1);
+  });
+
+  it('headers over maxHeaderBytes: 431 with the JSON error, on both listeners', async () => {
+    for (const url of [gatehouse.url, gatehouse.webhooks!.url]) {
+      const exchange = await rawExchange(url, `GET /api/big HTTP/1.1\r\nHost: g\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`);
+      assert.equal(exchange.responses[0]?.status, 431, url);
+      assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'request_header_fields_too_large');
+      assert.ok(exchange.closedByServer);
+    }
+  });
+
+  it('the webhook listener refuses past the count limit too, and stores nothing', async () => {
+    const before = upstream.received.length;
+    const body = '{"event":"smuggled"}';
+    const exchange = await rawExchange(gatehouse.webhooks!.url,
+      `POST /webhook/deploys HTTP/1.1\r\nHost: g\r\nX-Webhook-Secret: deploy-hook-secret-0123456789\r\nContent-Type: application/json\r\n${fillers(1_100)}Content-Length: ${body.length}\r\n\r\n${body}`);
+    assert.equal(exchange.responses[0]?.status, 431);
+    assert.ok(exchange.closedByServer);
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(upstream.received.length, before, 'nothing may be delivered to the target');
+    assert.deepEqual(await gatehouse.webhooks!.store.list({}), [], 'nothing may be stored');
+  });
+});
+
+describe('Host: one, and host[:port], or 400', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { trustProxy: ['127.0.0.1'], auth: { failures: { max: 100_000 } } } }));
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+
+  for (const [label, hostLines] of [
+    ['two Host headers', 'Host: api.example\r\nHost: evil.example\r\n'],
+    ['a list', 'Host: api.example, evil.example\r\n'],
+    ['userinfo', 'Host: user@evil.example\r\n'],
+    ['a path', 'Host: evil.example/x\r\n'],
+    ['a blank inside', 'Host: evil example\r\n'],
+    ['an empty port list', 'Host: api.example:80:81\r\n'],
+  ] as const) {
+    it(`${label} → 400 invalid_host, upstream untouched`, async () => {
+      const before = upstream.received.length;
+      const exchange = await rawExchange(gatehouse.url, `GET /api/host HTTP/1.1\r\n${hostLines}X-API-Key: ${TEST_PLAIN_KEY}\r\n\r\n`);
+      assert.equal(exchange.responses[0]?.status, 400, exchange.raw.slice(0, 200));
+      assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'invalid_host');
+      assert.ok(exchange.closedByServer);
+      assert.equal(upstream.received.length, before);
+    });
+  }
+
+  it('a valid Host becomes X-Forwarded-Host; a trusted proxy\'s malformed X-Forwarded-Host does not', async () => {
+    await rawExchange(gatehouse.url, `GET /api/host HTTP/1.1\r\nHost: api.example:8443\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nConnection: close\r\n\r\n`);
+    assert.equal(upstream.received.at(-1)!.headers['x-forwarded-host'], 'api.example:8443');
+    await rawExchange(gatehouse.url, `GET /api/host HTTP/1.1\r\nHost: [::1]:8080\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nX-Forwarded-Host: evil.example/x@y\r\nConnection: close\r\n\r\n`);
+    assert.equal(upstream.received.at(-1)!.headers['x-forwarded-host'], '[::1]:8080');
+    await rawExchange(gatehouse.url, `GET /api/host HTTP/1.1\r\nHost: internal:8080\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nX-Forwarded-Host: public.example\r\nConnection: close\r\n\r\n`);
+    assert.equal(upstream.received.at(-1)!.headers['x-forwarded-host'], 'public.example');
+  });
+});
+
+describe('answered before the body arrived: the connection is closed, not held', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    const storage = path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-slow-')), 'gatehouse.db');
+    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
+      storage: { path: storage },
+      gateway: { auth: { failures: { max: 100_000 } } },
+      webhooks: {
+        enabled: true,
+        listen: { host: '127.0.0.1', port: 0 },
+        endpoints: [{ path: '/webhook/deploys', secret: 'deploy-hook-secret-0123456789', action: 'system-event' }],
+        targets: { 'system-event': { url: upstream.url + '/target' } },
+      },
+    }));
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+
+  // A body trickled a byte every 400 ms: before the fix the socket stayed open ~300 s (Node's requestTimeout).
+  const trickle = (head: string) => [head, ...Array.from({ length: 30 }, () => 'x')];
+  for (const [label, listener, head, status] of [
+    ['/api/ without credentials', 'gateway', 'POST /api/upload HTTP/1.1\r\nHost: g\r\nContent-Length: 1000000\r\n\r\n', 401],
+    ['outside /api/', 'gateway', 'POST /elsewhere HTTP/1.1\r\nHost: g\r\nContent-Length: 1000000\r\n\r\n', 404],
+    ['a webhook with a wrong secret', 'webhooks', 'POST /webhook/deploys HTTP/1.1\r\nHost: g\r\nX-Webhook-Secret: wrong-wrong-wrong-wrong\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n', 401],
+    ['an unknown webhook path', 'webhooks', 'POST /webhook/nothing HTTP/1.1\r\nHost: g\r\nContent-Length: 1000000\r\n\r\n', 404],
+    ['a health check with a body', 'webhooks', 'POST /healthz HTTP/1.1\r\nHost: g\r\nContent-Length: 1000000\r\n\r\n', 404],
+  ] as const) {
+    it(`${label}: ${status}, Connection: close, closed within seconds`, async () => {
+      const url = listener === 'gateway' ? gatehouse.url : gatehouse.webhooks!.url;
+      const exchange = await rawExchange(url, trickle(head), { gapMs: 400, idleMs: 15_000, timeoutMs: 15_000 });
+      assert.equal(exchange.responses[0]?.status, status, exchange.raw.slice(0, 200));
+      assert.equal(exchange.responses[0]!.headers.connection, 'close');
+      assert.ok(exchange.closedByServer, 'the server must close the connection');
+      assert.ok(exchange.ms < 5_000, `closed after ${Math.round(exchange.ms)} ms`);
+    });
+  }
+});
