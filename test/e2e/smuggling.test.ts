@@ -51,6 +51,20 @@ const METHODS = ['GET', 'HEAD', 'DELETE', 'OPTIONS', 'POST', 'PUT', 'PATCH', 'TR
 /** Filler lines: none, around the limit (with Host, X-API-Key and the framing lines), and far past it. */
 const FILLERS = [0, MAX_HEADERS - 4, MAX_HEADERS - 3, MAX_HEADERS - 2, MAX_HEADERS, 1_100, 1_990];
 
+/** Both listeners: the gateway (with `gateway` merged in) and a receiver with one `secret` endpoint delivering to the upstream. */
+function withWebhooks(upstreamUrl: string, gateway: Record<string, unknown>): Record<string, any> {
+  return testConfig(upstreamUrl, {
+    storage: { path: path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-smuggling-')), 'gatehouse.db') },
+    gateway,
+    webhooks: {
+      enabled: true,
+      listen: { host: '127.0.0.1', port: 0 },
+      endpoints: [{ path: '/webhook/deploys', secret: 'deploy-hook-secret-0123456789', action: 'system-event' }],
+      targets: { 'system-event': { url: upstreamUrl + '/target' } },
+    },
+  });
+}
+
 function caseOf(record: ReceivedRequest): number | undefined {
   const match = /case[-=](\d+)/.exec(record.url);
   return match ? Number(match[1]) : undefined;
@@ -141,17 +155,7 @@ describe('smuggling: header lines past the count limit are refused, never cut', 
   const smuggled = SMUGGLED(0);
   before(async () => {
     upstream = await startRecordingUpstream();
-    const storage = path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-smuggling-')), 'gatehouse.db');
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
-      storage: { path: storage },
-      gateway: { trustProxy: ['127.0.0.1'], auth: { allowedIPs: ['203.0.113.0/24', '127.0.0.1'], failures: { max: 100_000 } } },
-      webhooks: {
-        enabled: true,
-        listen: { host: '127.0.0.1', port: 0 },
-        endpoints: [{ path: '/webhook/deploys', secret: 'deploy-hook-secret-0123456789', action: 'system-event' }],
-        targets: { 'system-event': { url: upstream.url + '/target' } },
-      },
-    }));
+    gatehouse = await startTestGatehouse(withWebhooks(upstream.url, { trustProxy: ['127.0.0.1'], auth: { allowedIPs: ['203.0.113.0/24', '127.0.0.1'], failures: { max: 100_000 } } }));
   });
   after(async () => {
     await gatehouse.close();
@@ -279,17 +283,7 @@ describe('answered before the body arrived: the connection is closed, not held',
   let gatehouse: TestGatehouse;
   before(async () => {
     upstream = await startRecordingUpstream();
-    const storage = path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-slow-')), 'gatehouse.db');
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
-      storage: { path: storage },
-      gateway: { auth: { failures: { max: 100_000 } } },
-      webhooks: {
-        enabled: true,
-        listen: { host: '127.0.0.1', port: 0 },
-        endpoints: [{ path: '/webhook/deploys', secret: 'deploy-hook-secret-0123456789', action: 'system-event' }],
-        targets: { 'system-event': { url: upstream.url + '/target' } },
-      },
-    }));
+    gatehouse = await startTestGatehouse(withWebhooks(upstream.url, { auth: { failures: { max: 100_000 } } }));
   });
   after(async () => {
     await gatehouse.close();
