@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import { CHANNEL_SEND_PREFIX, type ChannelSender } from './channels/outbound.js';
 import type { Config, HttpLimits } from './config/schema.js';
 import { HttpError } from './errors.js';
+import { continueIfExpected } from './listener.js';
 import { createClientIpResolver, type ClientOrigin } from './gateway/client-ip.js';
 import { Authenticator, type AuthOutcome } from './gateway/credentials/authenticate.js';
 import { prepareUpstreamHeaders } from './gateway/forward-headers.js';
@@ -115,6 +116,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   async function apiPipeline(req: Req, res: ServerResponse): Promise<void> {
     const error = checkApiPath(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
     if (error) return respondWithError(req, res, error, logger);
+    continueIfExpected(res);
     await proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
   }
 
@@ -122,6 +124,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   async function channelPipeline(req: Req, res: ServerResponse): Promise<void> {
     const error = clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
     if (error) return respondWithError(req, res, error, logger);
+    continueIfExpected(res);
     await deps.channels!.handle(req, res);
   }
 

@@ -30,15 +30,25 @@ export async function listen(
     keepAliveTimeout: limits.keepAliveTimeoutMs,
     // Node checks the two timeouts above only this often (default 30 s, which made a 15 s limit 45 s).
     connectionsCheckingInterval: Math.min(1_000, limits.headersTimeoutMs),
-    requireHostHeader: true,
+    // checkFraming refuses a missing Host itself, with the JSON error (Node's own 400 has no body).
+    requireHostHeader: false,
     joinDuplicateHeaders: false,
   };
+  const serve = oneAtATime(handler);
   const server = tls
-    ? https.createServer({ ...options, cert: readFileSync(tls.cert), key: readFileSync(tls.key) }, handler)
-    : http.createServer(options, handler);
+    ? https.createServer({ ...options, cert: readFileSync(tls.cert), key: readFileSync(tls.key) }, serve)
+    : http.createServer(options, serve);
   server.maxHeadersCount = limits.maxHeaderCount + 1;
   server.maxRequestsPerSocket = 0;
   server.on('clientError', answerParseError);
+  // `Expect: 100-continue` reaches the handler unanswered: gatehouse says "continue" only once the
+  // request passed its checks (continueIfExpected), so a refused client never sends its body.
+  server.on('checkContinue', (req: http.IncomingMessage, res: http.ServerResponse) => {
+    expectingContinue.add(res);
+    serve(req, res);
+  });
+  // gatehouse tunnels nothing: CONNECT gets an answer instead of a silently dropped socket.
+  server.on('connect', (_req: http.IncomingMessage, socket: Socket) => writeRawError(socket, 'method_not_allowed'));
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(at.port, at.host, () => {
@@ -72,13 +82,56 @@ function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
     socket.destroy();
     return;
   }
-  const code: ErrorCode = err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
+  writeRawError(socket, err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
     : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
-    : 'invalid_request';
+    : 'invalid_request');
+}
+
+/** A catalogue error written straight to a socket Node's HTTP layer has given up on; then closed. */
+function writeRawError(socket: Socket, code: ErrorCode): void {
   const { status, message } = errorCatalogue[code];
   const body = JSON.stringify({ error: { code, message } });
   socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n${body}`);
   socket.destroySoon();
+}
+
+/** Requests pipelined behind one still being answered, per connection; past this the connection is cut. */
+const MAX_PIPELINED = 16;
+const waiting = new WeakMap<Socket, (() => void)[]>();
+
+/**
+ * One request per connection at a time. Node parses pipelined requests and hands them all over
+ * at once, so one connection carrying thousands would open as many upstream requests together
+ * (descriptors, memory): each waits until the one before it on its connection is answered.
+ */
+function oneAtATime(handler: http.RequestListener): http.RequestListener {
+  const run = (req: http.IncomingMessage, res: http.ServerResponse) => {
+    res.once('close', () => {
+      const queue = waiting.get(req.socket);
+      const next = queue?.shift();
+      if (next) next();
+      else waiting.delete(req.socket);
+    });
+    handler(req, res);
+  };
+  return function serveInTurn(req, res) {
+    const queue = waiting.get(req.socket);
+    if (queue === undefined) {
+      waiting.set(req.socket, []);
+      return run(req, res);
+    }
+    if (queue.length >= MAX_PIPELINED) return void req.socket.destroy();
+    queue.push(() => run(req, res));
+  };
+}
+
+/** Answers whose request sent `Expect: 100-continue` and has not been told to continue yet. */
+const expectingContinue = new WeakSet<http.ServerResponse>();
+
+/** `Expect: 100-continue`: the request passed gatehouse's checks, so the client may send its body now. */
+export function continueIfExpected(res: http.ServerResponse): void {
+  if (!expectingContinue.delete(res) || res.headersSent) return;
+  res.writeContinue();
 }
 
 /** Connections that will take no further request: what was pipelined behind is never handled. */
@@ -130,7 +183,7 @@ export const PLAIN_CONNECTION = /^\s*(keep-alive|close)\s*$/i;
  * it could read differently (request smuggling):
  * - more header lines than `maxHeaderCount` (Node drops the rest from `req.headers` while its
  *   parser still frames the body by them: a hidden Content-Length or chunked);
- * - Host missing in HTTP/1.1 (Node refuses that itself), repeated, or not `host[:port]`;
+ * - Host missing in HTTP/1.1, repeated, or not `host[:port]`;
  * - a transfer coding other than exactly `chunked` (the only one gatehouse re-frames);
  * - a body on GET/HEAD/TRACE (many servers never read it, so its bytes become the next request);
  * - a Connection header naming a framing header (honouring it would strip the body's length).
@@ -146,6 +199,7 @@ export function checkFraming(req: http.IncomingMessage, limits: HttpLimits): Htt
     if (name.length === 4 && name.toLowerCase() === 'host') hosts++;
   }
   if (hosts > 1) return new HttpError('invalid_host', `${hosts} Host headers`);
+  if (hosts === 0 && req.httpVersionMajor === 1 && req.httpVersionMinor >= 1) return new HttpError('invalid_host', 'no Host (HTTP/1.1 requires one)');
   if (hosts === 1 && !isValidHost(req.headers.host)) return new HttpError('invalid_host', 'Host is not host[:port]');
 
   const coding = req.headers['transfer-encoding'];

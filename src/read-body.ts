@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { HttpError } from './errors.js';
-import { closeAfterAnswer } from './listener.js';
+import { closeAfterAnswer, continueIfExpected } from './listener.js';
 
 /**
  * Reads the body up to `limit` bytes within `timeoutMs`. Past the limit (declared or actual) it
@@ -14,6 +14,7 @@ export function readBody(req: IncomingMessage, res: ServerResponse, limit: numbe
     abandonBody();
     return Promise.reject(new HttpError('payload_too_large', `content-length ${declared} > ${limit}`));
   }
+  continueIfExpected(res); // the checks before the body passed: the client may send it now
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;

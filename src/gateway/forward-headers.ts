@@ -5,19 +5,32 @@ import type { Identity } from './credentials/authenticate.js';
 
 /** Headers a client may not set for the upstream: gatehouse owns them. */
 const OWNED_HEADERS = [
-  'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-port', 'forwarded', 'x-real-ip', 'x-request-id',
-  // Read by common frameworks as "what the proxy saw" (Spring, Rack, Symfony, IIS, CDNs): a client may not set them.
-  'x-forwarded-prefix', 'x-forwarded-scheme', 'x-forwarded-ssl', 'x-forwarded-server', 'x-forwarded-path', 'x-original-forwarded-for',
-  'x-original-url', 'x-rewrite-url', 'x-original-host', 'true-client-ip', 'x-client-ip', 'cf-connecting-ip', 'x-cluster-client-ip', 'fastly-client-ip',
+  'forwarded', 'x-forwarded', 'forwarded-for', 'x-real-ip', 'x-request-id',
+  // Read by common frameworks and helpers as "what the proxy saw" or "who the proxy let in" (Spring,
+  // Rack, Symfony, IIS, PHP's client-IP recipes, CDNs, oauth2-proxy): a client may not set them.
+  'x-original-forwarded-for', 'x-original-url', 'x-rewrite-url', 'x-original-host', 'x-host', 'true-client-ip', 'client-ip',
+  'x-client-ip', 'x-originating-ip', 'x-remote-ip', 'x-remote-addr', 'remote-addr', 'cf-connecting-ip', 'x-cluster-client-ip',
+  'fastly-client-ip', 'remote-user', 'x-remote-user', 'x-user',
+  // A method override lets a client turn the method gatehouse saw into another one upstream.
+  'x-http-method-override', 'x-http-method', 'x-method-override',
 ];
+/** Whole families a client may not set: gatehouse's own, the proxy's forwarding headers, an auth proxy's identity. */
+const OWNED_PREFIXES = ['x-gatehouse-', 'x-forwarded-', 'x-auth-request-'];
 const CREDENTIAL_HEADERS = ['x-api-key'];
-/** Hop-by-hop (RFC 9110 7.6.1): about the client's connection, not the upstream's. A client's `Connection: close` must not end our keep-alive. */
-const HOP_BY_HOP = ['connection', 'keep-alive', 'proxy-connection', 'te', 'upgrade', 'proxy-authorization', 'proxy-authenticate'];
+/**
+ * Hop-by-hop (RFC 9110 7.6.1): about the client's connection, not the upstream's. A client's
+ * `Connection: close` must not end our keep-alive. `Trailer` announces trailers gatehouse never
+ * forwards (and Node throws on it for a request that is not chunked); `Expect` is answered by
+ * gatehouse itself, after the credentials.
+ */
+const HOP_BY_HOP = ['connection', 'keep-alive', 'te', 'upgrade', 'trailer', 'expect', 'proxy'];
+/** `Proxy-*` (and `Proxy` itself: httpoxy, CGI's HTTP_PROXY) is about proxies, never the upstream's business. */
+const HOP_BY_HOP_PREFIX = 'proxy-';
 /** The body's framing on the way up is gatehouse's own choice (see prepareUpstreamHeaders), never the client's lines. */
 const BODY_FRAMING = ['content-length', 'transfer-encoding'];
-const OWNED_PREFIX = 'x-gatehouse-';
 const STRIPPED = new Set([...OWNED_HEADERS, ...HOP_BY_HOP, ...BODY_FRAMING]);
 const STRIPPED_WITH_CREDENTIALS = new Set([...STRIPPED, ...CREDENTIAL_HEADERS]);
+const STRIPPED_PREFIXES = [...OWNED_PREFIXES, HOP_BY_HOP_PREFIX];
 
 /** A name made only of what every server reads the same way; anything else gets the look-alike check. */
 const PLAIN_NAME = /^[a-z0-9-]+$/;
@@ -30,11 +43,14 @@ const SEPARATOR_LIKE = /[^a-z0-9]/g;
  * header does: a name is compared with each such character read as `-`.
  */
 function isStripped(name: string, stripped: ReadonlySet<string>): boolean {
-  if (stripped.has(name) || name.startsWith(OWNED_PREFIX)) return true;
-  if (PLAIN_NAME.test(name)) return false;
-  const canonical = name.replace(SEPARATOR_LIKE, '-');
-  return stripped.has(canonical) || canonical.startsWith(OWNED_PREFIX);
+  const canonical = PLAIN_NAME.test(name) ? name : name.replace(SEPARATOR_LIKE, '-');
+  if (stripped.has(canonical)) return true;
+  for (const prefix of STRIPPED_PREFIXES) if (canonical.startsWith(prefix)) return true;
+  return false;
 }
+
+/** Anything that starts like the Bearer scheme (`Bearer,x`, `BearerX y` too: an upstream might read it as one). */
+const BEARER_SCHEME = /^\s*bearer/i;
 
 export interface ForwardContext {
   requestId: string;
@@ -72,7 +88,7 @@ export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext
   if (headers['transfer-encoding'] !== undefined) out['transfer-encoding'] = 'chunked';
   else if (headers['content-length'] !== undefined) out['content-length'] = String(Number(headers['content-length']));
   // A bearer Authorization is a credential; other schemes (Basic…) are the upstream's business.
-  if (!ctx.forwardCredentials && out.authorization !== undefined && /^bearer(\s|$)/i.test(out.authorization)) {
+  if (!ctx.forwardCredentials && out.authorization !== undefined && BEARER_SCHEME.test(out.authorization)) {
     delete out.authorization;
   }
 

@@ -15,6 +15,11 @@ const PATH_CHARS = /^[A-Za-z0-9\-._~!$&()*+,=:@/%]*$/;
  * `?` and `#`. Traefik refuses the same set by default.
  */
 const AMBIGUOUS_ENCODING = /%(2e|2f|5c|00|3b|25|3f|23)/i;
+/*
+ * Overlong UTF-8 (`%c0%ae` is `.` to decoders that accept it: old IIS and Tomcat did, and some
+ * servlet stacks still can). Never valid UTF-8, so nothing legitimate is refused.
+ */
+const OVERLONG_UTF8 = /%(c0|c1)|%e0%[89]|%f0%8/i;
 const MALFORMED_ENCODING = /%(?![0-9a-f]{2})/i;
 const DOT_SEGMENT = /\/\.\.?(?:\/|$)/;
 
@@ -29,7 +34,9 @@ export function checkApiPath(req: IncomingMessage): HttpError | undefined {
   const path = queryAt === -1 ? target : target.slice(0, queryAt);
   if (!path.startsWith(API_PREFIX)) return new HttpError('not_found', `path outside ${API_PREFIX}`);
   if (!PATH_CHARS.test(path)) return new HttpError('invalid_path', 'character not allowed in path');
-  if (MALFORMED_ENCODING.test(path) || AMBIGUOUS_ENCODING.test(path)) return new HttpError('invalid_path', 'ambiguous percent-encoding');
+  if (MALFORMED_ENCODING.test(path) || AMBIGUOUS_ENCODING.test(path) || OVERLONG_UTF8.test(path)) return new HttpError('invalid_path', 'ambiguous percent-encoding');
+  // A fragment is never sent (RFC 9112 3.2): a `#` in the target is read differently by different servers.
+  if (queryAt !== -1 && target.includes('#', queryAt)) return new HttpError('invalid_path', '"#" in the query');
   if (path.includes('//')) return new HttpError('invalid_path', 'empty path segment');
   // http-proxy's urlJoin turns `http:/` into `http://`: the upstream would see another path.
   if (path.includes('http:/') || path.includes('https:/')) return new HttpError('invalid_path', 'scheme-like segment');

@@ -44,6 +44,13 @@ describe('bypass: ambiguous paths never reach the upstream, even with a valid ke
     ['/api/a//b', 400],
     ['/api/%252e%252e/admin', 400],
     ['http://evil.example/api/s', 404],
+    // Overlong UTF-8 dots and slashes: some decoders still read them as `.` and `/`.
+    ['/api/%c0%ae%c0%ae/admin', 400],
+    ['/api/%C0%AF/admin', 400],
+    ['/api/%e0%80%ae/admin', 400],
+    ['/api/%f0%80%80%ae/admin', 400],
+    // A fragment is never sent; a `#` in the query is read differently by different servers.
+    ['/api/s?a=1#/../admin', 400],
   ];
   for (const [path, status] of cases) {
     it(`${path} → ${status}`, async () => {

@@ -19,7 +19,13 @@ const OWNED = [
   'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'x-forwarded-port', 'x-real-ip', 'x-request-id',
   'x-forwarded-prefix', 'x-forwarded-scheme', 'x-forwarded-ssl', 'x-forwarded-server', 'x-forwarded-path', 'x-original-forwarded-for',
   'x-original-url', 'x-rewrite-url', 'x-original-host', 'true-client-ip', 'x-client-ip', 'cf-connecting-ip', 'x-cluster-client-ip', 'fastly-client-ip',
-  'x-api-key', 'keep-alive', 'proxy-connection', 'proxy-authorization',
+  'x-api-key', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'trailer', 'expect',
+  // httpoxy (CGI's HTTP_PROXY), and the rest of Proxy-*
+  'proxy', 'proxy-anything',
+  // what PHP client-IP helpers, auth proxies and frameworks read before REMOTE_ADDR
+  'x-forwarded', 'forwarded-for', 'client-ip', 'remote-addr', 'x-originating-ip', 'x-remote-ip', 'x-remote-addr', 'x-host',
+  'x-forwarded-uri', 'x-forwarded-user', 'x-forwarded-email', 'x-auth-request-user', 'remote-user', 'x-remote-user', 'x-user',
+  'x-http-method-override', 'x-http-method', 'x-method-override',
 ];
 /** RFC 9110 tchar minus letters and digits: everything a header name may use as a separator. */
 const SEPARATORS = ['-', '_', '.', '!', '#', '$', '%', '&', "'", '*', '+', '^', '`', '|', '~'];
@@ -38,6 +44,9 @@ function lookAlikes(name: string): string[] {
   return [...out];
 }
 
+/** Authorization values that start like the Bearer scheme without being a compact JWS behind it. */
+const BEARER_LOOK_ALIKES = ['Bearer,x.y.z', 'BearerX x.y.z', 'bearer\tx.y.z', `Bearer ${'a'.repeat(20)}`, 'Bearer eyJhbGciOiJIUzI1NiJ9.e30.c2ln='];
+
 describe('identity headers: no look-alike of an owned name reaches the upstream', () => {
   let upstream: RecordingServer;
   let gatehouse: TestGatehouse;
@@ -50,9 +59,10 @@ describe('identity headers: no look-alike of an owned name reaches the upstream'
     await upstream.close();
   });
 
-  // X-API-Key itself is the credential, and a sane X-Request-Id is kept for tracing: their exact
-  // spellings have their own tests; every other spelling of them must go.
-  const names = OWNED.flatMap(lookAlikes).filter((n) => n !== 'x-api-key' && n !== 'x-request-id');
+  // X-API-Key itself is the credential, a sane X-Request-Id is kept for tracing, and Expect is
+  // answered by the server (417 for anything but 100-continue): their exact spellings have their
+  // own tests; every other spelling of them must go.
+  const names = OWNED.flatMap(lookAlikes).filter((n) => !['x-api-key', 'x-request-id', 'expect'].includes(n.toLowerCase()));
   it(`${names.length} generated look-alike names, ${SEPARATORS.length} separators: the forged value never arrives`, async () => {
     const perRequest = 90; // under gateway.limits.maxHeaderCount with Host, X-API-Key and Connection
     let sent = 0;
@@ -76,10 +86,18 @@ describe('identity headers: no look-alike of an owned name reaches the upstream'
     }
   });
 
+  for (const value of BEARER_LOOK_ALIKES) {
+    it(`Authorization ${JSON.stringify(value)} beside a valid key (no bearer configured): not forwarded`, async () => {
+      const exchange = await rawExchange(gatehouse.url, `GET /api/bearer HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nAuthorization: ${value}\r\nConnection: close\r\n\r\n`);
+      assert.equal(exchange.responses[0]?.status, 200, exchange.raw.slice(0, 200));
+      assert.equal(upstream.received.at(-1)!.headers.authorization, undefined, 'an unchecked bearer-like credential reached the upstream');
+    });
+  }
+
   it('a header that only resembles an owned one is forwarded (the check is exact, not a prefix)', async () => {
-    await rawExchange(gatehouse.url, `GET /api/ok HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nX-Forwarded-Forward: kept\r\nX.Custom.Trace: kept\r\nConnection: close\r\n\r\n`);
+    await rawExchange(gatehouse.url, `GET /api/ok HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nX-Forward-To: kept\r\nX.Custom.Trace: kept\r\nConnection: close\r\n\r\n`);
     const record = upstream.received.at(-1)!;
-    assert.equal(record.headers['x-forwarded-forward'], 'kept');
+    assert.equal(record.headers['x-forward-to'], 'kept');
     assert.equal(record.headers['x.custom.trace'], 'kept');
   });
 });
@@ -123,7 +141,7 @@ describe('identity headers: the JWT subject', () => {
     assert.equal(rawValue('x-gatehouse-subject'), 'a b', 'inner spaces are kept as they are');
   });
 
-  for (const [label, claims] of [['no sub', {}], ['an empty sub', { sub: '' }], ['a numeric sub', { sub: 42 }]] as const) {
+  for (const [label, claims] of [['no sub', {}], ['an empty sub', { sub: '' }], ['a numeric sub', { sub: 42 }], ['a lone surrogate in sub (it would collide with U+FFFD)', { sub: 'ad\ud800min' }]] as const) {
     it(`a token with ${label} is refused (401 invalid_token), the upstream untouched`, async () => {
       const before = upstream.received.length;
       const exchange = await rawExchange(required.url, `GET /api/me HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ${await sign(claims as JWTPayload)}\r\nConnection: close\r\n\r\n`);
@@ -132,6 +150,24 @@ describe('identity headers: the JWT subject', () => {
       assert.equal(upstream.received.length, before);
     });
   }
+
+  for (const value of BEARER_LOOK_ALIKES) {
+    it(`Authorization ${JSON.stringify(value)}: 401 invalid_token, the upstream untouched`, async () => {
+      const before = upstream.received.length;
+      const exchange = await rawExchange(required.url, `GET /api/me HTTP/1.1\r\nHost: g\r\nAuthorization: ${value}\r\nConnection: close\r\n\r\n`);
+      assert.equal(exchange.responses[0]?.status, 401, exchange.raw.slice(0, 200));
+      assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'invalid_token');
+      assert.equal(upstream.received.length, before);
+    });
+  }
+
+  it('a valid token with padding added to its signature is refused: one token, one spelling', async () => {
+    const token = await sign({ sub: 'ana' });
+    const ok = await rawExchange(required.url, `GET /api/me HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ${token}\r\nConnection: close\r\n\r\n`);
+    assert.equal(ok.responses[0]?.status, 200);
+    const padded = await rawExchange(required.url, `GET /api/me HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ${token}=\r\nConnection: close\r\n\r\n`);
+    assert.equal(padded.responses[0]?.status, 401);
+  });
 
   it('requireSubject: false lets a token without sub through, with no subject header', async () => {
     const exchange = await rawExchange(optional.url, `GET /api/me HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer ${await sign({})}\r\nConnection: close\r\n\r\n`);

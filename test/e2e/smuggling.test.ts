@@ -309,3 +309,83 @@ describe('answered before the body arrived: the connection is closed, not held',
     });
   }
 });
+
+describe('what the attack review got through: trailers, pipelining, CONNECT, Expect, a missing Host', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  let active = 0;
+  let mostAtOnce = 0;
+  before(async () => {
+    // An upstream that takes 20 ms per answer and counts how many requests it holds at once.
+    upstream = await startRecordingUpstream((_req, res) => {
+      active++;
+      mostAtOnce = Math.max(mostAtOnce, active);
+      setTimeout(() => {
+        active--;
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end('{"ok":true}');
+      }, 20);
+    });
+    gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { auth: { failures: { max: 100_000 } } } }));
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+
+  const key = `X-API-Key: ${TEST_PLAIN_KEY}\r\n`;
+
+  it('a Trailer header (Node throws on it for a request that is not chunked) is answered, not a crash', async () => {
+    for (const text of [
+      `GET /api/trailer HTTP/1.1\r\nHost: g\r\n${key}Trailer: X-A\r\nConnection: close\r\n\r\n`,
+      `HEAD /api/trailer HTTP/1.1\r\nHost: g\r\n${key}Trailer:\r\nConnection: close\r\n\r\n`,
+      `POST /api/trailer HTTP/1.1\r\nHost: g\r\n${key}Trailer: X-A\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`,
+      `POST /api/trailer HTTP/1.1\r\nHost: g\r\n${key}Trailer: X-A\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\nX-A: 1\r\n\r\n`,
+    ]) {
+      const exchange = await rawExchange(gatehouse.url, text, { headMethods: text.startsWith('HEAD') ? [0] : [] });
+      assert.equal(exchange.responses[0]?.status, 200, `${text.slice(0, 30)}: ${exchange.raw.slice(0, 200)}`);
+      assert.equal(upstream.received.at(-1)!.headers.trailer, undefined, 'Trailer is not forwarded');
+    }
+    const after = await rawExchange(gatehouse.url, `GET /api/alive HTTP/1.1\r\nHost: g\r\n${key}Connection: close\r\n\r\n`);
+    assert.equal(after.responses[0]?.status, 200, 'the process still serves');
+  });
+
+  it('pipelined requests are served one at a time per connection, in order; past 16 waiting the connection is cut', async () => {
+    mostAtOnce = 0;
+    const before = upstream.received.length;
+    const one = (i: number, last = false) => `GET /api/pipelined-${i} HTTP/1.1\r\nHost: g\r\n${key}${last ? 'Connection: close\r\n' : ''}\r\n`;
+    const ten = await rawExchange(gatehouse.url, Array.from({ length: 10 }, (_, i) => one(i, i === 9)).join(''), { idleMs: 3_000 });
+    assert.deepEqual(ten.responses.map((r) => r.status), Array(10).fill(200));
+    assert.deepEqual(upstream.received.slice(before).map((r) => r.url), Array.from({ length: 10 }, (_, i) => `/api/pipelined-${i}`));
+    assert.equal(mostAtOnce, 1, 'one connection never holds more than one upstream request');
+
+    const flood = await rawExchange(gatehouse.url, Array.from({ length: 200 }, (_, i) => one(i, i === 199)).join(''), { idleMs: 3_000 });
+    assert.ok(flood.closedByServer);
+    assert.ok(flood.responses.length < 200, `${flood.responses.length} answered`);
+    assert.equal(mostAtOnce, 1);
+  });
+
+  it('CONNECT gets 405 in JSON; a request without Host gets 400 invalid_host in JSON', async () => {
+    const connect = await rawExchange(gatehouse.url, 'CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n');
+    assert.equal(connect.responses[0]?.status, 405);
+    assert.equal(JSON.parse(connect.responses[0]!.body).error.code, 'method_not_allowed');
+    const noHost = await rawExchange(gatehouse.url, `GET /api/x HTTP/1.1\r\n${key}\r\n`);
+    assert.equal(noHost.responses[0]?.status, 400);
+    assert.equal(JSON.parse(noHost.responses[0]!.body).error.code, 'invalid_host');
+    const http10 = await rawExchange(gatehouse.url, `GET /api/http10 HTTP/1.0\r\n${key}\r\n`);
+    assert.equal(http10.responses[0]?.status, 200, 'HTTP/1.0 needs no Host');
+  });
+
+  it('Expect: 100-continue is answered only after the credentials passed', async () => {
+    const refused = await rawExchange(gatehouse.url, 'POST /api/upload HTTP/1.1\r\nHost: g\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n', { idleMs: 1_000 });
+    assert.doesNotMatch(refused.raw, /100 Continue/);
+    assert.equal(refused.responses[0]?.status, 401);
+    const before = upstream.received.length;
+    const accepted = await rawExchange(gatehouse.url, [`POST /api/upload HTTP/1.1\r\nHost: g\r\n${key}Expect: 100-continue\r\nContent-Length: 5\r\nConnection: close\r\n\r\n`, 'hello'], { gapMs: 300 });
+    assert.match(accepted.raw, /^HTTP\/1\.1 100 Continue\r\n\r\n/);
+    assert.match(accepted.raw, /HTTP\/1\.1 200 OK/);
+    assert.equal(upstream.received.length, before + 1);
+    assert.equal(upstream.received.at(-1)!.body, 'hello');
+    assert.equal(upstream.received.at(-1)!.headers.expect, undefined, 'gatehouse answered the expectation itself');
+  });
+});

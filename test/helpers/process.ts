@@ -17,7 +17,8 @@ export async function runCli(args: string[], options: { env?: NodeJS.ProcessEnv;
   let stderr = '';
   child.stdout!.on('data', (d) => (stdout += d));
   child.stderr!.on('data', (d) => (stderr += d));
-  const timer = setTimeout(() => child.kill('SIGKILL'), options.timeoutMs ?? 20_000);
+  // Generous: a CLI under tsx on a loaded 2-core machine has taken over 20 s to start.
+  const timer = setTimeout(() => child.kill('SIGKILL'), options.timeoutMs ?? 60_000);
   const [code] = (await once(child, 'exit')) as [number | null];
   clearTimeout(timer);
   return { code, stdout, stderr };

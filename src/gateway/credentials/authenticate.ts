@@ -21,8 +21,8 @@ export type AuthOutcome =
 
 const CHALLENGE = 'Bearer realm="gatehouse"';
 const INVALID_TOKEN_CHALLENGE = 'Bearer realm="gatehouse", error="invalid_token"';
-// RFC 6750 b64token.
-const BEARER = /^bearer +([A-Za-z0-9\-._~+/]+=*) *$/i;
+// RFC 6750's b64token, narrowed to a compact JWS (RFC 7515 §7.1).
+const BEARER = /^bearer +([A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*) *$/i;
 const TIMING_FILLER = 'gth_timing-filler-for-missing-credentials';
 
 /** Checks X-API-Key and Authorization: Bearer under `require: any | all`. */
@@ -105,10 +105,15 @@ export class Authenticator {
   }
 }
 
-/** undefined: no bearer credential; null: an Authorization header that claims Bearer but is unusable. */
+/**
+ * undefined: no bearer credential; null: an Authorization header that claims Bearer but is
+ * unusable. Anything starting like the scheme counts as a claim (`Bearer,x`, `BearerX y`): it is
+ * checked, never waved through to an upstream that might read it leniently. The token must be a
+ * JWS in compact form (RFC 7515 §7.1: base64url without padding), so one token has one spelling.
+ */
 function bearerToken(req: IncomingMessage): string | null | undefined {
   const header = req.headers.authorization;
-  if (header === undefined || !/^bearer(\s|$)/i.test(header)) return undefined;
+  if (header === undefined || !/^\s*bearer/i.test(header)) return undefined;
   // Node keeps only the first of several Authorization headers; we refuse the ambiguity instead.
   if ((req.headersDistinct.authorization?.length ?? 0) > 1) return null;
   return BEARER.exec(header)?.[1] ?? null;

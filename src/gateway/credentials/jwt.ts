@@ -107,6 +107,8 @@ export class JwtVerifier {
         ? await jwtVerify(token, this.key, options)
         : await jwtVerify(token, this.key, options);
       const subject = typeof payload.sub === 'string' && payload.sub !== '' ? payload.sub : undefined;
+      // A lone surrogate would reach the upstream as U+FFFD: two different subjects, one name.
+      if (subject !== undefined && !(subject as string & { isWellFormed(): boolean }).isWellFormed()) return { ok: false, reason: '"sub" is not well-formed Unicode' };
       if (subject === undefined && this.settings.requireSubject) return { ok: false, reason: 'token has no "sub" (gateway.auth.bearer.jwt.requireSubject)' };
       // From a JWKS, only tokens naming their key are remembered: the hit re-checks that key is still published.
       if (cacheKey !== undefined && (this.hasKid === undefined || protectedHeader.kid !== undefined)) {
