@@ -6,13 +6,16 @@ import { noteError } from '../gateway/request-context.js';
 import { readBody } from '../read-body.js';
 import { openSecret } from '../secrets.js';
 import { grantContext, type SealedGrant } from './login.js';
-import { discord, PlatformError, slack, telegram } from './platforms.js';
+import { discord, messageTextProblem, PlatformError, slack, telegram } from './platforms.js';
 import type { ChannelStore } from './state.js';
 
 /** Gatehouse's own API on the gateway listener, outside the proxied /api/ space. */
 export const CHANNEL_SEND_PREFIX = '/_gatehouse/channels/';
 const MAX_BODY_BYTES = 16 * 1024;
 const MAX_TEXT_CHARS = 4000;
+
+/** A message text the channel's platform documents it would refuse (too long, blank). */
+class TextRefused extends Error {}
 
 export interface ChannelSender {
   /** Answers `POST /_gatehouse/channels/<name>/messages` for a request the pipeline has authenticated. */
@@ -45,6 +48,12 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
     }
   }
 
+  // A text the platform would refuse is the caller's mistake (400), said before calling it.
+  function refuseText(platform: Parameters<typeof messageTextProblem>[0], text: string): void {
+    const problem = messageTextProblem(platform, text);
+    if (problem) throw new TextRefused(problem);
+  }
+
   async function send(name: string, channel: ChannelConfig, to: string, text: string): Promise<Record<string, unknown>> {
     const now = Date.now();
     switch (channel.kind) {
@@ -55,17 +64,20 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
       }
       case 'bot-token': {
         sealedGrant(name); // logged in: the webhook (and so the conversation) exists
+        refuseText('telegram', text);
         const sent = await telegram.sendMessage(channel.apiBaseUrl, channel.botToken, to, text);
         return { id: String(sent.message_id), to };
       }
       case 'oauth-bot': {
         sealedGrant(name);
+        refuseText('discord', text);
         const sent = await discord.sendMessage(channel.apiBaseUrl, channel.botToken, to, text);
         return { id: sent.id, to };
       }
       case 'oauth': {
         const grant = sealedGrant(name);
         if (grant.kind !== 'oauth') throw new HttpError('channel_not_connected', 'stored grant is not a workspace grant');
+        refuseText('slack', text);
         const sent = await slack.postMessage(channel.apiBaseUrl, grant.botToken, to, text);
         return { id: sent.ts, to: sent.channel ?? to };
       }
@@ -95,6 +107,11 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
         logger.info({ channel: name, to, id: sent.id, caller: req.gatehouse?.identity?.subject }, 'channel message sent');
         return json(res, 200, { channel: name, ...sent });
       } catch (err) {
+        if (err instanceof TextRefused) {
+          noteError(req, new HttpError('invalid_message', err.message));
+          // The platform's rule goes back with it, as a refusal's words do below.
+          return json(res, 400, { error: { code: 'invalid_message', message: errorCatalogue.invalid_message.message, problem: err.message } });
+        }
         if (!(err instanceof PlatformError)) throw err;
         store.noteError(name, err.message, Date.now());
         noteError(req, new HttpError('channel_send_failed', err.message));

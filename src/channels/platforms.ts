@@ -4,6 +4,8 @@
  * platform's own words, for the CLI ("failures name the step, the platform's error and the fix")
  * and for the 502 the outbound route answers.
  */
+import { VERSION } from '../version.js';
+
 export class PlatformError extends Error {
   override name = 'PlatformError';
   constructor(
@@ -17,6 +19,14 @@ export class PlatformError extends Error {
 }
 
 const TIMEOUT_MS = 10_000;
+
+/**
+ * Discord's HTTP API (the OAuth2 token URL included) "must" get `User-Agent: DiscordBot ($url,
+ * $versionNumber)`; anything else may be blocked by Cloudflare (JSON code 40333), and fetch's own
+ * `node` is not one. https://discord.com/developers/docs/reference#user-agent (gatehouse has no
+ * public URL, so its name stands in the `$url` place.)
+ */
+export const DISCORD_USER_AGENT = `DiscordBot (gatehouse, ${VERSION})`;
 
 async function callJson(platform: string, url: string, init: RequestInit): Promise<{ status: number; body: any }> {
   let response: Response;
@@ -37,6 +47,29 @@ async function callJson(platform: string, url: string, init: RequestInit): Promi
 
 const form = (fields: Record<string, string | undefined>) =>
   new URLSearchParams(Object.entries(fields).filter((e): e is [string, string] => e[1] !== undefined));
+
+/** Where each platform documents how long (and how blank) a message's text may be. */
+const TEXT_RULES = {
+  // "Text of the message to be sent, 1-4096 characters after entities parsing"; blank is "message text is empty".
+  telegram: { max: 4096, blankAllowed: false, source: 'https://core.telegram.org/bots/api#sendmessage' },
+  // content: "Message contents (up to 2000 characters)"; an empty message is JSON code 50006.
+  discord: { max: 2000, blankAllowed: false, source: 'https://discord.com/developers/docs/resources/message#create-message' },
+  // "truncate messages containing more than 40,000 characters"; whitespace is not documented as refused.
+  slack: { max: 40_000, blankAllowed: true, source: 'https://docs.slack.dev/reference/methods/chat.postMessage' },
+} as const;
+
+/**
+ * Why `platform` would refuse `text` as a message, or undefined: checked before calling it, so a
+ * caller gets a 400 that names the platform's limit instead of a 502 with the platform's refusal.
+ * Characters are Unicode code points (the references say "characters" and do not define them).
+ */
+export function messageTextProblem(platform: keyof typeof TEXT_RULES, text: string): string | undefined {
+  const rule = TEXT_RULES[platform];
+  if (!rule.blankAllowed && text.trim() === '') return `${platform} refuses a blank message (${rule.source})`;
+  const length = [...text].length;
+  if (length > rule.max) return `${platform} takes at most ${rule.max} characters in a message, got ${length} (${rule.source})`;
+  return undefined;
+}
 
 // Telegram Bot API: https://core.telegram.org/bots/api (`{ ok, result }` or `{ ok: false, description }`).
 
@@ -67,7 +100,7 @@ export async function exchangeCode(
 ): Promise<Record<string, any>> {
   const { status, body } = await callJson(platform, tokenUrl, {
     method: 'POST',
-    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    headers: formHeaders(platform),
     body: form({
       grant_type: 'authorization_code',
       code: fields.code,
@@ -83,10 +116,16 @@ export async function exchangeCode(
 export async function refreshGrant(platform: 'discord', tokenUrl: string, fields: { clientId: string; clientSecret: string; refreshToken: string }): Promise<Record<string, any>> {
   const { status, body } = await callJson(platform, tokenUrl, {
     method: 'POST',
-    headers: { 'content-type': 'application/x-www-form-urlencoded' },
+    headers: formHeaders(platform),
     body: form({ grant_type: 'refresh_token', refresh_token: fields.refreshToken, client_id: fields.clientId, client_secret: fields.clientSecret }),
   });
   return oauthResult(platform, status, body);
+}
+
+// Both token URLs take only application/x-www-form-urlencoded (Discord: "JSON content is not
+// permitted"; Slack's oauth.v2.access lists no other content type).
+function formHeaders(platform: 'discord' | 'slack'): Record<string, string> {
+  return { 'content-type': 'application/x-www-form-urlencoded', ...(platform === 'discord' ? { 'user-agent': DISCORD_USER_AGENT } : {}) };
 }
 
 function oauthResult(platform: string, status: number, body: any): Record<string, any> {
@@ -99,7 +138,7 @@ function oauthResult(platform: string, status: number, body: any): Record<string
 
 export const discord = {
   async getBot(apiBase: string, botToken: string): Promise<{ id: string; username: string }> {
-    const { status, body } = await callJson('discord', `${apiBase}/users/@me`, { headers: { authorization: `Bot ${botToken}` } });
+    const { status, body } = await callJson('discord', `${apiBase}/users/@me`, { headers: { authorization: `Bot ${botToken}`, 'user-agent': DISCORD_USER_AGENT } });
     if (status >= 400) throw new PlatformError('discord', `bot token check: ${body.message ?? `HTTP ${status}`}`, status);
     return body;
   },
@@ -107,7 +146,7 @@ export const discord = {
     if (!/^\d{1,25}$/.test(channelId)) throw new PlatformError('discord', `"to" must be a channel id (digits), got "${channelId}"`, 400);
     const { status, body } = await callJson('discord', `${apiBase}/channels/${channelId}/messages`, {
       method: 'POST',
-      headers: { authorization: `Bot ${botToken}`, 'content-type': 'application/json' },
+      headers: { authorization: `Bot ${botToken}`, 'content-type': 'application/json', 'user-agent': DISCORD_USER_AGENT },
       body: JSON.stringify({ content }),
     });
     if (status >= 400) throw new PlatformError('discord', `create message: ${body.message ?? `HTTP ${status}`}`, status);

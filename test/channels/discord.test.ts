@@ -12,7 +12,7 @@ import { DISCORD_CLIENT, startFakeDiscord, type FakeDiscord } from '../helpers/f
 import { request } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertNotInStorage, channelsCli, consent, envelopes, loginThroughBrowser, nthEnvelope, printedAuthorizeUrl, settledEnvelopeCount, startGatehouse,
+  API_KEY, assertCallsDocumented, assertNotInStorage, channelsCli, consent, envelopes, loginThroughBrowser, nthEnvelope, printedAuthorizeUrl, settledEnvelopeCount, startGatehouse,
   startLogin, statusJson, storedGrant, visit, removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
 } from './helpers.js';
 
@@ -317,5 +317,10 @@ describe('oauth-bot channel (Discord)', () => {
     assert.match(run.stdout, /channel dcpub connected/);
     assert.ok(!tokenCalls('authorization_code').some((c) => (c.body as any)?.code === 'forged-code'), 'the forged code is never exchanged');
     assert.equal(storedGrant(ws, 'dcpub')?.name, 'dcpub');
+  });
+
+  it('every call gatehouse made to Discord above is a documented one that breaks no rule of the reference', () => {
+    // The browser's consent pages are the test's calls, not gatehouse's; they are documented too.
+    assertCallsDocumented(fake);
   });
 });

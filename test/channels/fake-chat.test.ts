@@ -244,6 +244,60 @@ describe('fake Telegram Bot API', () => {
     assert.deepEqual(call.body, { chat_id: 1, text: 'x' });
     assert.equal(call.status, 429);
   });
+
+  it('refuses what the Bot API refuses, each noted as a violation with its source: a wrong HTTP method or path, an unknown method, a malformed parameter', async () => {
+    const put = await answer(await fetch(api('getMe'), { method: 'PUT' }));
+    assert.equal(put.status, 405);
+    assert.match(fake.calls.at(-1)!.violations[0]!, /takes GET and POST .*#making-requests/);
+    const unknown = await answer(await fetch(api('sendMesage')));
+    assert.deepEqual([unknown.status, unknown.body], [404, { ok: false, error_code: 404, description: 'Not Found' }]);
+    assert.equal(fake.calls.at(-1)!.route, undefined);
+    assert.match(fake.calls.at(-1)!.violations[0]!, /no Bot API method "sendMesage"/);
+    assert.equal((await answer(await fetch(`${fake.url}/sendMessage`))).status, 404);
+
+    const badUrl = await postJson(api('setWebhook'), { url: 'https://exa mple.com/hook' });
+    assert.deepEqual(badUrl.body, { ok: false, error_code: 400, description: 'Bad Request: invalid webhook URL specified' });
+    const parseMode = await postJson(api('sendMessage'), { chat_id: 4242, text: 'x', parse_mode: 'markdown_v2' });
+    assert.deepEqual(parseMode.body, { ok: false, error_code: 400, description: 'Bad Request: unsupported parse_mode' });
+    assert.match(fake.calls.at(-1)!.violations[0]!, /#formatting-options/);
+    assert.equal((await postJson(api('sendMessage'), { chat_id: 4242, text: 'x', parse_mode: 'html' })).status, 200, 'parse_mode is compared lower-cased');
+  });
+
+  it('notes what the Bot API silently ignores: unknown update types, a malformed allowed_updates, setWebhook without url, a body it cannot read', async () => {
+    const set = await postJson(api('setWebhook'), { url: `${hooks.url}/tg`, allowed_updates: ['message', 'Edited_Message', 'messages'] });
+    assert.equal(set.body.ok, true, 'Telegram accepts the call');
+    assert.deepEqual(fake.registeredWebhook()!.allowedUpdates, ['message', 'edited_message'], 'names compare lower-cased; an unknown one is dropped');
+    assert.deepEqual(fake.calls.at(-1)!.violations.map((v) => v.replace(/ \(.*/, '')), ['telegram: allowed_updates names no such update type: messages']);
+
+    assert.equal((await postJson(api('setWebhook'), { url: `${hooks.url}/tg`, allowed_updates: 'message' })).body.ok, true);
+    assert.deepEqual(fake.registeredWebhook()!.allowedUpdates, ['message', 'edited_message'], 'a malformed list keeps the previous one');
+    assert.match(fake.calls.at(-1)!.violations[0]!, /JSON-serialized list/);
+
+    const noUrl = await postJson(api('setWebhook'), { secret_token: 'abc' });
+    assert.equal(noUrl.body.description, 'Webhook was deleted', 'the server reads a missing url as ""');
+    assert.match(fake.calls.at(-1)!.violations[0]!, /without its required "url"/);
+
+    const text = await answer(await fetch(api('sendMessage'), { method: 'POST', headers: { 'content-type': 'text/plain' }, body: 'chat_id=1&text=x' }));
+    assert.equal(text.body.description, 'Bad Request: chat_id is empty', 'a text/plain body carries no parameters');
+    assert.equal(fake.calls.at(-1)!.violations.length, 2);
+  });
+
+  it('records the documented route of each call; a refusal for another reason (an unknown chat) is no violation', async () => {
+    await postJson(api('sendMessage'), { chat_id: 4242, text: 'fine' });
+    const ok = fake.calls.at(-1)!;
+    assert.equal(ok.route?.name, 'sendMessage');
+    assert.equal(ok.route?.source, 'https://core.telegram.org/bots/api#sendmessage');
+    assert.deepEqual(ok.violations, []);
+    fake.setKnownChats([4242]);
+    try {
+      assert.equal((await postJson(api('sendMessage'), { chat_id: 1, text: 'x' })).status, 400);
+    } finally {
+      fake.setKnownChats('any');
+    }
+    assert.deepEqual(fake.calls.at(-1)!.violations, []);
+    assert.equal((await answer(await fetch(api('getMe', '123456:AAunknown')))).status, 401);
+    assert.deepEqual(fake.calls.at(-1)!.violations, [], 'an unknown token is not a contract violation');
+  });
 });
 
 // ─── Discord ──────────────────────────────────────────────────────────────────────────────────
@@ -251,6 +305,8 @@ describe('fake Telegram Bot API', () => {
 describe('fake Discord', () => {
   let fake: FakeDiscord;
   const redirectUri = 'http://127.0.0.1:9/discord/callback';
+  /** Every API call carries the User-Agent Discord requires (reference#user-agent). */
+  const ua = { 'user-agent': 'DiscordBot (https://gatehouse.test, 1.0)' };
   const channelId = '1200000000000000001';
   before(async () => (fake = await startFakeDiscord()));
   after(() => fake.close());
@@ -270,7 +326,7 @@ describe('fake Discord', () => {
   }
 
   const tokenUrl = () => `${fake.url}/api/oauth2/token`;
-  const exchange = (form: Record<string, string>, headers?: Record<string, string>) => postForm(tokenUrl(), form, headers);
+  const exchange = (form: Record<string, string>, headers?: Record<string, string>) => postForm(tokenUrl(), form, { ...ua, ...headers });
 
   it('the install page approves: 302 to redirect_uri with code, state, guild_id and permissions', async () => {
     fake.setConsent({ guildId: '1300000000000000001', guildName: 'Ops' });
@@ -294,7 +350,7 @@ describe('fake Discord', () => {
     assert.equal(res.body.guild.id, '1300000000000000002');
     assert.equal(res.body.guild.name, 'Ops');
 
-    const me = await answer(await fetch(`${fake.url}/api/v10/oauth2/@me`, { headers: { authorization: `Bearer ${res.body.access_token}` } }));
+    const me = await answer(await fetch(`${fake.url}/api/v10/oauth2/@me`, { headers: { ...ua, authorization: `Bearer ${res.body.access_token}` } }));
     assert.deepEqual(me.body.scopes, ['bot', 'applications.commands']);
     assert.equal(me.body.application.id, DISCORD_CLIENT.clientId);
   });
@@ -373,7 +429,7 @@ describe('fake Discord', () => {
     const spent = await exchange({ ...creds, grant_type: 'refresh_token', refresh_token: tokens.refresh_token });
     assert.deepEqual([spent.status, spent.body.error], [400, 'invalid_grant']);
 
-    const authMe = (token: string) => fetch(`${fake.url}/api/v10/oauth2/@me`, { headers: { authorization: `Bearer ${token}` } }).then(answer);
+    const authMe = (token: string) => fetch(`${fake.url}/api/v10/oauth2/@me`, { headers: { ...ua, authorization: `Bearer ${token}` } }).then(answer);
     assert.equal((await authMe(refreshed.body.access_token)).status, 200);
     fake.expireAccessTokens();
     assert.deepEqual(await authMe(refreshed.body.access_token).then((a) => [a.status, a.body]), [401, { message: '401: Unauthorized', code: 0 }]);
@@ -384,18 +440,18 @@ describe('fake Discord', () => {
   });
 
   it('GET /users/@me validates the bot token', async () => {
-    const me = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: { authorization: `Bot ${fake.botToken}` } }));
+    const me = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: `Bot ${fake.botToken}` } }));
     assert.equal(me.status, 200);
     assert.equal(me.body.id, fake.botUser.id);
     assert.equal(me.body.bot, true);
-    const bad = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: { authorization: 'Bot nope' } }));
+    const bad = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: 'Bot nope' } }));
     assert.deepEqual([bad.status, bad.body], [401, { message: '401: Unauthorized', code: 0 }]);
-    const none = await answer(await fetch(`${fake.url}/api/v10/users/@me`));
+    const none = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: ua }));
     assert.equal(none.status, 401);
   });
 
   it('creates a message with a bot token and records it', async () => {
-    const res = await postJson(`${fake.url}/api/v10/channels/${channelId}/messages`, { content: 'deploy finished', nonce: 'n-1' }, { authorization: `Bot ${fake.botToken}` });
+    const res = await postJson(`${fake.url}/api/v10/channels/${channelId}/messages`, { content: 'deploy finished', nonce: 'n-1' }, { ...ua, authorization: `Bot ${fake.botToken}` });
     assert.equal(res.status, 200);
     assert.match(res.body.id, /^\d{17,20}$/);
     assert.equal(res.body.channel_id, channelId);
@@ -403,7 +459,7 @@ describe('fake Discord', () => {
     assert.equal(res.body.author.id, fake.botUser.id);
     assert.equal(res.body.nonce, 'n-1');
     assert.ok(!Number.isNaN(Date.parse(res.body.timestamp)));
-    const next = await postJson(`${fake.url}/api/v10/channels/${channelId}/messages`, { content: 'again' }, { authorization: `Bot ${fake.botToken}` });
+    const next = await postJson(`${fake.url}/api/v10/channels/${channelId}/messages`, { content: 'again' }, { ...ua, authorization: `Bot ${fake.botToken}` });
     assert.ok(BigInt(next.body.id) > BigInt(res.body.id), 'snowflakes increase');
     assert.deepEqual(fake.sent.at(-1)!.content, 'again');
     assert.equal(fake.sent.at(-1)!.channelId, channelId);
@@ -412,7 +468,7 @@ describe('fake Discord', () => {
   it('message errors: bad bot token 401, unknown channel 404 10003, not a snowflake, empty, too long', async () => {
     const before = fake.sent.length;
     const post = (channel: string, body: unknown, token = fake.botToken) =>
-      postJson(`${fake.url}/api/v10/channels/${channel}/messages`, body, { authorization: `Bot ${token}` });
+      postJson(`${fake.url}/api/v10/channels/${channel}/messages`, body, { ...ua, authorization: `Bot ${token}` });
     assert.deepEqual(await post(channelId, { content: 'x' }, 'stolen').then((a) => [a.status, a.body]), [401, { message: '401: Unauthorized', code: 0 }]);
     fake.setKnownChannels([channelId]);
     try {
@@ -425,7 +481,7 @@ describe('fake Discord', () => {
     assert.deepEqual(await post(channelId, { content: '' }).then((a) => [a.status, a.body]), [400, { message: 'Cannot send an empty message', code: 50006 }]);
     const long = await post(channelId, { content: 'x'.repeat(2001) });
     assert.equal(long.body.errors.content._errors[0].code, 'BASE_TYPE_MAX_LENGTH');
-    const badJson = await answer(await fetch(`${fake.url}/api/v10/channels/${channelId}/messages`, { method: 'POST', headers: { authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' }, body: '{' }));
+    const badJson = await answer(await fetch(`${fake.url}/api/v10/channels/${channelId}/messages`, { method: 'POST', headers: { ...ua, authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' }, body: '{' }));
     assert.deepEqual([badJson.status, badJson.body.code], [400, 50109]);
     assert.equal(fake.sent.length, before, 'nothing was sent');
   });
@@ -434,8 +490,8 @@ describe('fake Discord', () => {
     const old = fake.botToken;
     fake.setBotToken('MTE4NzY1NDMyMTA5ODc2NTQzMg.rotated.new-secret');
     try {
-      assert.equal((await fetch(`${fake.url}/api/v10/users/@me`, { headers: { authorization: `Bot ${old}` } })).status, 401);
-      assert.equal((await fetch(`${fake.url}/api/v10/users/@me`, { headers: { authorization: `Bot ${fake.botToken}` } })).status, 200);
+      assert.equal((await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: `Bot ${old}` } })).status, 401);
+      assert.equal((await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: `Bot ${fake.botToken}` } })).status, 200);
     } finally {
       fake.setBotToken(old);
     }
@@ -443,7 +499,7 @@ describe('fake Discord', () => {
 
   it('failNext injects a 429 with Discord\'s rate-limit body and Retry-After', async () => {
     fake.failNext({ method: 'POST', path: `/api/v10/channels/${channelId}/messages` }, { status: 429 });
-    const limited = await postJson(`${fake.url}/api/v10/channels/${channelId}/messages`, { content: 'x' }, { authorization: `Bot ${fake.botToken}` });
+    const limited = await postJson(`${fake.url}/api/v10/channels/${channelId}/messages`, { content: 'x' }, { ...ua, authorization: `Bot ${fake.botToken}` });
     assert.equal(limited.status, 429);
     assert.equal(limited.headers.get('retry-after'), '1');
     assert.deepEqual(limited.body, { message: 'You are being rate limited.', retry_after: 1, global: false });
@@ -475,6 +531,96 @@ describe('fake Discord', () => {
       assert.match(got.headers['x-signature-timestamp'] as string, /^\d+$/);
     } finally {
       await endpoint.close();
+    }
+  });
+
+  it('refuses an API call without Discord\'s User-Agent (403, code 40333), but not the browser\'s consent page', async () => {
+    for (const agent of [undefined, 'node', 'Mozilla/5.0']) {
+      const res = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: { authorization: `Bot ${fake.botToken}`, ...(agent ? { 'user-agent': agent } : {}) } }));
+      assert.deepEqual([res.status, res.body.code], [403, 40333], String(agent));
+      assert.match(fake.calls.at(-1)!.violations[0]!, /DiscordBot \(\$url, \$versionNumber\).*reference#user-agent/);
+    }
+    assert.equal((await postForm(tokenUrl(), { grant_type: 'refresh_token', refresh_token: 'x' }, { ...basic(DISCORD_CLIENT.clientId, DISCORD_CLIENT.clientSecret) })).status, 403, 'the token URL is the API too');
+    assert.equal((await fetch(authorizeUrl(), { redirect: 'manual' })).status, 302);
+  });
+
+  it('a wrong method is 405, an unknown route 404, a discontinued version 400; a deprecated or missing version is noted', async () => {
+    const bot = { ...ua, authorization: `Bot ${fake.botToken}` };
+    const wrong = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { method: 'POST', headers: bot }));
+    assert.deepEqual([wrong.status, wrong.body], [405, { message: '405: Method Not Allowed', code: 0 }]);
+    assert.match(fake.calls.at(-1)!.violations[0]!, /the reference has GET \/users\/@me/);
+    const missing = await answer(await fetch(`${fake.url}/api/v10/users/@you`, { headers: bot }));
+    assert.deepEqual([missing.status, missing.body], [404, { message: '404: Not Found', code: 0 }]);
+    assert.equal((await fetch(`${fake.url}/api/v5/users/@me`, { headers: bot })).status, 400);
+    assert.equal((await fetch(`${fake.url}/api/v8/users/@me`, { headers: bot })).status, 200);
+    assert.match(fake.calls.at(-1)!.violations[0]!, /API v8 is deprecated/);
+    assert.equal((await fetch(`${fake.url}/api/users/@me`, { headers: bot })).status, 200);
+    assert.match(fake.calls.at(-1)!.violations[0]!, /default, v6/);
+    assert.equal((await fetch(`${fake.url}/api/v10/channels/${channelId}/messages`, { headers: bot })).status, 500, 'documented, not faked: fails loudly');
+  });
+
+  it('the token URL takes only a form, and the client by Basic or in the form: anything else is refused and noted', async () => {
+    const creds = { client_id: DISCORD_CLIENT.clientId, client_secret: DISCORD_CLIENT.clientSecret };
+    const json = await postJson(tokenUrl(), { ...creds, grant_type: 'refresh_token', refresh_token: 'x' }, ua);
+    assert.deepEqual([json.status, json.body.error], [400, 'unsupported_grant_type']);
+    assert.match(fake.calls.at(-1)!.violations[0]!, /only application\/x-www-form-urlencoded/);
+    const anonymous = await exchange({ grant_type: 'refresh_token', refresh_token: 'x' });
+    assert.deepEqual([anonymous.status, anonymous.body], [401, { error: 'invalid_client' }]);
+    assert.match(fake.calls.at(-1)!.violations[0]!, /needs the client/);
+    await exchange({ client_id: DISCORD_CLIENT.clientId, client_secret: 'wrong', grant_type: 'refresh_token', refresh_token: 'x' });
+    assert.deepEqual(fake.calls.at(-1)!.violations, [], 'a wrong secret is the platform\'s answer, not a contract violation');
+    const noRefresh = await exchange({ ...creds, grant_type: 'refresh_token' });
+    assert.equal(noRefresh.body.error, 'invalid_request');
+    assert.match(fake.calls.at(-1)!.violations[0]!, /needs "refresh_token"/);
+  });
+
+  it('Create Message takes `Bot <token>` and a JSON or form body with content; anything else is refused and noted', async () => {
+    const url = `${fake.url}/api/v10/channels/${channelId}/messages`;
+    const before = fake.sent.length;
+    const cases: [Record<string, string>, string | undefined, number, RegExp][] = [
+      [{}, JSON.stringify({ content: 'x' }), 401, /without an Authorization header/],
+      [{ authorization: `Bearer ${fake.botToken}` }, JSON.stringify({ content: 'x' }), 401, /takes Bot <token>, not Bearer/],
+      [{ authorization: `Bot ${fake.botToken}`, 'content-type': 'text/plain' }, 'x', 400, /takes application\/json/],
+      [{ authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' }, JSON.stringify({ content: '  \n' }), 400, /needs content/],
+      [{ authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' }, JSON.stringify({ content: 'x', nonce: 'n'.repeat(26) }), 400, /nonce is up to 25/],
+    ];
+    for (const [headers, body, status, violation] of cases) {
+      const res = await fetch(url, { method: 'POST', headers: { ...ua, ...headers }, body });
+      assert.equal(res.status, status, String(violation));
+      assert.match(fake.calls.at(-1)!.violations[0] ?? '', violation);
+    }
+    // 2000 characters are code points: 2000 emoji (4000 UTF-16 units) are fine, 2001 are not.
+    const post = (content: string) => postJson(url, { content }, { ...ua, authorization: `Bot ${fake.botToken}` });
+    assert.equal((await post('🚀'.repeat(2000))).status, 200);
+    assert.equal((await post('🚀'.repeat(2001))).status, 400);
+    assert.equal(fake.sent.length, before + 1);
+  });
+
+  it('checkInteractionsEndpoint: a PING answered {"type":1} and a forged one 401 pass; an endpoint that accepts the forgery fails', async () => {
+    const good = await startRecordingUpstream((req, res) => {
+      const valid = verify(null, Buffer.from(`${req.headers['x-signature-timestamp']}${req.body}`), createPublicKey({ key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(fake.publicKeyHex, 'hex').toString('base64url') }, format: 'jwk' }), Buffer.from(String(req.headers['x-signature-ed25519']), 'hex'));
+      res.writeHead(valid ? 200 : 401, { 'content-type': 'application/json' }).end(valid ? '{"type":1}' : '{}');
+    });
+    const careless = await startRecordingUpstream((_req, res) => res.writeHead(200, { 'content-type': 'text/plain' }).end('{"type":1}'));
+    try {
+      assert.deepEqual((await fake.checkInteractionsEndpoint(good.url)).violations, []);
+      const bad = await fake.checkInteractionsEndpoint(careless.url);
+      assert.equal(bad.violations.length, 2, bad.violations.join('\n'));
+      assert.match(bad.violations.join('\n'), /Content-Type is "text\/plain"/);
+      assert.match(bad.violations.join('\n'), /invalid signature was answered 200, not 401/);
+    } finally {
+      await Promise.all([good.close(), careless.close()]);
+    }
+  });
+
+  it('deliverInteraction notes an answer whose callback type the interaction type does not allow', async () => {
+    const deferred = await startRecordingUpstream((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"type":5}'));
+    try {
+      assert.deepEqual((await fake.deliverInteraction(deferred.url, { type: 2, id: '1', data: { name: 'x' } })).violations, []);
+      const autocomplete = await fake.deliverInteraction(deferred.url, { type: 4, id: '2', data: { name: 'x' } });
+      assert.match(autocomplete.violations[0]!, /type 4 was answered with callback type 5; allowed: 8/);
+    } finally {
+      await deferred.close();
     }
   });
 });
@@ -657,6 +803,69 @@ describe('fake Slack', () => {
       assert.equal(got.headers['content-type'], 'application/json');
     } finally {
       await endpoint.close();
+    }
+  });
+
+  it('refuses bodies the Web API cannot read with its own errors (missing_post_type, invalid_post_type, invalid_charset, invalid_json, json_not_object), each noted', async () => {
+    const token = fake.issueBotToken();
+    const url = `${fake.url}/api/chat.postMessage`;
+    const bearer = { authorization: `Bearer ${token}` };
+    const cases: [Record<string, string>, string, string][] = [
+      [{}, 'channel=C1&text=x', 'missing_post_type'],
+      [{ 'content-type': 'application/xml' }, '<x/>', 'invalid_post_type'],
+      [{ 'content-type': 'application/json; charset=latin-9' }, '{}', 'invalid_charset'],
+      [{ 'content-type': 'application/json; charset=utf-8' }, '{', 'invalid_json'],
+      [{ 'content-type': 'application/json; charset=utf-8' }, '[1]', 'json_not_object'],
+    ];
+    for (const [headers, body, error] of cases) {
+      // fetch adds text/plain to a string body unless told otherwise: an empty header value removes it for the first case.
+      const res = await fetch(url, { method: 'POST', headers: { ...bearer, 'content-type': '', ...headers }, body }).then(answer);
+      assert.deepEqual([res.status, res.body.error], [200, error], error);
+      assert.equal(fake.calls.at(-1)!.violations.length, 1, error);
+    }
+  });
+
+  it('notes the charset warnings, a token in a JSON body, a JSON body to oauth.v2.access, another Authorization scheme, a missing channel; PUT is refused', async () => {
+    const token = fake.issueBotToken();
+    const url = `${fake.url}/api/chat.postMessage`;
+    await postForm(url, { channel: 'C1', text: 'x' }, { authorization: `Bearer ${token}`, 'content-type': 'application/x-www-form-urlencoded; charset=utf-8' });
+    assert.match(fake.calls.at(-1)!.violations[0]!, /superfluous_charset/);
+    await postJson(url, { channel: 'C1', text: 'x' }, { authorization: `Bearer ${token}` });
+    assert.match(fake.calls.at(-1)!.violations[0]!, /missing_charset/);
+    const bodyToken = await post(undefined, { token, channel: 'C1', text: 'x' });
+    assert.equal(bodyToken.body.error, 'not_authed');
+    assert.deepEqual(fake.calls.at(-1)!.violations.map((v) => v.replace(/;.*| \(.*/, '')), ['slack: a token in a JSON body is not read', 'slack: chat.postMessage without a token']);
+    const botScheme = await postJson(url, { channel: 'C1', text: 'x' }, { authorization: `Bot ${token}`, 'content-type': 'application/json; charset=utf-8' });
+    assert.equal(botScheme.body.error, 'not_authed');
+    assert.match(fake.calls.at(-1)!.violations[0]!, /must be "Bearer <token>"/);
+    assert.equal((await post(token, { text: 'x' })).body.error, 'channel_not_found');
+    assert.match(fake.calls.at(-1)!.violations[0]!, /required "channel"/);
+    fake.setKnownChannels(['C1']);
+    try {
+      assert.equal((await post(token, { channel: 'C2', text: 'x' })).body.error, 'channel_not_found');
+      assert.deepEqual(fake.calls.at(-1)!.violations, [], 'an unknown channel is not a contract violation');
+    } finally {
+      fake.setKnownChannels('any');
+    }
+    const json = await postJson(`${fake.url}/api/oauth.v2.access`, { ...creds, code: await installCode() }, { 'content-type': 'application/json; charset=utf-8' });
+    assert.deepEqual(json.body, { ok: false, error: 'invalid_client_id' });
+    assert.match(fake.calls.at(-1)!.violations[0]!, /oauth.v2.access does not take application\/json/);
+    const put = await fetch(url, { method: 'PUT', headers: { authorization: `Bearer ${token}` } });
+    assert.equal(put.status, 405);
+    assert.equal(fake.calls.at(-1)!.route, undefined);
+  });
+
+  it('deliverEvent notes an answer that is not a 2xx, or a url_verification answered without the challenge', async () => {
+    const failing = await startRecordingUpstream((_req, res) => res.writeHead(500).end());
+    const forgetful = await startRecordingUpstream((_req, res) => res.writeHead(200, { 'content-type': 'text/plain' }).end('ok'));
+    const plain = await startRecordingUpstream((req, res) => res.writeHead(200, { 'content-type': 'text/plain' }).end(JSON.parse(req.body).challenge));
+    try {
+      assert.match((await fake.deliverEvent(failing.url, { type: 'event_callback', event: {} }, 's')).violations[0]!, /answered 500, not 2xx/);
+      const challenge = { type: 'url_verification', token: 't', challenge: 'c-1' };
+      assert.match((await fake.deliverEvent(forgetful.url, challenge, 's')).violations[0]!, /url_verification was not answered 200 with the challenge/);
+      assert.deepEqual((await fake.deliverEvent(plain.url, challenge, 's')).violations, [], 'text/plain with the challenge is one documented answer');
+    } finally {
+      await Promise.all([failing.close(), forgetful.close(), plain.close()]);
     }
   });
 });

@@ -14,6 +14,7 @@ import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
 import jsQR from 'jsqr';
+import type { FakeChatServer } from '../helpers/fake-chat.js';
 import { runCli, spawnCli, startServerProcess, type CliResult, type ServerProcess } from '../helpers/process.js';
 import type { ReceivedRequest, RecordingServer } from '../helpers/upstream.js';
 
@@ -312,4 +313,17 @@ export function storedGrant(ws: Workspace, name: string): { name: string; expire
     const table = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'channel_grants'").get();
     return table ? (db.prepare('SELECT name, expires_at, last_error FROM channel_grants WHERE name = ?').get(name) as any) : undefined;
   });
+}
+
+// ─── The platform contract ───────────────────────────────────────────────────────────────────
+
+/**
+ * Asserts that every call a fake recorded reached a route the platform documents and broke none
+ * of its reference's rules (fake-chat.ts notes each with its source). A platform's refusal for
+ * other reasons (an unknown token, a spent code) is not a violation: the call itself was right.
+ */
+export function assertCallsDocumented(fake: FakeChatServer): void {
+  const broken = fake.calls.filter((c) => !c.route || c.violations.length > 0);
+  assert.deepEqual(broken.map((c) => `${c.method} ${c.path.replace(/\/bot[^/]+\//, '/bot<token>/')} → ${c.status} (${c.route?.source ?? 'no documented route'})\n  ${c.violations.join('\n  ')}`), []);
+  assert.ok(fake.calls.length > 0, 'no call was recorded');
 }

@@ -10,7 +10,7 @@ import { SLACK_CLIENT, startFakeSlack, type FakeSlack } from '../helpers/fake-ch
 import { request } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertNotInStorage, consent, envelopes, loginThroughBrowser, nthEnvelope, settledEnvelopeCount, startGatehouse, statusJson,
+  API_KEY, assertCallsDocumented, assertNotInStorage, consent, envelopes, loginThroughBrowser, nthEnvelope, settledEnvelopeCount, startGatehouse, statusJson,
   storedGrant, visit, removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
 } from './helpers.js';
 
@@ -182,4 +182,6 @@ describe('oauth channel (Slack)', () => {
       assert.equal(await settledEnvelopeCount(target), seen);
     });
   });
+
+  it('every call gatehouse made to Slack above is a documented one that breaks no rule of the reference', () => assertCallsDocumented(fake));
 });

@@ -11,7 +11,7 @@ import { request } from '../helpers/http.js';
 import type { CliResult } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertNotInStorage, channelsCli, envelopes, nthEnvelope, settledEnvelopeCount, startGatehouse, startLogin, statusJson, storedGrant,
+  API_KEY, assertCallsDocumented, assertNotInStorage, channelsCli, envelopes, nthEnvelope, settledEnvelopeCount, startGatehouse, startLogin, statusJson, storedGrant,
   removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
 } from './helpers.js';
 
@@ -174,4 +174,6 @@ describe('bot-token channel (Telegram)', () => {
       assert.match(human.stdout, /^✗ tg \(bot-token, telegram\): not connected: run `gatehouse channels login tg`$/m);
     });
   });
+
+  it('every call gatehouse made to the Bot API above is a documented one that breaks no rule of the reference', () => assertCallsDocumented(fake));
 });
