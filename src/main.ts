@@ -3,6 +3,7 @@ import { registerChannelsCommands } from './cli/channels.js';
 import { registerConfigCommands } from './cli/config.js';
 import { registerGatewayCommands } from './cli/gateway.js';
 import { registerStartCommand } from './cli/start.js';
+import { registerStorageCommands } from './cli/storage.js';
 import { registerWebhooksCommands } from './cli/webhooks.js';
 import { ConfigError, UsageError } from './errors.js';
 import { VERSION } from './version.js';
@@ -23,6 +24,7 @@ export async function runCli(argv: readonly string[]): Promise<number> {
   registerConfigCommands(program);
   registerGatewayCommands(program);
   registerWebhooksCommands(program);
+  registerStorageCommands(program);
   registerChannelsCommands(program);
 
   try {

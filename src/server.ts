@@ -13,6 +13,7 @@ import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
 import { secretKeyFromEnv } from './secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from './webhooks/receiver.js';
 import { createVerifier } from './webhooks/verifiers/index.js';
+import { describeStorage, openEventStore, sqliteStoragePath } from './storage/open.js';
 import { SqliteEventStore, type EventStore } from './webhooks/store.js';
 
 export interface RunningGatehouse {
@@ -31,7 +32,7 @@ export async function startGatehouse(
   options: {
     logger: Logger;
     lockoutStore?: LockoutStore;
-    /** default: SQLite at storage.path */
+    /** default: the one `storage` names (src/storage/open.ts) */
     eventStore?: EventStore;
     /** default: the /api/ edge in this process (see workers.ts for the cluster) */
     startGateway?: GatewayStarter;
@@ -75,7 +76,7 @@ export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next
     ['webhooks.enabled', config.webhooks.enabled, next.webhooks.enabled],
     ['webhooks.listen', config.webhooks.listen, next.webhooks.listen],
     ['webhooks.gmail', config.webhooks.gmail, next.webhooks.gmail],
-    ['storage.path', config.storage.path, next.storage.path],
+    ['storage', config.storage, next.storage],
     // Channel settings reload; the first channel added (or the last removed) needs a restart.
     ['channels (whether any are configured)', Object.keys(config.channels).length > 0, Object.keys(next.channels).length > 0],
   ] as const) {
@@ -102,7 +103,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   let channelStore: ChannelStore | undefined;
   const channelsOf = (c: Config) => {
     if (Object.keys(c.channels).length === 0) return undefined;
-    channelStore ??= new ChannelStore(c.storage.path);
+    channelStore ??= new ChannelStore(sqliteStoragePath(c.storage, 'channels'));
     return createChannelSender(c, { store: channelStore, secretKey: secretKeyFromEnv(), logger });
   };
   // The parser limits are the listener's: fixed at start, whatever a reload says.
@@ -135,15 +136,15 @@ export type RunningWebhooks = NonNullable<Awaited<ReturnType<typeof startWebhook
 
 /**
  * The receiver's listener, its store and its deliverer (undefined when `webhooks.enabled` is
- * false); reload swaps endpoints, targets and delivery settings. Always one process: the
- * store's single durable writer.
+ * false); reload swaps endpoints, targets and delivery settings. On SQLite, one process per
+ * file (the store's single writer); on Postgres, any number of instances share the queue.
  */
 export async function startWebhooks(config: Config, logger: Logger, lockoutStore: LockoutStore, injectedStore?: EventStore) {
   if (!config.webhooks.enabled) {
     logger.info('webhook receiver off (webhooks.enabled is false)');
     return undefined;
   }
-  const store = injectedStore ?? new SqliteEventStore(config.storage.path);
+  const store = injectedStore ?? await openEventStore(config.storage, { role: 'server', logger });
   const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
   const deliverer = new Deliverer(store, config.webhooks, logger);
   const onAccepted = () => deliverer.notify();
@@ -154,7 +155,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   try {
     // Both keep sealed tokens: no key, no start (said with how to make one).
     if (config.webhooks.gmail || hasChannels) secretKey = secretKeyFromEnv();
-    if (hasChannels) channelStore = new ChannelStore(config.storage.path);
+    if (hasChannels) channelStore = new ChannelStore(sqliteStoragePath(config.storage, 'channels'));
     gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store: sqliteStore(store), logger, onAccepted, secretKey: secretKey! }) : undefined;
   } catch (err) {
     channelStore?.close();
@@ -194,7 +195,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
       ...gmailRoutes.map((r) => `${r.path} (${r.verifyType}) -> ${r.action}`),
       ...Object.entries(config.channels).map(([name, c]) => `/webhook/channels/${name} (channel ${c.kind}) -> ${c.action}`),
     ],
-    storage: config.storage.path,
+    storage: `${config.storage.driver} ${describeStorage(config.storage)}`,
   }, 'webhook receiver listening');
   return {
     listening: { ...listening, store, deliverer },

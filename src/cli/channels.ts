@@ -7,6 +7,7 @@ import { loadConfig } from '../config/load.js';
 import type { ChannelConfig, Config } from '../config/schema.js';
 import { UsageError } from '../errors.js';
 import { secretKeyFromEnv } from '../secrets.js';
+import { sqliteStoragePath } from '../storage/open.js';
 import { describeTime, openBrowser } from './terminal.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
@@ -25,7 +26,7 @@ export function registerChannelsCommands(program: Command): void {
       const known = Object.keys(config.channels);
       throw new UsageError(`no channel "${name}" in ${file}${known.length ? ` (configured: ${known.join(', ')})` : ' (no channels configured)'}`);
     }
-    return { config, store: new ChannelStore(config.storage.path), channel };
+    return { config, store: new ChannelStore(sqliteStoragePath(config.storage, 'channels')), channel };
   };
   /** Runs `work` with the config, the channel (when named) and the store, closing the store after. */
   const withChannels = async (file: string, name: string | undefined, work: (opened: ReturnType<typeof open>) => unknown): Promise<void> => {

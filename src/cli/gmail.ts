@@ -7,6 +7,7 @@ import { SqliteGmailState, type GmailAccountState } from '../integrations/gmail/
 import { createLogger } from '../log.js';
 import { secretKeyFromEnv } from '../secrets.js';
 import { startWebhooks } from '../server.js';
+import { sqliteStoragePath } from '../storage/open.js';
 import { SqliteEventStore } from '../webhooks/store.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 import { describeTime, openBrowser } from './terminal.js';
@@ -39,7 +40,7 @@ export function registerGmailCommands(webhooks: Command): void {
     .option('--no-browser', 'print the authorisation URL only (headless)')
     .option('--dry-run', 'print every API call it would make; change nothing', false)
     .option('--json', 'one JSON object on stdout (the URL to open goes to stderr)', false)
-    .addOption(new Option('--google-api-url <url>').hideHelp()) // tests: every Google endpoint under one base URL
+    .option('--google-api-url <url>', 'one base URL for every Google endpoint, e.g. an egress proxy (default: webhooks.gmail.googleApiUrl of --config)')
     .action(async (o: Record<string, any>) => {
       const { config, file } = loadConfig(o.config);
       const positive = (name: string, value: string) => {
@@ -65,11 +66,15 @@ export function registerGmailCommands(webhooks: Command): void {
         dryRun: o.dryRun,
         browser: o.browser,
         reauthorize: o.reauthorize,
-        googleApiUrl: o.googleApiUrl,
-        storagePath: config.storage.path,
+        // The flag, else the config's key (an egress proxy is configured once, for setup and run alike).
+        googleApiUrl: (o.googleApiUrl as string | undefined) ?? config.webhooks.gmail?.googleApiUrl,
+        storagePath: sqliteStoragePath(config.storage, 'webhooks gmail'),
         configFile: file,
         currentSection: config.webhooks.gmail,
       };
+      if (options.googleApiUrl !== undefined && !/^https?:\/\/[^/]/.test(options.googleApiUrl)) {
+        throw new UsageError(`--google-api-url must be an http(s) URL (got "${options.googleApiUrl}")`);
+      }
       // Pub/Sub pushes only to https; plain http is allowed to a loopback address (tests, local fakes).
       if (options.pushEndpoint !== undefined && !/^https:\/\//.test(options.pushEndpoint) && !/^http:\/\/(127\.\d+\.\d+\.\d+|localhost|\[::1\])[:/]/.test(options.pushEndpoint)) {
         throw new UsageError(`--push-endpoint must be an https URL (got "${options.pushEndpoint}")`);
@@ -138,9 +143,9 @@ export function registerGmailCommands(webhooks: Command): void {
       if (!account) throw new UsageError('no account: pass --account <email> or configure webhooks.gmail');
       let store: SqliteEventStore;
       try {
-        store = new SqliteEventStore(config.storage.path, { mustExist: true });
+        store = new SqliteEventStore(sqliteStoragePath(config.storage, 'webhooks gmail'), { mustExist: true });
       } catch (err) {
-        throw new UsageError(`cannot open the storage ${config.storage.path}: ${(err as Error).message}`);
+        throw new UsageError(`cannot open the storage ${sqliteStoragePath(config.storage, 'webhooks gmail')}: ${(err as Error).message}`);
       }
       let state: GmailAccountState | undefined;
       try {
@@ -148,7 +153,7 @@ export function registerGmailCommands(webhooks: Command): void {
       } finally {
         await store.close();
       }
-      if (!state) throw new UsageError(`${account} is not set up in ${config.storage.path}: run \`gatehouse webhooks gmail setup --account ${account}\``);
+      if (!state) throw new UsageError(`${account} is not set up in ${sqliteStoragePath(config.storage, 'webhooks gmail')}: run \`gatehouse webhooks gmail setup --account ${account}\``);
       const { sealedGrant: _sealed, ...visible } = state;
       const now = Date.now();
       const watchOk = state.watchExpiration !== null && state.watchExpiration > now;

@@ -1,16 +1,17 @@
 import type { Command } from 'commander';
 import { loadConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
-import { SqliteEventStore, type DeliveryStatus, type StoredEvent } from '../webhooks/store.js';
+import { openEventStore } from '../storage/open.js';
+import { DELIVERY_STATUSES as STATUSES, type DeliveryStatus, type EventStore, type StoredEvent } from '../storage/events.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 import { registerGmailCommands } from './gmail.js';
 import { parseDuration } from './gateway.js';
 
-const STATUSES: readonly DeliveryStatus[] = ['queued', 'delivered', 'dead'];
 
 /**
- * `gatehouse webhooks deliveries list|show|retry|purge`: reads and edits the same SQLite file
- * as the running server (WAL mode lets both work at once; the server polls for requeued events).
+ * `gatehouse webhooks deliveries list|show|retry|purge`: reads and edits the store the config
+ * names, beside the running servers (SQLite: WAL lets both work at once, the server polls for
+ * requeued events; Postgres: a requeue also NOTIFYs the servers).
  */
 export function registerWebhooksCommands(program: Command): void {
   const webhooks = program.command('webhooks').description('the webhook receiver');
@@ -19,14 +20,8 @@ export function registerWebhooksCommands(program: Command): void {
     .command('deliveries')
     .description('inspect and manage stored webhook events and their deliveries');
 
-  const withStore = async <T>(configFile: string, work: (store: SqliteEventStore) => Promise<T>): Promise<T> => {
-    const file = loadConfig(configFile).config.storage.path;
-    let store: SqliteEventStore;
-    try {
-      store = new SqliteEventStore(file, { mustExist: true });
-    } catch (err) {
-      throw new UsageError(`cannot open the event store ${file} (storage.path): ${(err as Error).message}`);
-    }
+  const withStore = async <T>(configFile: string, work: (store: EventStore) => Promise<T>): Promise<T> => {
+    const store = await openEventStore(loadConfig(configFile).config.storage, { role: 'cli' });
     try {
       return await work(store);
     } finally {
@@ -37,7 +32,7 @@ export function registerWebhooksCommands(program: Command): void {
   deliveries
     .command('list')
     .description('list events, newest first')
-    .option('-c, --config <file>', 'config file (for storage.path)', DEFAULT_CONFIG_FILE)
+    .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .option('--status <status>', 'queued | delivered | dead')
     .option('--endpoint <path>', 'only events received on this endpoint path')
     .option('--limit <n>', 'at most this many', '100')
@@ -60,7 +55,7 @@ export function registerWebhooksCommands(program: Command): void {
   deliveries
     .command('show <id>')
     .description('one event: its envelope and every delivery attempt')
-    .option('-c, --config <file>', 'config file (for storage.path)', DEFAULT_CONFIG_FILE)
+    .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .option('--json', 'as JSON')
     .action(async (id: string, options: { config: string; json?: boolean }) => {
       const found = await withStore(options.config, (store) => store.get(id));
@@ -79,7 +74,7 @@ export function registerWebhooksCommands(program: Command): void {
   deliveries
     .command('retry [id]')
     .description('requeue one event (delivered or dead), or every dead one with --dead')
-    .option('-c, --config <file>', 'config file (for storage.path)', DEFAULT_CONFIG_FILE)
+    .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .option('--dead', 'requeue every dead event')
     .action(async (id: string | undefined, options: { config: string; dead?: boolean }) => {
       if ((id === undefined) === !options.dead) throw new UsageError('give an event id or --dead (not both)');
@@ -95,7 +90,7 @@ export function registerWebhooksCommands(program: Command): void {
   deliveries
     .command('purge')
     .description('delete delivered events (and their attempts) older than a duration')
-    .option('-c, --config <file>', 'config file (for storage.path)', DEFAULT_CONFIG_FILE)
+    .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .option('--delivered', 'required: only delivered events are ever purged')
     .requiredOption('--older-than <duration>', 'e.g. 7d, 12h')
     .action(async (options: { config: string; delivered?: boolean; olderThan: string }) => {

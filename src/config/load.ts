@@ -61,7 +61,7 @@ export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; ba
   if (!result.success) problems.push(...formatIssues(result.error.issues).filter((p) => !unresolved.has(p.slice(0, p.indexOf(': ')))));
   if (problems.length > 0) throw new ConfigError(problems);
   const config = result.data!;
-  config.storage.path = path.resolve(baseDir, config.storage.path);
+  if (config.storage.driver === 'sqlite') config.storage.path = path.resolve(baseDir, config.storage.path);
   if (config.gateway.tls) {
     config.gateway.tls.cert = path.resolve(baseDir, config.gateway.tls.cert);
     config.gateway.tls.key = path.resolve(baseDir, config.gateway.tls.key);

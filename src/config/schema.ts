@@ -281,7 +281,8 @@ const gmail = z
       path: z.string().regex(/^\/webhook\/[A-Za-z0-9._~\-/]+$/, 'push.path must start with /webhook/').default('/webhook/gmail'),
       audience: httpUrl('push.audience'),
       serviceAccountEmail: z.email(),
-      jwksUri: httpUrl('push.jwksUri').default('https://www.googleapis.com/oauth2/v3/certs'),
+      /** Default: the key set under googleApiUrl when that is set, else Google's (https://www.googleapis.com/oauth2/v3/certs); when given, always this one. */
+      jwksUri: httpUrl('push.jwksUri').optional(),
     }).optional(),
     /** Pull mode: how long to wait after an empty pull before asking again. */
     pull: z.strictObject({ intervalMs: positiveInt.default(1_000), maxMessages: z.number().int().min(1).max(1000).default(10) }).prefault({}),
@@ -347,6 +348,28 @@ const webhooks = z
   });
 
 /**
+ * `storage`: where durable state lives. `sqlite` (the default; `{ path }` alone means it): one
+ * server per file. `postgres`: several gatehouse instances share one database (src/storage/postgres/).
+ */
+const DEFAULT_STORAGE_PATH = './data/gatehouse.db';
+const storageDriver = z.discriminatedUnion('driver', [
+  z.strictObject({
+    driver: z.literal('sqlite'),
+    path: z.string().min(1).default(DEFAULT_STORAGE_PATH),
+  }),
+  z.strictObject({
+    driver: z.literal('postgres'),
+    url: z.string({ error: (issue) => (issue.input === undefined ? 'required with driver "postgres": a postgres:// connection URL, e.g. "${DATABASE_URL}"' : undefined) }).regex(/^postgres(ql)?:\/\/./, 'url must be a postgres:// (or postgresql://) connection URL, e.g. "${DATABASE_URL}"'),
+    pool: z.strictObject({ max: z.number().int().min(2).max(1000).default(10) }).prefault({}),
+  }),
+], { error: (issue) => (issue.code === 'invalid_union' ? 'must be "sqlite" (the default) or "postgres"' : undefined) });
+const storage = z.preprocess(
+  // No driver: the SQLite of every earlier config (`storage: { path }`, or nothing at all).
+  (value) => (value !== null && typeof value === 'object' && !Array.isArray(value) && !('driver' in value) ? { ...value, driver: 'sqlite' } : value),
+  storageDriver,
+).prefault({});
+
+/**
  * `channels`: messaging platforms, each proving itself its own way (src/channels/). Tokens won
  * by `gatehouse channels login` live sealed in storage; these are the static settings.
  */
@@ -405,13 +428,18 @@ const channelSchema = z.discriminatedUnion('kind', [
 
 export const configSchema = z
   .strictObject({
-    storage: z.strictObject({ path: z.string().min(1).default('./data/gatehouse.db') }).prefault({}),
+    storage,
     log: z.strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info') }).prefault({}),
     gateway,
     webhooks: webhooks.prefault({}),
     channels: z.record(channelName, channelSchema).default({}),
   })
   .superRefine((config, ctx) => {
+    if (config.storage.driver === 'postgres') {
+      // Their state (cursors, sealed grants) is in the SQLite driver only, for now: refused rather than half-working.
+      if (config.webhooks.gmail) ctx.addIssue({ code: 'custom', path: ['webhooks', 'gmail'], message: 'webhooks.gmail needs storage.driver "sqlite" for now (its state is not in the postgres driver yet)' });
+      if (Object.keys(config.channels).length > 0) ctx.addIssue({ code: 'custom', path: ['channels'], message: 'channels need storage.driver "sqlite" for now (their state is not in the postgres driver yet)' });
+    }
     for (const [name, channel] of Object.entries(config.channels)) {
       if (!config.webhooks.enabled) ctx.addIssue({ code: 'custom', path: ['channels', name], message: 'channels need webhooks.enabled: true (their events arrive on the webhook listener)' });
       else if (!config.webhooks.targets[channel.action]) ctx.addIssue({ code: 'custom', path: ['channels', name, 'action'], message: `action "${channel.action}" has no target: add webhooks.targets["${channel.action}"]` });
@@ -441,3 +469,5 @@ export type JwtConfig = z.output<typeof jwtSettings>;
 export type WebhooksConfig = Config['webhooks'];
 export type GmailConfig = NonNullable<WebhooksConfig['gmail']>;
 export type ChannelConfig = Config['channels'][string];
+export type StorageConfig = Config['storage'];
+export type PostgresStorageConfig = Extract<StorageConfig, { driver: 'postgres' }>;

@@ -4,13 +4,15 @@ import https from 'node:https';
 import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction, type WebhooksConfig } from '../config/schema.js';
 import { VERSION } from '../version.js';
-import type { AttemptOutcome, EventStore, StoredEvent } from './store.js';
+import type { AttemptOutcome, ClaimedEvent, EventStore } from '../storage/events.js';
 import { standardWebhooksKey } from './verifiers/standard-webhooks.js';
 
 /** Idle poll: picks up events requeued by the CLI, or due retries, at least this often. */
 const POLL_MS = 1_000;
 /** A lease outlives the attempt's timeout by this much, so a slow attempt is not claimed twice. */
 const LEASE_MARGIN_MS = 5_000;
+/** While the store cannot be read, the pump retries this often at most (from POLL_MS, doubling). */
+const MAX_STORE_RETRY_MS = 5_000;
 
 /**
  * Capped exponential backoff with full jitter: a random delay in [0, min(initial·2^(n-1), max)].
@@ -87,6 +89,9 @@ export class Deliverer {
   private pumpAgain = false;
   private pumpScheduled = false;
   private stopped = true;
+  /** Consecutive pumps that could not read the store (it is down): paused, retrying with backoff. */
+  private storeFailures = 0;
+  private unsubscribe: (() => void) | undefined;
 
   private targets = new Map<WebhookAction, PreparedTarget>();
   /** Attempt lines hold ids, statuses and error texts, never a secret: no redaction pass needed. */
@@ -97,6 +102,7 @@ export class Deliverer {
     private config: WebhooksConfig,
     private readonly logger: Logger,
     private readonly now: () => number = Date.now,
+    private readonly options: { leaseMarginMs?: number } = {},
   ) {
     this.attemptLog = logger.child({}, { redact: [] });
     this.prepareTargets();
@@ -123,6 +129,8 @@ export class Deliverer {
   async start(): Promise<void> {
     await this.store.releaseLeases();
     this.stopped = false;
+    // Another instance accepted (or the CLI requeued) on a shared store: look now, not at the next poll.
+    this.unsubscribe = this.store.onDue?.(() => this.notify());
     this.notify();
   }
 
@@ -151,6 +159,7 @@ export class Deliverer {
   /** Stops claiming; waits for attempts in flight (they are settled, or their lease lets a restart retry them). */
   async stop(graceMs = 10_000): Promise<void> {
     this.stopped = true;
+    this.unsubscribe?.();
     clearTimeout(this.timer);
     const grace = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
     await Promise.race([Promise.allSettled([...this.running]), grace]);
@@ -170,19 +179,34 @@ export class Deliverer {
           if (!target) continue;
           const free = this.config.delivery.concurrency - this.inFlight.get(action)!;
           if (free <= 0) continue;
-          const timeoutMs = target.timeoutMs ?? this.config.delivery.timeoutMs;
-          const events = await this.store.claimDue(this.now(), free, timeoutMs + LEASE_MARGIN_MS, action);
+          const events = await this.store.claimDue(this.now(), free, this.leaseMs(action), action);
           for (const event of events) this.track(this.deliver(event));
           claimed += events.length;
           if (events.length === free) this.pumpAgain = true;
         }
       } while (this.pumpAgain && !this.stopped && this.hasFreeSlot());
+      if (this.storeFailures > 0) this.logger.info({ after: this.storeFailures }, 'event store reachable again: delivering');
+      this.storeFailures = 0;
     } catch (err) {
-      this.logger.error({ err: (err as Error).message }, 'deliverer could not read the event store; retrying');
+      // Paused: said once, then retried with backoff until the store answers (no log line per retry).
+      if (this.storeFailures++ === 0) this.logger.error({ err: (err as Error).message }, 'deliverer could not read the event store; paused, retrying');
     } finally {
       this.pumping = false;
     }
-    if (!this.stopped) await this.scheduleNext(claimed > 0);
+    if (this.stopped) return;
+    if (this.storeFailures > 0) {
+      clearTimeout(this.timer);
+      this.timer = setTimeout(() => this.notify(), Math.min(POLL_MS * 2 ** (this.storeFailures - 1), MAX_STORE_RETRY_MS));
+      this.timer.unref();
+      return;
+    }
+    await this.scheduleNext(claimed > 0);
+  }
+
+  /** How long a claim lasts: the attempt's timeout and a margin; renewed halfway while the attempt runs. */
+  private leaseMs(action: WebhookAction): number {
+    const target = this.config.targets[action];
+    return (target?.timeoutMs ?? this.config.delivery.timeoutMs) + (this.options.leaseMarginMs ?? LEASE_MARGIN_MS);
   }
 
   private hasFreeSlot(): boolean {
@@ -217,9 +241,10 @@ export class Deliverer {
     void work.finally(() => this.running.delete(work));
   }
 
-  private async deliver(event: StoredEvent): Promise<void> {
+  private async deliver(event: ClaimedEvent): Promise<void> {
     const action = event.action;
     this.inFlight.set(action, this.inFlight.get(action)! + 1);
+    const stopRenewing = this.renewWhileRunning(event);
     const startedAt = this.now();
     const started = performance.now();
     let result: AttemptResult;
@@ -237,10 +262,14 @@ export class Deliverer {
     else outcome = { status: 'queued', nextAttemptAt: this.now() + retryDelayMs(roundAttempt, { initialBackoffMs, maxBackoffMs }, result.retryAfterMs) };
 
     try {
-      await this.store.recordAttempt(event.id, { attempt: event.attempts + 1, at: startedAt, status: result.status, error: result.error, durationMs }, outcome);
+      const recorded = await this.store.recordAttempt(event.id, { attempt: event.attempts + 1, at: startedAt, status: result.status, error: result.error, durationMs }, outcome, event.claimId);
+      // Fenced off: the lease ran out and another claim (maybe another instance) owns the event now.
+      if (!recorded) this.logger.warn({ id: event.id, outcome: outcome.status }, 'lease lost before the attempt was recorded: its outcome is left to the new holder');
     } catch (err) {
       // Not settled: the lease runs out and the event is tried again (at least once, never lost).
       this.logger.error({ err: (err as Error).message, id: event.id }, 'could not record a delivery attempt');
+    } finally {
+      stopRenewing();
     }
     const log = { id: event.id, action, attempt: event.attempts + 1, status: result.status, error: result.error ?? undefined, ms: Math.round(durationMs), outcome: outcome.status };
     // Every attempt is in the store (deliveries show); the log keeps what needs a human: failures.
@@ -251,7 +280,29 @@ export class Deliverer {
     this.notify();
   }
 
-  private post(event: StoredEvent): Promise<AttemptResult> {
+  /**
+   * Keeps a long attempt's lease (Convoy's heartbeat): renewed every half lease while the attempt
+   * and its recording run, under the claim's token, so a renewal never revives a lease another
+   * claim has taken. Returns the stop.
+   */
+  private renewWhileRunning(event: ClaimedEvent): () => void {
+    const leaseMs = this.leaseMs(event.action);
+    const timer = setInterval(() => {
+      this.store.renewLease(event.id, event.claimId, this.now() + this.leaseMs(event.action)).then(
+        (held) => {
+          if (!held) {
+            clearInterval(timer);
+            this.logger.warn({ id: event.id }, 'lease lost during a delivery attempt: another claim owns the event now');
+          }
+        },
+        (err: Error) => this.logger.warn({ id: event.id, err: err.message }, 'could not renew a delivery lease'),
+      );
+    }, Math.max(leaseMs / 2, 10));
+    timer.unref();
+    return () => clearInterval(timer);
+  }
+
+  private post(event: ClaimedEvent): Promise<AttemptResult> {
     const { url, client, agent, timeoutMs, signingKey: key } = this.targets.get(event.action)!;
     const headers: Record<string, string | number> = {
       'content-type': 'application/json',

@@ -42,7 +42,7 @@ describe('config: a minimal config gets its defaults', () => {
     assert.deepEqual(config.gateway.auth.apiKeys, []);
     assert.deepEqual(config.gateway.auth.failures, { max: 10, windowSeconds: 60, lockoutSeconds: 300 });
     assert.equal(config.webhooks.enabled, false);
-    assert.equal(config.storage.path, path.resolve('/srv/gatehouse', 'data/gatehouse.db'));
+    assert.deepEqual(config.storage, { driver: 'sqlite', path: path.resolve('/srv/gatehouse', 'data/gatehouse.db') });
   });
 
   it('the jwt algorithms default from the key source', () => {
@@ -354,7 +354,7 @@ describe('config: loadConfig reads a JSON5 file', () => {
 }`);
     const { config, file: loadedFrom } = loadConfig(file, {});
     assert.equal(loadedFrom, file);
-    assert.equal(config.storage.path, path.join(dir, 'state', 'gatehouse.db'));
+    assert.deepEqual(config.storage, { driver: 'sqlite', path: path.join(dir, 'state', 'gatehouse.db') });
     assert.equal(config.gateway.tls?.cert, path.join(dir, 'certs', 'gw.crt'));
     assert.equal(config.gateway.tls?.key, '/etc/gw.key');
     assert.equal(config.gateway.auth.apiKey, GOOD_KEY);

@@ -100,6 +100,24 @@ describe('gatehouse start', () => {
     assert.match(result.stderr, /EADDRINUSE/);
   });
 
+  it('a second server on the same SQLite file: exit 1 naming the running one\'s pid; the CLI beside it still works', async () => {
+    const db = path.join(dir, 'single-writer.db');
+    const configOn = (name: string) => writeConfig(name, `{ storage: { path: "${db}" }, gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "single-writer-key-0123456789abcdefghijklmnop" } },
+      webhooks: { enabled: true, listen: { port: 0 }, endpoints: [{ path: "/webhook/x", secret: "single-writer-secret-0123", action: "message" }], targets: { message: { url: "${upstream.url}" } } } }`);
+    const first = startServerProcess(configOn('single-writer-a.json5'));
+    try {
+      await first.waitFor((l) => l.msg === 'webhook receiver listening');
+      const second = await runCli(['start', '--config', configOn('single-writer-b.json5')], { timeoutMs: 15_000 });
+      assert.equal(second.code, 1, second.stderr);
+      assert.match(second.stderr, new RegExp(`in use by another gatehouse server \\(pid ${first.child.pid}\\)`));
+      const list = await runCli(['webhooks', 'deliveries', 'list', '--config', configOn('single-writer-cli.json5')]);
+      assert.equal(list.code, 0, list.stderr);
+      assert.match(list.stdout, /no events/);
+    } finally {
+      assert.equal(await first.stop(), 0);
+    }
+  });
+
   it('SIGHUP swaps in a new valid config (key rotation) and keeps the old one when the new is invalid', async () => {
     const oldKey = 'old-key-0123456789abcdefghijklmnopqrstuv';
     const newKey = 'new-key-0123456789abcdefghijklmnopqrstuv';

@@ -1,7 +1,8 @@
 /**
  * Proves the fake in test/helpers/fake-google.ts speaks Google's contracts well enough for the
  * official clients: @googleapis/gmail (googleapis-common + gaxios) and google-auth-library's
- * OAuth2Client, used exactly as the Gmail integration will use them.
+ * OAuth2Client, used exactly as the Gmail integration will use them; and that it refuses what
+ * Google's published discovery documents (test/fixtures/google/) do not allow.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
@@ -9,7 +10,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { gmail, type gmail_v1 } from '@googleapis/gmail';
 import { CodeChallengeMethod, OAuth2Client } from 'google-auth-library';
 import { createRemoteJWKSet, jwtVerify } from 'jose';
-import { FAKE_CLIENT, GMAIL_PUSH_SERVICE_ACCOUNT, SCOPES, startFakeGoogle, type FakeGoogle } from '../helpers/fake-google.js';
+import { DISCOVERY_METHODS, FAKE_CLIENT, GMAIL_PUSH_SERVICE_ACCOUNT, SCOPES, startFakeGoogle, type FakeGoogle } from '../helpers/fake-google.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 
 const PROJECT = FAKE_CLIENT.projectId;
@@ -93,7 +94,7 @@ async function ensureTopicAndGrant(fake: FakeGoogle, auth: OAuth2Client): Promis
     return false;
   });
   if (!exists) await pubsub(fake, auth, 'PUT', TOPIC, {});
-  const policy = await pubsub(fake, auth, 'POST', `${TOPIC}:getIamPolicy`, {});
+  const policy = await pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy`);
   const member = `serviceAccount:${GMAIL_PUSH_SERVICE_ACCOUNT}`;
   const bindings: { role: string; members: string[] }[] = policy.bindings ?? [];
   if (bindings.some((b) => b.role === 'roles/pubsub.publisher' && b.members.includes(member))) return;
@@ -271,7 +272,7 @@ describe('Pub/Sub v1 REST and Gmail watch', () => {
   });
 
   it('IAM: empty policy, grant with etag, stale etag refused, and a second setup changes nothing', async () => {
-    assert.deepEqual(await pubsub(fake, auth, 'POST', `${TOPIC}:getIamPolicy`, {}), { etag: 'ACAB' });
+    assert.deepEqual(await pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy`), { etag: 'ACAB' });
     const stale = await failure(pubsub(fake, auth, 'POST', `${TOPIC}:setIamPolicy`, { policy: { etag: 'BwZZZZZZZZ0=', bindings: [] } }));
     assert.equal(stale.status, 409);
     assert.equal(stale.data.error.status, 'ABORTED');
@@ -574,5 +575,110 @@ describe('failure injection and client retry behaviour', () => {
     assert.equal(fake.calls.filter((c) => c.path === '/token').length - n, 2);
     fake.failNext({ path: '/token' }, { status: 400, message: 'Bad Request', reason: 'invalid_grant' });
     assert.deepEqual((await failure(auth.refreshAccessToken())).data, { error: 'invalid_grant', error_description: 'Bad Request' });
+  });
+});
+
+describe('Google\'s published contract: the fake routes and checks by the discovery documents', () => {
+  let fake: FakeGoogle;
+  let auth: OAuth2Client;
+  before(async () => {
+    fake = await startFakeGoogle();
+    auth = await signIn(fake);
+  });
+  after(() => fake.close());
+  const last = () => fake.calls.at(-1)!;
+
+  it('each Gmail method in the extract is where @googleapis/gmail (generated from the same document) sends it', async () => {
+    const users = gmailClient(fake, auth).users as unknown as Record<string, any>;
+    const methods = [...DISCOVERY_METHODS].filter(([, m]) => m.api === 'gmail');
+    assert.ok(methods.length >= 6, methods.map(([id]) => id).join());
+    for (const [id, { path }] of methods) {
+      // gmail.users.history.list → users.history.list({ userId, … }): its path parameters only.
+      const [resource, verb] = [id.split('.').slice(2, -1), id.split('.').at(-1)!];
+      const target = resource.reduce((r, key) => r[key], users);
+      const params: Record<string, unknown> = Object.fromEntries([...path.matchAll(/\{\+?([^}]+)\}/g)].map(([, name]) => [name, name === 'userId' ? 'me' : '0000000000000000']));
+      if (verb === 'watch') params.requestBody = { topicName: TOPIC };
+      await target[verb].call(target, params).catch(() => undefined);
+      assert.equal(last().discoveryId, id, `${id}: ${last().method} ${last().path}`);
+      assert.equal(last().refused, undefined, `${id}: ${last().problem}`);
+    }
+  });
+
+  it('a wrong HTTP method or path gets Google\'s HTML 404 page: getIamPolicy is GET, not POST', async () => {
+    await pubsub(fake, auth, 'PUT', TOPIC, {});
+    const wrong = await fetch(`${fake.url}v1/${TOPIC}:getIamPolicy`, { method: 'POST', headers: { authorization: `Bearer ${auth.credentials.access_token}`, 'content-type': 'application/json' }, body: '{}' });
+    assert.equal(wrong.status, 404);
+    assert.match(wrong.headers.get('content-type')!, /^text\/html/);
+    const page = await wrong.text();
+    assert.match(page, /<title>Error 404 \(Not Found\)!!1<\/title>/);
+    assert.ok(page.includes(`The requested URL <code>/v1/${TOPIC}:getIamPolicy</code> was not found on this server.`));
+    assert.equal(last().refused, 'not-found');
+
+    const right = await pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy?options.requestedPolicyVersion=3`);
+    assert.equal(typeof right.etag, 'string');
+    assert.equal(last().discoveryId, 'pubsub.projects.topics.getIamPolicy');
+    for (const path of ['/v1/projects/gatehouse-test/topics/gatehouse-gmail:nope', '/gmail/v1/users/me/watches', '/v2/projects/p/topics/t', '/gmail/v1/users/me/messages/0000000000000000/labels']) {
+      const res = await fetch(`${fake.url}${path.slice(1)}`, { headers: { authorization: `Bearer ${auth.credentials.access_token}` } });
+      assert.equal(res.status, 404, path);
+      assert.match(res.headers.get('content-type')!, /^text\/html/, path);
+    }
+    // The path's documented pattern is part of the template: a topic name in a subscription's place is no method.
+    assert.equal((await failure(pubsub(fake, auth, 'GET', `projects/${PROJECT}/subscriptions/a/b`))).status, 404);
+    assert.equal(last().refused, 'not-found');
+  });
+
+  it('users.watch: labelFilterBehavior must be "include" or "exclude" (lower case); either proto3 spelling of the name is accepted', async () => {
+    await pubsub(fake, auth, 'POST', `${TOPIC}:setIamPolicy`, { policy: { bindings: [{ role: 'roles/pubsub.publisher', members: [`serviceAccount:${GMAIL_PUSH_SERVICE_ACCOUNT}`] }] } });
+    const users = gmailClient(fake, auth).users;
+    const upper = await failure(users.watch({ userId: 'me', requestBody: { topicName: TOPIC, labelIds: ['INBOX'], labelFilterBehavior: 'INCLUDE' } }));
+    assert.equal(upper.status, 400);
+    assert.equal(upper.data.error.status, 'INVALID_ARGUMENT');
+    assert.equal(upper.data.error.message, 'Invalid value at \'label_filter_behavior\' (TYPE_ENUM), "INCLUDE"');
+    assert.equal(last().refused, 'invalid');
+    assert.equal(fake.state.watches.size, 0, 'no watch made');
+
+    await users.watch({ userId: 'me', requestBody: { topicName: TOPIC, labelIds: ['INBOX'], labelFilterBehavior: 'include' } });
+    assert.equal(fake.state.watches.get('alice@example.com')!.labelFilterBehavior, 'include');
+    await users.watch({ userId: 'me', requestBody: { topic_name: TOPIC, label_ids: ['SPAM'], label_filter_behavior: 'exclude' } as object });
+    assert.deepEqual({ ...fake.state.watches.get('alice@example.com')!, historyId: '', expiration: '' }, { topicName: TOPIC, labelIds: ['SPAM'], labelFilterBehavior: 'exclude', historyId: '', expiration: '' });
+  });
+
+  it('an undocumented field, query parameter or enum value, or a wrong JSON type, is 400 INVALID_ARGUMENT', async () => {
+    const refused = async (call: Promise<unknown>, message: RegExp) => {
+      const res = await failure(call);
+      assert.equal(res.status, 400);
+      assert.equal(res.data.error.status, 'INVALID_ARGUMENT');
+      assert.match(res.data.error.message, message);
+      assert.equal(last().refused, 'invalid');
+    };
+    const sub = `projects/${PROJECT}/subscriptions/contract-check`;
+    await refused(pubsub(fake, auth, 'PUT', sub, { topic: TOPIC, pushConfig: { pushEndpoint: 'https://x.example/', oidc: {} } }),
+      /^Invalid JSON payload received\. Unknown name "oidc" at 'push_config': Cannot find field\.$/);
+    await refused(pubsub(fake, auth, 'PUT', sub, { topic: TOPIC, ackDeadlineSeconds: 'sixty' }), /^Invalid value at 'ack_deadline_seconds' \(TYPE_INT32\), "sixty"$/);
+    await refused(pubsub(fake, auth, 'GET', `${TOPIC}?view=FULL`), /Unknown name "view": Cannot bind query parameter/);
+    await refused(pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy?options.requestedPolicyVersion=three`), /\(TYPE_INT32\), "three"/);
+    await refused(pubsub(fake, auth, 'POST', `${TOPIC}:setIamPolicy`, { policy: { bindings: [{ role: 'roles/viewer', members: 'user:a@example.com' }] } }), /^Invalid value at 'policy\.bindings\[0\]\.members'/);
+    const users = gmailClient(fake, auth).users;
+    await refused(users.messages.get({ userId: 'me', id: '0000000000000000', format: 'FULL' }), /^Invalid value at 'format' \(TYPE_ENUM\), "FULL"$/);
+    await refused(users.history.list({ userId: 'me', startHistoryId: '1', historyTypes: ['MESSAGE_ADDED'] }), /'history_types' \(TYPE_ENUM\)/);
+    await refused(users.stop({ userId: 'me', requestBody: { now: true } } as object), /Unknown name "now": Cannot find field/);
+    // A documented value the resource rejects is the method's own 400, not the contract's.
+    assert.equal((await failure(pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy?options.requestedPolicyVersion=2`))).status, 400);
+    assert.equal(last().refused, undefined);
+  });
+
+  it('a documented method the fake does not serve answers 501, never a made-up success', async () => {
+    const res = await failure(pubsub(fake, auth, 'GET', `projects/${PROJECT}/topics`));
+    assert.equal(res.status, 501);
+    assert.equal(res.data.error.status, 'UNIMPLEMENTED');
+    assert.equal(last().discoveryId, 'pubsub.projects.topics.list');
+  });
+
+  it('failNext can answer the front end\'s HTML page (a 502 while the backend is down)', async () => {
+    fake.failNext({ path: `/v1/${TOPIC}` }, { status: 502, message: '', html: true });
+    const res = await fetch(`${fake.url}v1/${TOPIC}`, { headers: { authorization: `Bearer ${auth.credentials.access_token}` } });
+    assert.equal(res.status, 502);
+    assert.match(res.headers.get('content-type')!, /^text\/html/);
+    assert.match(await res.text(), /<b>502\.<\/b> <ins>That’s an error\.<\/ins>/);
   });
 });

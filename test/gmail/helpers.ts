@@ -107,8 +107,14 @@ export interface SetupRun extends CliResult {
  * process. When it prints the authorisation URL, the test plays the browser: GET it (the fake's
  * consent screen answers a 302), then GET the Location (the CLI's loopback listener).
  */
-export async function runSetup(fake: FakeGoogle, ws: Workspace, args: string[], options: { env?: NodeJS.ProcessEnv; timeoutMs?: number } = {}): Promise<SetupRun> {
-  const child = spawnCli(['webhooks', 'gmail', 'setup', '--account', ACCOUNT, '--config', ws.config, '--google-api-url', fake.url, '--no-browser', ...args], { env: options.env ?? ws.env });
+export async function runSetup(
+  fake: FakeGoogle,
+  ws: Workspace,
+  args: string[],
+  options: { env?: NodeJS.ProcessEnv; timeoutMs?: number; /** Pass --google-api-url <the fake> (default); false: the endpoints come from the config or client file. */ flag?: boolean } = {},
+): Promise<SetupRun> {
+  const endpoint = options.flag === false ? [] : ['--google-api-url', fake.url];
+  const child = spawnCli(['webhooks', 'gmail', 'setup', '--account', ACCOUNT, '--config', ws.config, ...endpoint, '--no-browser', ...args], { env: options.env ?? ws.env });
   const run: SetupRun = { code: null, stdout: '', stderr: '' };
   let browsing: Promise<void> | undefined;
   const look = () => {
@@ -130,6 +136,20 @@ export async function runSetup(fake: FakeGoogle, ws: Workspace, args: string[], 
   clearTimeout(timer);
   await browsing;
   return run;
+}
+
+/**
+ * The calls Google's published contract refuses (test/fixtures/google/: no documented method for
+ * the HTTP method and path, or a parameter, field or enum value the method does not document),
+ * as `METHOD path: problem`. Real Google would have failed each of them.
+ */
+export function contractRefusals(calls: RecordedCall[]): string[] {
+  return calls.filter((c) => c.refused).map((c) => `${c.method} ${c.path}: ${c.problem}`);
+}
+
+/** The documented methods these calls used, each once, in order of first use. */
+export function methodsUsed(calls: RecordedCall[]): string[] {
+  return [...new Set(calls.flatMap((c) => (c.discoveryId ? [c.discoveryId] : [])))];
 }
 
 /** The webhooks.gmail section setup printed (human output), parsed. */

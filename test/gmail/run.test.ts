@@ -12,8 +12,8 @@ import { request } from '../helpers/http.js';
 import { runCli, startServerProcess, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  ACCOUNT, accountRow, committedIds, ENDPOINT, newSecretKey, onCall, PROJECT, PUSH_SERVICE_ACCOUNT, PUSH_SUBSCRIPTION, pushesSettled, runSetup, startHoldingProxy,
-  startPushRelay, waitFor, webhooksWith, workspace, writeConfig, type PushRelay, type Workspace,
+  ACCOUNT, accountRow, committedIds, contractRefusals, ENDPOINT, methodsUsed, newSecretKey, onCall, PROJECT, PUSH_SERVICE_ACCOUNT, PUSH_SUBSCRIPTION, pushesSettled, runSetup,
+  startHoldingProxy, startPushRelay, waitFor, webhooksWith, workspace, writeConfig, type PushRelay, type Workspace,
 } from './helpers.js';
 
 const PULL_SUBSCRIPTION = `projects/${PROJECT}/subscriptions/gatehouse-gmail-pull`;
@@ -41,6 +41,14 @@ const delivery = (target: RecordingServer, mail: StoredEmail) => waitFor(`delive
 /** The Date header the fake's Gmail gives a message. */
 const dateHeader = (mail: StoredEmail) => new Date(Number(mail.internalDate)).toUTCString().replace('GMT', '+0000');
 
+/** The documented methods setup calls (test/fixtures/google/), whatever the mode. */
+const SETUP_METHODS = [
+  'gmail.users.getProfile',
+  'pubsub.projects.topics.get', 'pubsub.projects.topics.create', 'pubsub.projects.topics.getIamPolicy', 'pubsub.projects.topics.setIamPolicy',
+  'pubsub.projects.subscriptions.get', 'pubsub.projects.subscriptions.create',
+  'gmail.users.watch',
+];
+
 /** Runs `setup --json` and returns the webhooks.gmail section it printed. */
 async function setUp(fake: FakeGoogle, ws: Workspace, args: string[]): Promise<Record<string, any>> {
   const run = await runSetup(fake, ws, ['--credentials', ws.credentials, '--json', ...args]);
@@ -62,6 +70,7 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
   let server: ServerProcess;
   let hooks: string;
   let audience: string;
+  let section: Record<string, any>;
   const mails: StoredEmail[] = [];
 
   const start = async () => {
@@ -95,7 +104,7 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     ws = workspace();
     relay = await startPushRelay(ws);
     audience = `${relay.url}/webhook/gmail`;
-    const section = await setUp(fake, ws, ['--push-endpoint', audience, '--push-service-account', PUSH_SERVICE_ACCOUNT, '--include-body', '--template', 'Mail from {{from}}: {{subject}}']);
+    section = await setUp(fake, ws, ['--push-endpoint', audience, '--push-service-account', PUSH_SERVICE_ACCOUNT, '--include-body', '--template', 'Mail from {{from}}: {{subject}}']);
     writeConfig(ws, webhooksWith(section, target.url));
     await start();
   });
@@ -279,6 +288,30 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     assert.equal(log.includes(refresh!), false);
     assert.doesNotMatch(log, /ya29\./);
   });
+
+  it('every call setup and the push route made to Google is a documented method with documented parameters', () => {
+    assert.deepEqual(contractRefusals(fake.calls), []);
+    assert.deepEqual(methodsUsed(fake.calls).sort(), [...SETUP_METHODS, 'gmail.users.history.list', 'gmail.users.messages.get', 'gmail.users.messages.list'].sort());
+  });
+
+  it('an explicit push.jwksUri is the key set push tokens are checked against, even with googleApiUrl set', async () => {
+    const elsewhere = await startFakeGoogle(); // only its key set (and tokens signed with it)
+    try {
+      await pushesSettled(fake);
+      await server.stop();
+      assert.ok(section.googleApiUrl, 'the section names googleApiUrl');
+      writeConfig(ws, webhooksWith({ ...section, push: { ...section.push, jwksUri: elsewhere.jwksUrl } }, target.url));
+      await start();
+      // A notification for another mailbox: answered 204 once its token is verified, and nothing is read.
+      const body = notification('mallory@example.com', '1');
+      const signedThere = await push(body, await elsewhere.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT }));
+      assert.equal(signedThere.status, 204, 'a token from the configured key set is accepted');
+      const signedUnderApiUrl = await push(body, await fake.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT }));
+      assert.equal(signedUnderApiUrl.status, 401, 'the key set under googleApiUrl is not used');
+    } finally {
+      await elsewhere.close();
+    }
+  });
 });
 
 describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', () => {
@@ -328,6 +361,8 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     const renewed = await runner.waitFor((l) => l.msg === 'gmail watch renewed');
     assert.equal(fake.calls.filter((c) => c.path === '/gmail/v1/users/me/watch').length, watchesBefore + 1);
     assert.equal(renewed.expiration, new Date(Number(fake.state.watches.get(ACCOUNT)!.expiration)).toISOString());
+    assert.equal(fake.state.watches.get(ACCOUNT)!.labelFilterBehavior, 'include');
+    assert.deepEqual(contractRefusals(fake.calls), [], 'the renewal is what Gmail documents');
     assert.ok(accountRow(ws)!.watch_expiration > setupWatch, 'the new expiration is stored');
 
     const mail = fake.addEmail({ from: 'gina@example.com', subject: 'pulled', text: 'p' });
@@ -359,6 +394,20 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     assert.deepEqual(deliveryCounts(target), Object.fromEntries(mails.map((m) => [m.id, 1])));
     assert.deepEqual(committedIds(ws), mails.map((m) => m.id));
     assert.deepEqual(atAcks.at(-1), mails.map((m) => m.id), 'the retried notification was acknowledged only once committed');
+  });
+
+  it('an HTML 404 while reading a message is an error, not a deleted message: left for redelivery, then delivered once', async () => {
+    // What Google's front end (or a misrouting proxy) answers for a URL it does not serve.
+    fake.failNext({ method: 'GET', path: GMAIL_MESSAGE }, { status: 404, message: '', html: true });
+    const mail = fake.addEmail({ from: 'iris@example.com', subject: 'misrouted', text: 'm' });
+    mails.push(mail);
+    const failed = await runner!.waitFor((l) => l.msg === 'gmail notification not processed: left for redelivery' && /Google answered 404 Not Found to GET http:\/\/127\.0\.0\.1:\d+\/gmail\/v1\/users\/me\/messages\/[0-9a-f]{16}\./.test(l.problem));
+    assert.doesNotMatch(failed.problem, /<!DOCTYPE|<html/i);
+    assert.equal(committedIds(ws).includes(mail.id), false);
+    await delivery(target, mail);
+    await sleep(800);
+    assert.deepEqual(deliveryCounts(target), Object.fromEntries(mails.map((m) => [m.id, 1])));
+    assert.equal(runner!.lines.some((l) => l.msg === 'gmail message gone before it was read: skipped'), false, 'not skipped as deleted');
   });
 
   it('a failing renewal is logged at error level and shown by status as lastError', async () => {
@@ -397,5 +446,12 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
       await proxy.close();
       writeConfig(ws, webhooksWith({ ...section, pull: { intervalMs: 100 } }, target.url));
     }
+  });
+
+  it('every call setup, the renewals and the pull loop made to Google is a documented method with documented parameters', () => {
+    assert.deepEqual(contractRefusals(fake.calls), []);
+    assert.deepEqual(methodsUsed(fake.calls).sort(), [
+      ...SETUP_METHODS, 'pubsub.projects.subscriptions.pull', 'pubsub.projects.subscriptions.acknowledge', 'gmail.users.history.list', 'gmail.users.messages.get',
+    ].sort());
   });
 });

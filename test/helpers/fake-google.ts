@@ -4,12 +4,25 @@
  * push delivery with OIDC tokens. One node:http server on 127.0.0.1:0 serves every host, so the
  * official clients are pointed at it with `rootUrl` (googleapis) and `endpoints` (OAuth2Client).
  *
- * Paths, bodies and error envelopes follow Google's public REST contracts; only what the
- * integration uses is implemented. Anything else answers 404, as Google does for an unknown path.
+ * Sources, and what the fake refuses because the real service does:
+ * - Gmail v1 and Pub/Sub v1 are routed by Google's discovery documents (extracts in
+ *   test/fixtures/google/, each naming the document and revision it was taken from): a method
+ *   and path that match no documented method get the HTML 404 page googleapis.com's front end
+ *   serves; a query parameter or JSON field the method does not document, or a value outside a
+ *   documented enum or type, gets 400 INVALID_ARGUMENT (Google's JSON error envelope, AIP-193);
+ *   the scopes accepted are the method's own `scopes`.
+ * - OAuth 2.0: Google's "OAuth 2.0 for Mobile & Desktop Apps" guide (authorization endpoint,
+ *   PKCE, loopback redirect) and RFC 6749 §5.2 for the token endpoint's JSON errors
+ *   (`{"error":"invalid_grant","error_description":"…"}`).
+ * - Push: Pub/Sub's "Push subscriptions" and "Authentication for push" pages (body shape,
+ *   OIDC token claims, which statuses count as an ack, backoff).
+ * Only what the integration uses is implemented: a documented method the fake does not serve
+ * answers 501 UNIMPLEMENTED, never a made-up success.
  */
 import http from 'node:http';
 import https from 'node:https';
 import { createHash, randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { SignJWT, exportJWK, exportSPKI, generateKeyPair, type JWK } from 'jose';
 
@@ -60,6 +73,15 @@ export interface RecordedCall {
   body: unknown;
   /** The status the fake answered with. */
   status?: number;
+  /** The discovery method the call matched, e.g. 'pubsub.projects.topics.getIamPolicy'; undefined for OAuth and key sets. */
+  discoveryId?: string;
+  /**
+   * Set when Google's published contract refuses the call: 'not-found' (no documented method
+   * for this HTTP method and path: Google's HTML 404), 'invalid' (a parameter, field or enum
+   * value the method does not document: 400 INVALID_ARGUMENT). `problem` says which.
+   */
+  refused?: 'not-found' | 'invalid';
+  problem?: string;
 }
 
 export interface FailureMatcher {
@@ -77,6 +99,11 @@ export interface InjectedFailure {
   errorStatus?: string;
   /** How many matching requests fail. Default 1. */
   times?: number;
+  /**
+   * Answer with Google's front-end HTML error page (text/html) instead of a JSON error, as
+   * googleapis.com does for an unknown URL (404) or an unavailable backend (502, 503).
+   */
+  html?: boolean;
 }
 
 export interface NewEmail {
@@ -299,6 +326,227 @@ class GoogleError extends Error {
 
 const notFound = (resource: string) => new GoogleError(404, `Resource not found (resource=${resource}).`);
 const invalid = (message: string) => new GoogleError(400, message);
+/** A documented method this fake does not serve: say so, rather than invent an answer. */
+const unimplemented = (match: DiscoveryMatch) => new GoogleError(501, `fake-google: ${match.method.id} is documented but not implemented by the fake`, { status: 'UNIMPLEMENTED' });
+
+/**
+ * The page googleapis.com's front end (GFE) serves, as text/html, when no API method matches the
+ * URL (404: a wrong path, or a wrong HTTP method for it) or the backend is unreachable (502, 503).
+ * Its wording is what the GFE sends; the inline stylesheet and logo are left out.
+ */
+function frontEndPage(status: number, path: string): Reply {
+  const titles: Record<number, string> = { 404: 'Not Found', 502: 'Server Error', 503: 'Service Unavailable' };
+  const said = status === 404
+    ? `<p>The requested URL <code>${path.replace(/[<>&"]/g, '')}</code> was not found on this server.  <ins>That’s all we know.</ins>`
+    : '<p>The server encountered a temporary error and could not complete your request.<p>Please try again in 30 seconds.  <ins>That’s all we know.</ins>';
+  const body = `<!DOCTYPE html>\n<html lang=en>\n  <meta charset=utf-8>\n  <meta name=viewport content="initial-scale=1, minimum-scale=1, width=device-width">\n  <title>Error ${status} (${titles[status] ?? 'Error'})!!1</title>\n  <a href=//www.google.com/><span id=logo aria-label=Google></span></a>\n  <p><b>${status}.</b> <ins>That’s an error.</ins>\n  ${said}\n`;
+  return { status, body, headers: { 'content-type': 'text/html; charset=UTF-8', 'referrer-policy': 'no-referrer' } };
+}
+
+// ─── Google's published contract: the discovery documents ─────────────────────────────────
+
+interface DiscoveryParameter {
+  location?: 'path' | 'query';
+  type?: string;
+  format?: string;
+  pattern?: string;
+  enum?: string[];
+  repeated?: boolean;
+  required?: boolean;
+}
+
+interface DiscoveryMethod {
+  id: string;
+  httpMethod: string;
+  path: string;
+  parameters?: Record<string, DiscoveryParameter>;
+  request?: { $ref: string };
+  scopes?: string[];
+}
+
+interface DiscoverySchema {
+  type?: string;
+  $ref?: string;
+  format?: string;
+  enum?: string[];
+  properties?: Record<string, DiscoverySchema>;
+  additionalProperties?: DiscoverySchema;
+  items?: DiscoverySchema;
+}
+
+interface DiscoveryResource {
+  methods?: Record<string, DiscoveryMethod>;
+  resources?: Record<string, DiscoveryResource>;
+}
+
+interface DiscoveryDocument {
+  name: string;
+  revision: string;
+  servicePath: string;
+  parameters: Record<string, DiscoveryParameter>;
+  resources: Record<string, DiscoveryResource>;
+  schemas: Record<string, DiscoverySchema>;
+}
+
+/** A documented method matched by a request: its document, and its path parameters (decoded). */
+export interface DiscoveryMatch {
+  api: 'gmail' | 'pubsub';
+  method: DiscoveryMethod;
+  params: Record<string, string>;
+}
+
+interface CompiledMethod {
+  api: 'gmail' | 'pubsub';
+  doc: DiscoveryDocument;
+  method: DiscoveryMethod;
+  /** The template's custom verb (`…:getIamPolicy`), if any. */
+  verb: string | undefined;
+  regex: RegExp;
+  names: string[];
+}
+
+function loadDiscovery(file: string): DiscoveryDocument {
+  return JSON.parse(readFileSync(new URL(`../fixtures/google/${file}`, import.meta.url), 'utf8')) as DiscoveryDocument;
+}
+
+/** A path's last segment may end in a custom verb (`:getIamPolicy`), as in google.api.http templates. */
+function splitVerb(path: string): { rest: string; verb: string | undefined } {
+  const colon = path.indexOf(':', path.lastIndexOf('/') + 1);
+  return colon < 0 ? { rest: path, verb: undefined } : { rest: path.slice(0, colon), verb: path.slice(colon + 1) };
+}
+
+function compileMethods(api: 'gmail' | 'pubsub', doc: DiscoveryDocument): CompiledMethod[] {
+  const out: CompiledMethod[] = [];
+  const walk = (resource: DiscoveryResource) => {
+    for (const method of Object.values(resource.methods ?? {})) {
+      const { rest, verb } = splitVerb(`/${doc.servicePath}${method.path}`);
+      const names: string[] = [];
+      // RFC 6570 as discovery uses it: {+name} may span segments, {name} is one segment.
+      const source = rest.split(/(\{\+?[^}]+\})/).map((part) => {
+        const variable = /^\{(\+?)([^}]+)\}$/.exec(part);
+        if (!variable) return part.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+        names.push(variable[2]!);
+        return variable[1] ? '(.+)' : '([^/]+)';
+      }).join('');
+      out.push({ api, doc, method, verb, regex: new RegExp(`^${source}$`), names });
+    }
+    for (const child of Object.values(resource.resources ?? {})) walk(child);
+  };
+  for (const resource of Object.values(doc.resources)) walk(resource);
+  return out;
+}
+
+const DISCOVERY = {
+  gmail: loadDiscovery('gmail-v1.discovery.json'),
+  pubsub: loadDiscovery('pubsub-v1.discovery.json'),
+};
+const METHODS = [...compileMethods('gmail', DISCOVERY.gmail), ...compileMethods('pubsub', DISCOVERY.pubsub)];
+
+/** Every method in the discovery extracts the fake routes by, keyed by id (for contract tests). */
+export const DISCOVERY_METHODS: ReadonlyMap<string, { api: 'gmail' | 'pubsub'; httpMethod: string; path: string }> = new Map(
+  METHODS.map((m) => [m.method.id, { api: m.api, httpMethod: m.method.httpMethod, path: m.method.path }]),
+);
+
+/** The documented method for an HTTP method and a (percent-decoded) path, as Google's front end routes it. */
+export function matchDiscovery(httpMethod: string, path: string): DiscoveryMatch | undefined {
+  const { rest, verb } = splitVerb(path);
+  for (const compiled of METHODS) {
+    if (compiled.method.httpMethod !== httpMethod || compiled.verb !== verb) continue;
+    const found = compiled.regex.exec(rest);
+    if (!found) continue;
+    const params: Record<string, string> = {};
+    compiled.names.forEach((name, i) => (params[name] = found[i + 1]!));
+    // A variable's documented pattern is part of the template (`{name=projects/*/topics/*}`).
+    const fits = compiled.names.every((name) => {
+      const pattern = compiled.method.parameters?.[name]?.pattern;
+      return !pattern || new RegExp(pattern).test(params[name]!);
+    });
+    if (fits) return { api: compiled.api, method: compiled.method, params };
+  }
+  return undefined;
+}
+
+const snake = (name: string) => name.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+const camel = (name: string) => name.replace(/_([a-z0-9])/g, (_, c: string) => c.toUpperCase());
+
+/** The proto type name Google's JSON parser reports for a discovery type (in "Invalid value at …"). */
+function protoType(schema: DiscoverySchema): string {
+  if (schema.enum) return 'TYPE_ENUM';
+  if (schema.type === 'boolean') return 'TYPE_BOOL';
+  if (schema.type === 'integer') return schema.format === 'uint32' ? 'TYPE_UINT32' : 'TYPE_INT32';
+  if (schema.format === 'int64') return 'TYPE_INT64';
+  if (schema.format === 'uint64') return 'TYPE_UINT64';
+  return 'TYPE_STRING';
+}
+
+/**
+ * Checks a matched call's query parameters and JSON body against its method, the way Google's
+ * JSON/HTTP transcoding does (proto3 JSON: lowerCamel or original snake_case names, enums by
+ * name, 64-bit integers as strings or numbers). Returns the INVALID_ARGUMENT message, or undefined.
+ */
+export function contractProblem(match: DiscoveryMatch, query: URLSearchParams, body: unknown): string | undefined {
+  const doc = DISCOVERY[match.api];
+  const { method } = match;
+  for (const key of new Set(query.keys())) {
+    const param = method.parameters?.[key]?.location === 'query' ? method.parameters[key] : doc.parameters[key];
+    if (!param) return `Invalid JSON payload received. Unknown name "${key}": Cannot bind query parameter. Field '${key}' could not be found in request message.`;
+    for (const value of query.getAll(key)) {
+      if (!scalarFits(param, value, true)) return `Invalid value at '${snake(key)}' (${protoType(param)}), "${value}"`;
+    }
+  }
+  for (const [name, param] of Object.entries(method.parameters ?? {})) {
+    if (param.location === 'query' && param.required && !query.has(name)) return `Invalid argument: required query parameter '${name}' is missing.`;
+  }
+  if (body === undefined) return undefined;
+  if (!method.request) {
+    const keys = body !== null && typeof body === 'object' && !Array.isArray(body) ? Object.keys(body) : [];
+    return keys.length ? `Invalid JSON payload received. Unknown name "${keys[0]}": Cannot find field.` : undefined;
+  }
+  return valueProblem(doc, { $ref: method.request.$ref }, body, '');
+}
+
+function scalarFits(schema: DiscoverySchema, value: unknown, fromQuery: boolean): boolean {
+  if (schema.enum) return typeof value === 'string' && schema.enum.includes(value);
+  switch (schema.type) {
+    case 'boolean':
+      return fromQuery ? value === 'true' || value === 'false' : typeof value === 'boolean';
+    case 'integer':
+      return (typeof value === 'number' && Number.isInteger(value)) || (typeof value === 'string' && /^-?\d+$/.test(value));
+    case 'string':
+      // proto3 JSON: a 64-bit integer may come as a JSON number too.
+      return typeof value === 'string' || ((schema.format === 'int64' || schema.format === 'uint64') && typeof value === 'number' && Number.isInteger(value));
+    default:
+      return true;
+  }
+}
+
+function valueProblem(doc: DiscoveryDocument, schema: DiscoverySchema, value: unknown, at: string): string | undefined {
+  const resolved = schema.$ref ? doc.schemas[schema.$ref] : schema;
+  // A schema this extract leaves out is not checked (see test/fixtures/google/README.md).
+  if (!resolved || value === null) return undefined;
+  const where = at ? ` at '${at}'` : '';
+  if (resolved.type === 'object') {
+    if (typeof value !== 'object' || Array.isArray(value)) return `Invalid value${where} (TYPE_MESSAGE), ${JSON.stringify(value)}`;
+    for (const [key, child] of Object.entries(value as Record<string, unknown>)) {
+      const path = at ? `${at}.${snake(camel(key))}` : snake(camel(key));
+      const property = resolved.properties?.[key] ?? resolved.properties?.[camel(key)];
+      const next = property ?? resolved.additionalProperties;
+      if (!next) return `Invalid JSON payload received. Unknown name "${key}"${where}: Cannot find field.`;
+      const problem = valueProblem(doc, next, child, resolved.additionalProperties && !property ? `${at}[${key}]` : path);
+      if (problem) return problem;
+    }
+    return undefined;
+  }
+  if (resolved.type === 'array') {
+    if (!Array.isArray(value)) return `Invalid value${where} (TYPE_STRING), ${JSON.stringify(value)}`;
+    for (const [i, item] of value.entries()) {
+      const problem = valueProblem(doc, resolved.items ?? {}, item, `${at}[${i}]`);
+      if (problem) return problem;
+    }
+    return undefined;
+  }
+  return scalarFits(resolved, value, false) ? undefined : `Invalid value${where} (${protoType(resolved)}), ${JSON.stringify(value)}`;
+}
 
 // ─── Server ─────────────────────────────────────────────────────────────────────────────────
 
@@ -308,6 +556,8 @@ interface Exchange {
   url: URL;
   headers: http.IncomingHttpHeaders;
   body: unknown;
+  /** The documented method this call matched (Gmail, Pub/Sub); undefined for OAuth. */
+  match?: DiscoveryMatch;
 }
 
 interface Reply {
@@ -451,12 +701,21 @@ class FakeGoogleServer implements FakeGoogle {
     const method = req.method ?? 'GET';
     const call: RecordedCall = { method, path, query: queryObject(url.searchParams), body: undefined };
     this.calls.push(call);
-    const flavour = flavourOf(path);
+    const match = isOAuthPath(path) ? undefined : matchDiscovery(method, path);
+    call.discoveryId = match?.method.id;
+    const flavour = flavourOf(path, match);
     let reply: Reply;
     try {
       call.body = parseBody(raw, req.headers['content-type']);
-      const x: Exchange = { method, path, url, headers: req.headers, body: call.body };
-      reply = this.injectedFailure(x, flavour) ?? (await this.route(x));
+      const x: Exchange = { method, path, url, headers: req.headers, body: call.body, match };
+      if (match) {
+        call.problem = contractProblem(match, url.searchParams, call.body);
+        if (call.problem) call.refused = 'invalid';
+      } else if (!this.oauthRoute(x)) {
+        call.refused = 'not-found';
+        call.problem = `no documented method for ${method} ${path}`;
+      }
+      reply = this.injectedFailure(x, flavour) ?? (await this.route(x, call.problem));
     } catch (err) {
       reply = errorReply(err instanceof GoogleError ? err : new GoogleError(500, `fake-google: ${(err as Error).message}`), flavour);
     }
@@ -471,20 +730,27 @@ class FakeGoogleServer implements FakeGoogle {
     res.end(text);
   }
 
-  private route(x: Exchange): Reply | Promise<Reply> {
+  /** OAuth's endpoints and the key sets: not in any discovery document (see the header for their sources). */
+  private oauthRoute(x: Exchange): (() => Reply | Promise<Reply>) | undefined {
     const { method, path } = x;
-    // OAuth and key sets.
-    if (method === 'GET' && path === '/o/oauth2/v2/auth') return this.authorize(x);
-    if (method === 'POST' && path === '/token') return this.token(x);
-    if (method === 'GET' && path === '/oauth2/v3/certs') return this.jwks();
-    if (method === 'GET' && path === '/oauth2/v1/certs') return this.pemCerts();
-    // Pub/Sub: /v1/projects/{p}/{topics|subscriptions}/{name}[:verb]
-    const ps = /^\/v1\/projects\/([^/]+)\/(topics|subscriptions)\/([^/:]+)(?::(\w+))?$/.exec(path);
-    if (ps) return this.pubsub(x, `projects/${ps[1]}/${ps[2]}/${ps[3]}`, ps[2] as 'topics' | 'subscriptions', ps[3]!, ps[4]);
-    // Gmail: /gmail/v1/users/{userId}/{resource}[/{id}]
-    const gm = /^\/gmail\/v1\/users\/([^/]+)\/(profile|watch|stop|history|messages)(?:\/([^/]+))?$/.exec(path);
-    if (gm) return this.gmail(x, gm[1]!, gm[2]!, gm[3]);
-    throw new GoogleError(404, `fake-google: no route for ${method} ${path}`);
+    // Google serves the consent screen at both /o/oauth2/auth (client_secret.json's auth_uri) and /o/oauth2/v2/auth.
+    if (method === 'GET' && (path === '/o/oauth2/v2/auth' || path === '/o/oauth2/auth')) return () => this.authorize(x);
+    if (method === 'POST' && path === '/token') return () => this.token(x);
+    if (method === 'GET' && path === '/oauth2/v3/certs') return () => this.jwks();
+    if (method === 'GET' && path === '/oauth2/v1/certs') return () => this.pemCerts();
+    return undefined;
+  }
+
+  private route(x: Exchange, problem: string | undefined): Reply | Promise<Reply> {
+    const oauth = this.oauthRoute(x);
+    if (oauth) return oauth();
+    const { match } = x;
+    // No documented method: googleapis.com's front end answers its HTML 404, whatever the API.
+    if (!match) return frontEndPage(404, x.path);
+    const service = match.api === 'gmail' ? 'gmail.googleapis.com' : 'pubsub.googleapis.com';
+    const grant = this.authenticate(x, match.method.scopes ?? [], service);
+    if (problem) throw new GoogleError(400, problem, { reason: 'invalidArgument' });
+    return match.api === 'gmail' ? this.gmail(x, grant, match) : this.pubsub(x, match);
   }
 
   private injectedFailure(x: Exchange, flavour: Flavour): Reply | undefined {
@@ -494,6 +760,7 @@ class FakeGoogleServer implements FakeGoogle {
     const entry = this.failures[i]!;
     if (--entry.left <= 0) this.failures.splice(i, 1);
     const f = entry.failure;
+    if (f.html) return frontEndPage(f.status, x.path);
     return errorReply(new GoogleError(f.status, f.message, { status: f.errorStatus, reason: f.reason, infoReason: f.reason }), flavour);
   }
 
@@ -652,17 +919,19 @@ class FakeGoogleServer implements FakeGoogle {
 
   // ─── Cloud Pub/Sub v1 (pubsub.googleapis.com/v1/…) ──────────────────────────────────────
 
-  private pubsub(x: Exchange, name: string, kind: 'topics' | 'subscriptions', shortName: string, verb: string | undefined): Reply {
-    this.authenticate(x, [SCOPES.pubsub, SCOPES.cloudPlatform], 'pubsub.googleapis.com');
+  private pubsub(x: Exchange, match: DiscoveryMatch): Reply {
     const body = (x.body ?? {}) as Record<string, any>;
-    const key = `${x.method} ${kind}${verb ? `:${verb}` : ''}`;
-    switch (key) {
-      case 'GET topics': {
+    // Each method's one path parameter is the resource's full name (`projects/p/topics/t`).
+    const name = Object.values(match.params)[0]!;
+    const shortName = name.split('/').pop()!;
+    const id = match.method.id.replace(/^pubsub\.projects\./, '');
+    switch (id) {
+      case 'topics.get': {
         const topic = this.topics.get(name);
         if (!topic) throw notFound(shortName);
         return ok(topic);
       }
-      case 'PUT topics': {
+      case 'topics.create': {
         if (!validResourceId(shortName)) throw invalid(`Invalid [topics] name: (name=${name})`);
         if (this.topics.has(name)) throw new GoogleError(409, `Resource already exists in the project (resource=${shortName}).`);
         const topic: Topic = { name, ...(body.labels ? { labels: body.labels } : {}) };
@@ -670,12 +939,15 @@ class FakeGoogleServer implements FakeGoogle {
         this.iamPolicies.set(name, { etag: 'ACAB' });
         return ok(topic);
       }
-      case 'POST topics:getIamPolicy': {
+      case 'topics.getIamPolicy': {
+        // "Valid values are 0, 1, and 3. Requests specifying an invalid value will be rejected."
+        const version = x.url.searchParams.get('options.requestedPolicyVersion');
+        if (version !== null && !['0', '1', '3'].includes(version)) throw invalid(`Invalid requested policy version: ${version}. Valid values are 0, 1, and 3.`);
         const policy = this.iamPolicies.get(name);
         if (!policy) throw notFound(shortName);
         return ok(policy);
       }
-      case 'POST topics:setIamPolicy': {
+      case 'topics.setIamPolicy': {
         const current = this.iamPolicies.get(name);
         if (!current) throw notFound(shortName);
         const policy = body.policy as IamPolicy | undefined;
@@ -695,12 +967,12 @@ class FakeGoogleServer implements FakeGoogle {
         this.iamPolicies.set(name, next);
         return ok(next);
       }
-      case 'GET subscriptions': {
+      case 'subscriptions.get': {
         const sub = this.subscriptions.get(name);
         if (!sub) throw notFound(shortName);
         return ok(sub);
       }
-      case 'PUT subscriptions': {
+      case 'subscriptions.create': {
         if (!validResourceId(shortName)) throw invalid(`Invalid [subscriptions] name: (name=${name})`);
         if (this.subscriptions.has(name)) throw new GoogleError(409, `Resource already exists in the project (resource=${shortName}).`);
         if (typeof body.topic !== 'string' || !body.topic) throw invalid('Invalid resource name given (name=). Refer to https://cloud.google.com/pubsub/docs/pubsub-basics#resource_names for more information.');
@@ -717,7 +989,7 @@ class FakeGoogleServer implements FakeGoogle {
         this.deliveries.set(name, []);
         return ok(sub);
       }
-      case 'PATCH subscriptions': {
+      case 'subscriptions.patch': {
         const sub = this.subscriptions.get(name);
         if (!sub) throw notFound(shortName);
         const mask = typeof body.updateMask === 'string' ? body.updateMask.split(',').map((s: string) => s.trim()).filter(Boolean) : [];
@@ -735,7 +1007,7 @@ class FakeGoogleServer implements FakeGoogle {
         this.pump(name);
         return ok(next);
       }
-      case 'POST subscriptions:pull': {
+      case 'subscriptions.pull': {
         if (!this.subscriptions.has(name)) throw notFound(shortName);
         const max = Number(body.maxMessages);
         if (!Number.isInteger(max) || max <= 0) throw invalid('max_messages must be a positive integer.');
@@ -749,7 +1021,7 @@ class FakeGoogleServer implements FakeGoogle {
         // proto3 JSON: an empty repeated field is omitted, so "no messages" is `{}`.
         return ok(receivedMessages.length ? { receivedMessages } : {});
       }
-      case 'POST subscriptions:acknowledge': {
+      case 'subscriptions.acknowledge': {
         if (!this.subscriptions.has(name)) throw notFound(shortName);
         const ids: unknown = body.ackIds;
         if (!Array.isArray(ids) || !ids.length) throw invalid('No ack ids specified.');
@@ -765,7 +1037,7 @@ class FakeGoogleServer implements FakeGoogle {
         return ok({});
       }
     }
-    throw new GoogleError(404, `fake-google: no route for ${x.method} ${x.path}`);
+    throw unimplemented(match);
   }
 
   private ackDeadlineMs(subscription: string): number {
@@ -893,8 +1165,8 @@ class FakeGoogleServer implements FakeGoogle {
 
   // ─── Gmail v1 (gmail.googleapis.com/gmail/v1/users/{userId}/…) ──────────────────────────
 
-  private gmail(x: Exchange, userId: string, resource: string, id: string | undefined): Reply {
-    const grant = this.authenticate(x, [SCOPES.mail, SCOPES.gmailModify, SCOPES.gmailReadonly, SCOPES.gmailMetadata], 'gmail.googleapis.com');
+  private gmail(x: Exchange, grant: Grant, match: DiscoveryMatch): Reply {
+    const { userId, id } = match.params as { userId: string; id?: string };
     if (userId !== 'me' && userId.toLowerCase() !== grant.account.toLowerCase()) {
       throw new GoogleError(403, `Delegation denied for ${grant.account}`, { reason: 'forbidden' });
     }
@@ -902,22 +1174,21 @@ class FakeGoogleServer implements FakeGoogle {
     const q = x.url.searchParams;
     const fullScopes: string[] = [SCOPES.mail, SCOPES.gmailModify, SCOPES.gmailReadonly];
     const metadataOnly = !grant.scopes.some((s) => fullScopes.includes(s));
-    const route = `${x.method} ${resource}${id ? '/:id' : ''}`;
-    switch (route) {
-      case 'GET profile':
+    switch (match.method.id) {
+      case 'gmail.users.getProfile':
         return ok({ emailAddress: box.emailAddress, messagesTotal: box.messages.length, threadsTotal: new Set(box.messages.map((m) => m.threadId)).size, historyId: String(box.historyId) });
-      case 'POST watch':
+      case 'gmail.users.watch':
         return ok(this.watch(grant, box, (x.body ?? {}) as Record<string, any>));
-      case 'POST stop':
+      case 'gmail.users.stop':
         this.watches.delete(box.emailAddress);
         return { status: 204 };
-      case 'GET history':
+      case 'gmail.users.history.list':
         return ok(listHistory(box, q));
-      case 'GET messages': {
+      case 'gmail.users.messages.list': {
         if (q.get('q') && metadataOnly) throw new GoogleError(403, "Metadata scope does not support 'q' parameter", { reason: 'forbidden' });
         return ok(listMessages(box, q));
       }
-      case 'GET messages/:id': {
+      case 'gmail.users.messages.get': {
         const message = box.messages.find((m) => m.id === id);
         if (!message) {
           if (!/^[0-9a-f]{16}$/.test(id!)) throw new GoogleError(400, 'Invalid id value', { reason: 'invalidArgument' });
@@ -925,11 +1196,11 @@ class FakeGoogleServer implements FakeGoogle {
         }
         const format = q.get('format') ?? 'full';
         if (format === 'full' && metadataOnly) throw new GoogleError(403, "Metadata scope doesn't allow format FULL", { reason: 'forbidden' });
-        if (format !== 'full' && format !== 'metadata' && format !== 'minimal') throw new GoogleError(400, `fake-google: format=${format} is not implemented`, { reason: 'invalidArgument' });
+        if (format === 'raw') throw unimplemented(match);
         return ok(renderMessage(message, format, q.getAll('metadataHeaders')));
       }
     }
-    throw new GoogleError(404, `fake-google: no route for ${x.method} ${x.path}`);
+    throw unimplemented(match);
   }
 
   private mailbox(account: string): Mailbox {
@@ -945,7 +1216,7 @@ class FakeGoogleServer implements FakeGoogle {
   /** users.watch: checks the topic the way Gmail does (same project, exists, Gmail may publish). */
   private watch(grant: Grant, box: Mailbox, body: Record<string, any>): { historyId: string; expiration: string } {
     const client = this.clients.get(grant.clientId)!;
-    const topicName = body.topicName;
+    const topicName = body.topicName ?? body.topic_name;
     if (typeof topicName !== 'string' || !topicName.startsWith(`projects/${client.projectId}/topics/`)) {
       throw new GoogleError(400, `Invalid topicName does not match projects/${client.projectId}/topics/*`, { reason: 'invalidArgument' });
     }
@@ -955,11 +1226,13 @@ class FakeGoogleServer implements FakeGoogle {
     if (!this.gmailMayPublish(topicName)) {
       throw new GoogleError(403, `Error sending test message to Cloud PubSub ${topicName} : User not authorized to perform this action.`, { reason: 'forbidden' });
     }
-    const behavior = String(body.labelFilterBehavior ?? body.labelFilterAction ?? 'include').toLowerCase();
-    if (behavior !== 'include' && behavior !== 'exclude') throw new GoogleError(400, `Invalid value for labelFilterBehavior: ${behavior}`, { reason: 'invalidArgument' });
+    // The enum ("include" | "exclude") is checked against the discovery document before this
+    // runs. labelFilterBehavior replaces the deprecated labelFilterAction: "if set,
+    // label_filter_action is ignored". Either may come in proto3's snake_case spelling.
+    const behavior: 'include' | 'exclude' = body.labelFilterBehavior ?? body.label_filter_behavior ?? body.labelFilterAction ?? body.label_filter_action ?? 'include';
     const watch: GmailWatch = {
       topicName,
-      labelIds: Array.isArray(body.labelIds) ? body.labelIds.map(String) : [],
+      labelIds: (body.labelIds ?? body.label_ids ?? []).map(String),
       labelFilterBehavior: behavior,
       historyId: String(box.historyId),
       expiration: String(Date.now() + this.timing.watchTtlMs),
@@ -1183,12 +1456,15 @@ function ok(body: unknown): Reply {
   return { status: 200, body };
 }
 
-function flavourOf(path: string): Flavour {
+function flavourOf(path: string, match: DiscoveryMatch | undefined): Flavour {
   if (path === '/token') return 'oauth';
   if (path.startsWith('/o/oauth2/')) return 'page';
-  if (path.startsWith('/gmail/')) return 'gmail';
-  if (path.startsWith('/v1/')) return 'pubsub';
-  return 'other';
+  return match?.api ?? 'other';
+}
+
+/** Paths served by OAuth (accounts.google.com, oauth2.googleapis.com) and the key sets (www.googleapis.com/oauth2). */
+function isOAuthPath(path: string): boolean {
+  return path === '/token' || path.startsWith('/o/oauth2/') || path.startsWith('/oauth2/');
 }
 
 /** Renders an error the way the matching Google front end does. */

@@ -1,26 +1,15 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, it } from 'node:test';
 import Database from 'better-sqlite3';
-import type { WebhookAction } from '../../src/config/schema.js';
-import { IDEMPOTENCY_WINDOW_MS, SqliteEventStore, type NewEvent } from '../../src/webhooks/store.js';
-
-const T0 = Date.UTC(2024, 0, 15, 12, 0, 0);
-const LEASE = 30_000;
-const ID = /^evt_[0-9a-z]{9}[0-9a-f]{20}$/;
-
-/** A webhook as the receiver hands it over; the envelope records the id it was built with. */
-function event(overrides: Partial<Omit<NewEvent, 'envelope'>> = {}): NewEvent {
-  return {
-    endpoint: '/webhook/github',
-    action: 'message',
-    receivedAt: T0,
-    ...overrides,
-    envelope: (id) => JSON.stringify({ id, payload: { n: 1 } }),
-  };
-}
+import { SqliteEventStore } from '../../src/storage/sqlite/events.js';
+import { acquireWriterLock } from '../../src/storage/sqlite/writer-lock.js';
+import { UsageError } from '../../src/errors.js';
+import { ROOT } from '../helpers/process.js';
+import { event, eventStoreContract, T0 } from './store-contract.js';
 
 /** The schema as the version before replay keys created it: such files must still open. */
 const PREVIOUS_SCHEMA = `
@@ -52,11 +41,39 @@ CREATE TABLE attempts (
 );
 `;
 
-function attempt(n: number, at = T0, status: number | null = 503, error: string | null = null) {
-  return { attempt: n, at, status, error, durationMs: 12.4 };
-}
+describe('SqliteEventStore: the EventStore contract', () => {
+  let dir: string;
+  let file: string;
+  const connections: Database.Database[] = [];
+  const count = (sql: string, ...params: unknown[]) => {
+    const db = new Database(file, { readonly: true });
+    connections.push(db);
+    return (db.prepare(sql).get(...params) as { n: number }).n;
+  };
+  eventStoreContract({
+    driver: 'sqlite',
+    async open() {
+      dir = mkdtempSync(path.join(os.tmpdir(), 'gatehouse-store-'));
+      file = path.join(dir, 'nested', 'events.db');
+      return new SqliteEventStore(file);
+    },
+    async other() {
+      return new SqliteEventStore(file);
+    },
+    async countReplayKeys() {
+      return count('SELECT COUNT(*) AS n FROM event_replay_keys');
+    },
+    async countAttempts(id) {
+      return count('SELECT COUNT(*) AS n FROM attempts WHERE event_id = ?', id);
+    },
+    async reset() {
+      for (const db of connections.splice(0)) db.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  });
+});
 
-describe('SqliteEventStore', () => {
+describe('SqliteEventStore: the file', () => {
   let dir: string;
   let file: string;
   let store: SqliteEventStore;
@@ -67,10 +84,6 @@ describe('SqliteEventStore', () => {
     const db = new Database(file, { readonly: true });
     opened.push(db);
     return db;
-  }
-
-  async function acceptAt(receivedAt: number, action: WebhookAction = 'message'): Promise<string> {
-    return (await store.accept(event({ receivedAt, action }))).id;
   }
 
   beforeEach(() => {
@@ -85,76 +98,6 @@ describe('SqliteEventStore', () => {
     rmSync(dir, { recursive: true, force: true });
   });
 
-  describe('accept', () => {
-    it('returns an evt_ id, builds the envelope with it, and the row is committed when it resolves', async () => {
-      const result = await store.accept(event());
-      assert.equal(result.duplicate, false);
-      assert.match(result.id, ID);
-
-      const row = otherConnection().prepare('SELECT id, status, envelope, received_at, next_attempt_at FROM events WHERE id = ?').get(result.id) as
-        | { id: string; status: string; envelope: string; received_at: number; next_attempt_at: number }
-        | undefined;
-      assert.ok(row, 'another connection sees the committed row');
-      assert.equal(row.status, 'queued');
-      assert.equal(row.received_at, T0);
-      assert.equal(row.next_attempt_at, T0, 'due as soon as received');
-      assert.deepEqual(JSON.parse(row.envelope), { id: result.id, payload: { n: 1 } });
-    });
-
-    it('a second store on the same file reads the event back', async () => {
-      const { id } = await store.accept(event({ idempotencyKey: 'delivery-1' }));
-      const second = new SqliteEventStore(file);
-      opened.push({ close: () => second.close() });
-      const got = await second.get(id);
-      assert.ok(got);
-      assert.deepEqual(got.event, {
-        id,
-        endpoint: '/webhook/github',
-        action: 'message',
-        idempotencyKey: 'delivery-1',
-        receivedAt: T0,
-        envelope: JSON.stringify({ id, payload: { n: 1 } }),
-        status: 'queued',
-        attempts: 0,
-        roundAttempts: 0,
-        nextAttemptAt: T0,
-        lastError: null,
-        deliveredAt: null,
-      });
-      assert.deepEqual(got.attempts, []);
-    });
-
-    it('stores every one of many accepts made in the same tick (group commit), with distinct ids', async () => {
-      const count = 250;
-      const results = await Promise.all(Array.from({ length: count }, (_, i) => store.accept(event({ receivedAt: T0 + (i % 3), idempotencyKey: `k${i}` }))));
-      const ids = new Set(results.map((r) => r.id));
-      assert.equal(ids.size, count);
-      assert.ok(results.every((r) => !r.duplicate && ID.test(r.id)));
-      const rows = otherConnection().prepare('SELECT id FROM events').all() as { id: string }[];
-      assert.equal(rows.length, count);
-      assert.deepEqual(new Set(rows.map((r) => r.id)), ids);
-    });
-
-    it('ids sort by time of receipt', async () => {
-      const later = await acceptAt(T0 + 1);
-      const earlier = await acceptAt(T0);
-      const much = await acceptAt(T0 + 86_400_000 * 400);
-      assert.deepEqual([much, later, earlier].sort(), [earlier, later, much]);
-    });
-
-    it('commits accepts still pending when close() is called', async () => {
-      const pending = store.accept(event());
-      await store.close();
-      const { id } = await pending;
-      assert.ok(otherConnection().prepare('SELECT 1 FROM events WHERE id = ?').get(id));
-    });
-
-    it('rejects after close() (so the receiver can answer 503)', async () => {
-      await store.close();
-      await assert.rejects(store.accept(event()));
-      await assert.rejects(store.accept(event({ idempotencyKey: 'k' })));
-    });
-
     it('sets WAL journal mode, synchronous=FULL and foreign keys', () => {
       assert.equal(otherConnection().pragma('journal_mode', { simple: true }), 'wal');
       // synchronous is per connection: read the store's own (private) connection.
@@ -162,118 +105,6 @@ describe('SqliteEventStore', () => {
       assert.ok(own instanceof Database, 'the store keeps its connection in `db`');
       assert.equal(own.pragma('synchronous', { simple: true }), 2, 'FULL');
       assert.equal(own.pragma('foreign_keys', { simple: true }), 1);
-    });
-  });
-
-  describe('idempotency', () => {
-    it('the same (endpoint, key) within 24 h is a duplicate carrying the original id, and stores nothing', async () => {
-      let built = 0;
-      const original = await store.accept(event({ idempotencyKey: 'gh-1' }));
-      const repeat = await store.accept({ ...event({ idempotencyKey: 'gh-1', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS - 1 }), envelope: (id) => (built++, id) });
-      assert.deepEqual(repeat, { id: original.id, duplicate: true });
-      assert.equal(built, 0, 'no envelope built for a duplicate');
-      assert.equal((await store.list({})).length, 1);
-    });
-
-    it('repeats inside one group commit are recognised too', async () => {
-      const [a, b, c] = await Promise.all([
-        store.accept(event({ idempotencyKey: 'same' })),
-        store.accept(event({ idempotencyKey: 'same' })),
-        store.accept(event({ idempotencyKey: 'same', endpoint: '/webhook/other' })),
-      ]);
-      assert.equal(a!.duplicate, false);
-      assert.deepEqual(b, { id: a!.id, duplicate: true });
-      assert.equal(c!.duplicate, false);
-      assert.notEqual(c!.id, a!.id);
-    });
-
-    it('the same key on a different endpoint is a new event', async () => {
-      const first = await store.accept(event({ idempotencyKey: 'k' }));
-      const other = await store.accept(event({ idempotencyKey: 'k', endpoint: '/webhook/stripe' }));
-      assert.equal(other.duplicate, false);
-      assert.notEqual(other.id, first.id);
-    });
-
-    it('events without a key are never duplicates', async () => {
-      const a = await store.accept(event());
-      const b = await store.accept(event());
-      assert.equal(b.duplicate, false);
-      assert.notEqual(a.id, b.id);
-    });
-
-    it('after the 24 h window the key is a new event, which then becomes the one repeats map to', async () => {
-      const first = await store.accept(event({ idempotencyKey: 'k' }));
-      const later = T0 + IDEMPOTENCY_WINDOW_MS + 1;
-      const second = await store.accept(event({ idempotencyKey: 'k', receivedAt: later }));
-      assert.equal(second.duplicate, false);
-      assert.notEqual(second.id, first.id);
-      const third = await store.accept(event({ idempotencyKey: 'k', receivedAt: later + 1_000 }));
-      assert.deepEqual(third, { id: second.id, duplicate: true });
-      // The first event is kept (it may still be delivering), only its key is forgotten.
-      assert.equal((await store.get(first.id))?.event.idempotencyKey, null);
-      assert.equal((await store.get(second.id))?.event.idempotencyKey, 'k');
-    });
-
-    it('exactly 24 h later is already outside the window', async () => {
-      const first = await store.accept(event({ idempotencyKey: 'k' }));
-      const again = await store.accept(event({ idempotencyKey: 'k', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS }));
-      assert.equal(again.duplicate, false);
-      assert.notEqual(again.id, first.id);
-    });
-  });
-
-  describe('replay keys (signed requests without a timestamp)', () => {
-    it('the same (endpoint, replay key) is a duplicate of the first event under any delivery id, long after the idempotency window', async () => {
-      let built = 0;
-      const original = await store.accept(event({ idempotencyKey: 'delivery-1', replayKey: 'sig-1' }));
-      for (const [idempotencyKey, receivedAt] of [['delivery-2', T0 + 1], [undefined, T0 + 2], ['delivery-1', T0 + IDEMPOTENCY_WINDOW_MS * 30]] as const) {
-        const replay = await store.accept({ ...event({ idempotencyKey, replayKey: 'sig-1', receivedAt }), envelope: (id) => (built++, id) });
-        assert.deepEqual(replay, { id: original.id, duplicate: true }, `${idempotencyKey} at +${receivedAt - T0} ms`);
-      }
-      assert.equal(built, 0, 'no envelope built for a replay');
-      assert.equal((await store.list({})).length, 1);
-    });
-
-    it('a replay under a new delivery id leaves that id unremembered', async () => {
-      await store.accept(event({ idempotencyKey: 'delivery-1', replayKey: 'sig-1' }));
-      assert.equal((await store.accept(event({ idempotencyKey: 'delivery-2', replayKey: 'sig-1' }))).duplicate, true);
-      const fresh = await store.accept(event({ idempotencyKey: 'delivery-2', replayKey: 'sig-2' }));
-      assert.equal(fresh.duplicate, false, 'delivery-2 was not stored by the replay');
-    });
-
-    it('is per endpoint; a different key, or none, is a new event', async () => {
-      const first = await store.accept(event({ replayKey: 'sig' }));
-      const otherEndpoint = await store.accept(event({ replayKey: 'sig', endpoint: '/webhook/whatsapp' }));
-      const otherKey = await store.accept(event({ replayKey: 'sig-b' }));
-      const none = await store.accept(event());
-      assert.ok([otherEndpoint, otherKey, none].every((r) => !r.duplicate && r.id !== first.id));
-      assert.deepEqual(await store.accept(event({ replayKey: 'sig', endpoint: '/webhook/whatsapp' })), { id: otherEndpoint.id, duplicate: true });
-    });
-
-    it('repeats inside one group commit are recognised too', async () => {
-      const [a, b] = await Promise.all([
-        store.accept(event({ idempotencyKey: 'x', replayKey: 'same' })),
-        store.accept(event({ idempotencyKey: 'y', replayKey: 'same' })),
-      ]);
-      assert.equal(a!.duplicate, false);
-      assert.deepEqual(b, { id: a!.id, duplicate: true });
-    });
-
-    it('purging the delivered event forgets its replay key with it', async () => {
-      const { id } = await store.accept(event({ replayKey: 'sig' }));
-      await store.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
-      assert.equal(await store.purgeDelivered(T0 + 10_000), 1);
-      const rows = otherConnection().prepare('SELECT COUNT(*) AS n FROM event_replay_keys').get() as { n: number };
-      assert.equal(rows.n, 0);
-      assert.equal((await store.accept(event({ replayKey: 'sig', receivedAt: T0 + 20_000 }))).duplicate, false);
-    });
-
-    it('an envelope that throws writes nothing: an expired delivery id is not forgotten, no replay key is left', async () => {
-      const first = await store.accept(event({ idempotencyKey: 'k' }));
-      const failing = store.accept({ ...event({ idempotencyKey: 'k', replayKey: 'sig', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS + 1 }), envelope: () => { throw new Error('boom'); } });
-      await assert.rejects(failing, /boom/);
-      assert.equal((await store.get(first.id))?.event.idempotencyKey, 'k');
-      assert.equal((await store.accept(event({ replayKey: 'sig', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS + 2 }))).duplicate, false);
     });
 
     it('a file written by the previous version (no replay-key table) opens with its events, and gains replay keys', async () => {
@@ -293,220 +124,37 @@ describe('SqliteEventStore', () => {
       store = new SqliteEventStore(legacyFile); // and opens again, now with the table
       assert.deepEqual(await store.accept(event({ replayKey: 'sig' })), { id: signed.id, duplicate: true });
     });
-  });
 
-  describe('claimDue', () => {
-    it('leases: a second claim before the lease ends gets nothing; at its end the event is claimable again', async () => {
-      const id = await acceptAt(T0);
-      const first = await store.claimDue(T0, 10, LEASE, 'message');
-      assert.deepEqual(first.map((e) => e.id), [id]);
-      assert.deepEqual(await store.claimDue(T0 + 1, 10, LEASE, 'message'), []);
-      assert.deepEqual(await store.claimDue(T0 + LEASE - 1, 10, LEASE, 'message'), []);
-      const again = await store.claimDue(T0 + LEASE, 10, LEASE, 'message');
-      assert.deepEqual(again.map((e) => e.id), [id]);
+  describe('single writer', () => {
+    it('a second server store on the same file is refused, naming the holder\'s pid; plain (CLI) stores still open', async () => {
+      const server = new SqliteEventStore(file, { singleWriter: true });
+      opened.push({ close: () => server.close() });
+      assert.throws(() => new SqliteEventStore(file, { singleWriter: true }), (err: unknown) => {
+        assert.ok(err instanceof UsageError);
+        assert.match(err.message, new RegExp(`in use by another gatehouse server \\(pid ${process.pid}\\)`));
+        return true;
+      });
+      const cli = new SqliteEventStore(file, { mustExist: true });
+      assert.deepEqual(await cli.list({}), []);
+      await cli.close();
+      await server.close();
+      const next = new SqliteEventStore(file, { singleWriter: true }); // released by close()
+      await next.close();
     });
 
-    it('only returns events of the requested action', async () => {
-      const message = await acceptAt(T0, 'message');
-      const agent = await acceptAt(T0, 'agent');
-      assert.deepEqual((await store.claimDue(T0, 10, LEASE, 'system-event')).map((e) => e.id), []);
-      assert.deepEqual((await store.claimDue(T0, 10, LEASE, 'agent')).map((e) => e.id), [agent]);
-      assert.deepEqual((await store.claimDue(T0, 10, LEASE, 'message')).map((e) => e.id), [message]);
-    });
-
-    it('only returns events whose next attempt is due, earliest first, up to the limit', async () => {
-      const late = await acceptAt(T0 + 5_000);
-      const early = await acceptAt(T0 + 1_000);
-      const mid = await acceptAt(T0 + 2_000);
-      assert.deepEqual(await store.claimDue(T0, 10, LEASE, 'message'), []);
-      assert.deepEqual((await store.claimDue(T0 + 2_000, 1, LEASE, 'message')).map((e) => e.id), [early]);
-      assert.deepEqual((await store.claimDue(T0 + 2_000, 10, LEASE, 'message')).map((e) => e.id), [mid]);
-      assert.deepEqual((await store.claimDue(T0 + 4_999, 10, LEASE, 'message')).map((e) => e.id), []);
-      assert.deepEqual((await store.claimDue(T0 + 5_000, 10, LEASE, 'message')).map((e) => e.id), [late]);
-    });
-
-    it('never returns delivered or dead events', async () => {
-      const delivered = await acceptAt(T0);
-      const dead = await acceptAt(T0);
-      await store.recordAttempt(delivered, attempt(1, T0, 200), { status: 'delivered' });
-      await store.recordAttempt(dead, attempt(1, T0, 400), { status: 'dead' });
-      assert.deepEqual(await store.claimDue(T0 + 10 * LEASE, 10, LEASE, 'message'), []);
-    });
-  });
-
-  describe('recordAttempt', () => {
-    it('delivered: status, counters, no error, deliveredAt, and the attempt listed by get()', async () => {
-      const id = await acceptAt(T0);
-      await store.claimDue(T0, 1, LEASE, 'message');
-      await store.recordAttempt(id, attempt(1, T0 + 100, 204), { status: 'delivered' });
-      const got = await store.get(id);
-      assert.ok(got);
-      assert.equal(got.event.status, 'delivered');
-      assert.equal(got.event.attempts, 1);
-      assert.equal(got.event.roundAttempts, 1);
-      assert.equal(got.event.lastError, null);
-      assert.equal(got.event.deliveredAt, T0 + 100 + 12);
-      assert.deepEqual(got.attempts, [{ attempt: 1, at: T0 + 100, status: 204, error: null, durationMs: 12 }]);
-    });
-
-    it('queued: next attempt time set, lease freed, lastError from the status or the error', async () => {
-      const id = await acceptAt(T0);
-      await store.claimDue(T0, 1, LEASE, 'message');
-      await store.recordAttempt(id, attempt(1, T0, 503), { status: 'queued', nextAttemptAt: T0 + 2_000 });
-      let got = await store.get(id);
-      assert.equal(got?.event.status, 'queued');
-      assert.equal(got?.event.nextAttemptAt, T0 + 2_000);
-      assert.equal(got?.event.lastError, 'HTTP 503');
-      assert.equal(await store.nextDueAt(T0), T0 + 2_000);
-      // The lease taken at T0 would last until T0 + LEASE; settling freed it.
-      assert.deepEqual(await store.claimDue(T0 + 1_999, 1, LEASE, 'message'), []);
-      assert.deepEqual((await store.claimDue(T0 + 2_000, 1, LEASE, 'message')).map((e) => e.id), [id]);
-
-      await store.recordAttempt(id, attempt(2, T0 + 2_000, null, 'ECONNREFUSED: connect ECONNREFUSED'), { status: 'queued', nextAttemptAt: T0 + 6_000 });
-      got = await store.get(id);
-      assert.equal(got?.event.attempts, 2);
-      assert.equal(got?.event.roundAttempts, 2);
-      assert.equal(got?.event.lastError, 'ECONNREFUSED: connect ECONNREFUSED');
-      assert.deepEqual(got?.attempts.map((a) => [a.attempt, a.status, a.error]), [[1, 503, null], [2, null, 'ECONNREFUSED: connect ECONNREFUSED']]);
-    });
-
-    it('dead: status dead with the last error, and no longer due', async () => {
-      const id = await acceptAt(T0);
-      await store.recordAttempt(id, attempt(1, T0, 410), { status: 'dead' });
-      const got = await store.get(id);
-      assert.equal(got?.event.status, 'dead');
-      assert.equal(got?.event.lastError, 'HTTP 410');
-      assert.equal(got?.event.deliveredAt, null);
-      assert.equal(await store.nextDueAt(T0), undefined);
-    });
-
-    it('rejects a repeated attempt number without changing the event', async () => {
-      const id = await acceptAt(T0);
-      await store.recordAttempt(id, attempt(1), { status: 'queued', nextAttemptAt: T0 + 1 });
-      await assert.rejects(store.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' }));
-      const got = await store.get(id);
-      assert.equal(got?.event.status, 'queued', 'the transaction rolled back');
-      assert.equal(got?.event.attempts, 1);
-    });
-  });
-
-  describe('requeue', () => {
-    it('a dead event gets a fresh round but keeps its attempt numbering', async () => {
-      const id = await acceptAt(T0);
-      await store.recordAttempt(id, attempt(1), { status: 'queued', nextAttemptAt: T0 + 1_000 });
-      await store.recordAttempt(id, attempt(2, T0 + 1_000), { status: 'dead' });
-      assert.equal(await store.requeue(id, T0 + 60_000), true);
-
-      let got = await store.get(id);
-      assert.equal(got?.event.status, 'queued');
-      assert.equal(got?.event.roundAttempts, 0);
-      assert.equal(got?.event.attempts, 2);
-      assert.equal(got?.event.nextAttemptAt, T0 + 60_000);
-      assert.deepEqual((await store.claimDue(T0 + 60_000, 1, LEASE, 'message')).map((e) => e.id), [id]);
-
-      // The deliverer numbers the next attempt attempts + 1: it must not collide with attempt 2.
-      await store.recordAttempt(id, attempt(got!.event.attempts + 1, T0 + 60_000, 200), { status: 'delivered' });
-      got = await store.get(id);
-      assert.equal(got?.event.status, 'delivered');
-      assert.equal(got?.event.attempts, 3);
-      assert.equal(got?.event.roundAttempts, 1);
-      assert.deepEqual(got?.attempts.map((a) => a.attempt), [1, 2, 3]);
-    });
-
-    it('returns false for a queued event (leaving it as is) and for an unknown id', async () => {
-      const id = await acceptAt(T0);
-      await store.recordAttempt(id, attempt(1), { status: 'queued', nextAttemptAt: T0 + 5_000 });
-      assert.equal(await store.requeue(id, T0 + 60_000), false);
-      const got = await store.get(id);
-      assert.equal(got?.event.roundAttempts, 1);
-      assert.equal(got?.event.nextAttemptAt, T0 + 5_000);
-      assert.equal(await store.requeue('evt_nope', T0), false);
-    });
-
-    it('a delivered event can be sent again; deliveredAt is cleared', async () => {
-      const id = await acceptAt(T0);
-      await store.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
-      assert.equal(await store.requeue(id, T0 + 1), true);
-      const got = await store.get(id);
-      assert.equal(got?.event.status, 'queued');
-      assert.equal(got?.event.deliveredAt, null);
-    });
-
-    it('requeueDead requeues exactly the dead events and counts them', async () => {
-      const dead1 = await acceptAt(T0);
-      const dead2 = await acceptAt(T0, 'agent');
-      const delivered = await acceptAt(T0);
-      const queued = await acceptAt(T0);
-      await store.recordAttempt(dead1, attempt(1), { status: 'dead' });
-      await store.recordAttempt(dead2, attempt(1), { status: 'dead' });
-      await store.recordAttempt(delivered, attempt(1, T0, 200), { status: 'delivered' });
-      assert.equal(await store.requeueDead(T0 + 10), 2);
-      assert.equal(await store.requeueDead(T0 + 10), 0, 'nothing left dead');
-      assert.equal((await store.get(dead1))?.event.status, 'queued');
-      assert.equal((await store.get(dead2))?.event.roundAttempts, 0);
-      assert.equal((await store.get(dead2))?.event.nextAttemptAt, T0 + 10);
-      assert.equal((await store.get(delivered))?.event.status, 'delivered');
-      assert.equal((await store.get(queued))?.event.status, 'queued');
-    });
-  });
-
-  describe('purgeDelivered and releaseLeases', () => {
-    it('purges only delivered events older than the cutoff, with their attempts', async () => {
-      const old = await acceptAt(T0);
-      const recent = await acceptAt(T0);
-      const deadOld = await acceptAt(T0);
-      const queued = await acceptAt(T0);
-      await store.recordAttempt(old, attempt(1, T0, 500), { status: 'queued', nextAttemptAt: T0 });
-      await store.recordAttempt(old, attempt(2, T0 + 1_000, 200), { status: 'delivered' }); // delivered at T0 + 1012
-      await store.recordAttempt(recent, attempt(1, T0 + 50_000, 200), { status: 'delivered' });
-      await store.recordAttempt(deadOld, attempt(1, T0, 400), { status: 'dead' });
-
-      assert.equal(await store.purgeDelivered(T0 + 10_000), 1);
-      assert.equal(await store.get(old), undefined);
-      for (const id of [recent, deadOld, queued]) assert.ok(await store.get(id), id);
-      const orphans = otherConnection().prepare('SELECT COUNT(*) AS n FROM attempts WHERE event_id = ?').get(old) as { n: number };
-      assert.equal(orphans.n, 0, 'attempts of purged events are gone');
-      assert.equal(await store.purgeDelivered(T0 + 10_000), 0);
-    });
-
-    it('releaseLeases frees every lease and counts them', async () => {
-      const a = await acceptAt(T0);
-      const b = await acceptAt(T0, 'agent');
-      await acceptAt(T0);
-      await store.claimDue(T0, 1, LEASE, 'message');
-      await store.claimDue(T0, 1, LEASE, 'agent');
-      assert.equal(await store.releaseLeases(), 2);
-      assert.equal(await store.releaseLeases(), 0);
-      assert.deepEqual((await store.claimDue(T0, 10, LEASE, 'agent')).map((e) => e.id), [b]);
-      assert.ok((await store.claimDue(T0, 10, LEASE, 'message')).some((e) => e.id === a));
-    });
-  });
-
-  describe('nextDueAt and list', () => {
-    it('nextDueAt is the earliest next attempt of queued events, or undefined', async () => {
-      assert.equal(await store.nextDueAt(T0), undefined);
-      await acceptAt(T0 + 3_000);
-      await acceptAt(T0 + 1_000, 'agent');
-      assert.equal(await store.nextDueAt(T0), T0 + 1_000);
-    });
-
-    // A leased event counted as due made the deliverer poll in a hot loop while a delivery was in flight.
-    it('nextDueAt does not report a leased event as due before its lease ends', async () => {
-      await acceptAt(T0);
-      await store.claimDue(T0, 1, LEASE, 'message');
-      assert.equal(await store.nextDueAt(T0), T0 + LEASE);
-    });
-
-    it('list filters by status and endpoint, newest first, with a limit', async () => {
-      const a = await acceptAt(T0);
-      const b = await acceptAt(T0 + 1);
-      const c = (await store.accept(event({ receivedAt: T0 + 2, endpoint: '/webhook/other' }))).id;
-      await store.recordAttempt(a, attempt(1), { status: 'dead' });
-      assert.deepEqual((await store.list({})).map((e) => e.id), [c, b, a]);
-      assert.deepEqual((await store.list({ limit: 2 })).map((e) => e.id), [c, b]);
-      assert.deepEqual((await store.list({ status: 'queued' })).map((e) => e.id), [c, b]);
-      assert.deepEqual((await store.list({ endpoint: '/webhook/github' })).map((e) => e.id), [b, a]);
-      assert.deepEqual((await store.list({ status: 'dead', endpoint: '/webhook/github' })).map((e) => e.id), [a]);
+    it('another process is refused while this one holds the file, and gets it once this one is gone', () => {
+      const lock = acquireWriterLock(file);
+      assert.equal(readFileSync(`${file}.server-pid`, 'utf8').trim(), String(process.pid));
+      const attempt = () => spawnSync(process.execPath, ['--import', 'tsx', '-e',
+        `import('./src/storage/sqlite/writer-lock.ts').then((m) => { m.acquireWriterLock(${JSON.stringify(file)}).release(); console.log('acquired'); }).catch((e) => { console.error(e.message); process.exit(3); })`,
+      ], { cwd: ROOT, encoding: 'utf8' });
+      const refused = attempt();
+      assert.equal(refused.status, 3, refused.stderr);
+      assert.match(refused.stderr, new RegExp(`pid ${process.pid}`));
+      lock.release();
+      const granted = attempt();
+      assert.equal(granted.status, 0, granted.stderr);
+      assert.match(granted.stdout, /acquired/);
     });
   });
 });

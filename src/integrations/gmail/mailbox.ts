@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import type { GmailConfig } from '../../config/schema.js';
 import type { NewEvent } from '../../webhooks/store.js';
 import { buildEnvelope, compileTemplate, type CompiledTemplate } from '../../webhooks/translate.js';
-import { googleStatus } from './google.js';
+import { isGoogleNotFound } from './google.js';
 import { historyIdAfter, type GmailState } from './state.js';
 
 /** What the target gets as `payload` for each new email. */
@@ -75,7 +75,8 @@ export class Mailbox {
     try {
       found = await this.newMessagesSince(current.cursor);
     } catch (err) {
-      if (googleStatus(err) !== 404) throw err;
+      // Google's own 404 only: an HTML 404 (a wrong URL, a misrouting proxy) is an error, not a lost cursor.
+      if (!isGoogleNotFound(err)) throw err;
       // Gmail keeps about a week of history: past that, the cursor is unknown to it.
       found = await this.resync(current.cursorAt ?? now());
       this.deps.logger.warn({ account, from: current.cursor, to: found.cursor, candidates: found.ids.length }, 'gmail history id too old: resynced from the recent messages');
@@ -157,7 +158,8 @@ export class Mailbox {
         ? { userId: 'me', id, format: 'full' }
         : { userId: 'me', id, format: 'metadata', metadataHeaders: HEADERS }));
     } catch (err) {
-      if (googleStatus(err) === 404) {
+      // Only Google's JSON 404 means the message is gone; any other failure leaves it for the retry.
+      if (isGoogleNotFound(err)) {
         this.deps.logger.info({ account: config.account, id }, 'gmail message gone before it was read: skipped');
         return undefined;
       }

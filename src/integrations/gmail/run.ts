@@ -5,7 +5,7 @@ import { UsageError } from '../../errors.js';
 import { openSecret } from '../../secrets.js';
 import type { SqliteEventStore } from '../../webhooks/store.js';
 import type { DirectAnswer } from '../../webhooks/verifiers/types.js';
-import { createGmailClient, createOAuthClient, explainGoogleError, googleEndpoints, PubSubRest, type PulledMessage } from './google.js';
+import { createGmailClient, createOAuthClient, explainGoogleError, googleEndpoints, PubSubRest, watchRequest, type PulledMessage } from './google.js';
 import { Mailbox, type MailboxNotification } from './mailbox.js';
 import { SqliteGmailState, type GmailState } from './state.js';
 
@@ -13,6 +13,8 @@ import { SqliteGmailState, type GmailState } from './state.js';
 export interface GmailGrant {
   clientSecret: string;
   refreshToken: string;
+  /** The client file's token_uri, when it named one: where the refresh token is redeemed. */
+  tokenUri?: string;
 }
 
 /** What the webhook receiver serves for Gmail in push mode: a route verified like a pubsub-oidc endpoint. */
@@ -50,7 +52,8 @@ export async function startGmail(config: GmailConfig, deps: { store: SqliteEvent
   if (!stored?.cursor) throw new UsageError(`webhooks.gmail: ${account} is not set up in this storage: run \`gatehouse webhooks gmail setup --account ${account}\` first`);
   const grant = JSON.parse(openSecret(stored.sealedGrant, deps.secretKey, grantContext(account))) as GmailGrant;
 
-  const endpoints = googleEndpoints(config.googleApiUrl);
+  // googleApiUrl, else the token endpoint the grant came from, else Google's own.
+  const endpoints = googleEndpoints({ googleApiUrl: config.googleApiUrl, tokenUri: grant.tokenUri });
   const auth = createOAuthClient(endpoints, { clientId: stored.clientId, clientSecret: grant.clientSecret });
   auth.setCredentials({ refresh_token: grant.refreshToken });
   const gmail = createGmailClient(endpoints, auth);
@@ -76,7 +79,7 @@ export async function startGmail(config: GmailConfig, deps: { store: SqliteEvent
   let retryMs = FIRST_RETRY_MS;
   async function renewWatch(): Promise<void> {
     try {
-      const { data } = await gmail.users.watch({ userId: 'me', requestBody: { topicName: `projects/${config.project}/topics/${config.topic}`, labelIds: config.labels, labelFilterBehavior: 'INCLUDE' } });
+      const { data } = await gmail.users.watch({ userId: 'me', requestBody: watchRequest(`projects/${config.project}/topics/${config.topic}`, config.labels) });
       await state.recordWatch(account, data.historyId!, Number(data.expiration), now());
       logger.info({ expiration: new Date(Number(data.expiration)).toISOString() }, 'gmail watch renewed');
       retryMs = FIRST_RETRY_MS;
@@ -150,7 +153,7 @@ export async function startGmail(config: GmailConfig, deps: { store: SqliteEvent
 
   const push: GmailPushRoute | undefined = config.mode === 'push' && config.push ? {
     path: config.push.path,
-    verify: { type: 'pubsub-oidc', audience: config.push.audience, serviceAccountEmail: config.push.serviceAccountEmail, jwksUri: config.googleApiUrl ? endpoints.jwksUri : config.push.jwksUri },
+    verify: gmailPushVerifier(config, config.push),
     async consume(body) {
       const message = body.message as { data?: unknown } | undefined;
       const outcome = await handleMessage(typeof message?.data === 'string' ? message.data : undefined);
@@ -171,6 +174,16 @@ export async function startGmail(config: GmailConfig, deps: { store: SqliteEvent
       await mailbox.idle();
     },
   };
+}
+
+/**
+ * How the push route verifies Pub/Sub's OIDC token: for `push.audience`, signed as
+ * `push.serviceAccountEmail`, against `push.jwksUri` when configured (always), else the key set
+ * under `googleApiUrl`, else Google's.
+ */
+export function gmailPushVerifier(config: Pick<GmailConfig, 'googleApiUrl'>, push: NonNullable<GmailConfig['push']>): GmailPushRoute['verify'] {
+  const jwksUri = push.jwksUri ?? googleEndpoints({ googleApiUrl: config.googleApiUrl }).jwksUri;
+  return { type: 'pubsub-oidc', audience: push.audience, serviceAccountEmail: push.serviceAccountEmail, jwksUri };
 }
 
 /** Gmail's push data: base64 JSON `{ emailAddress, historyId }`; undefined when it is not that. */

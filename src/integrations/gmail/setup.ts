@@ -6,11 +6,11 @@ import { openSecret, sealSecret } from '../../secrets.js';
 import { SqliteEventStore } from '../../webhooks/store.js';
 import { authorizeWithLoopback } from './authorize.js';
 import {
-  createGmailClient, createOAuthClient, explainGoogleError, GMAIL_PUBLISHER, GMAIL_SCOPES, googleEndpoints, PubSubRest,
-  type GoogleEndpoints, type IamPolicy, type PubSubSubscription,
+  createGmailClient, createOAuthClient, explainGoogleError, GMAIL_PUBLISHER, GMAIL_SCOPES, googleEndpoints, PubSubRest, watchRequest,
+  type GoogleEndpoints, type PubSubSubscription,
 } from './google.js';
 import { grantContext, type GmailGrant } from './run.js';
-import { SqliteGmailState } from './state.js';
+import { peekStoredProject, SqliteGmailState } from './state.js';
 
 /** `gatehouse webhooks gmail setup` options, after the CLI has parsed them. */
 export interface GmailSetupOptions {
@@ -31,6 +31,7 @@ export interface GmailSetupOptions {
   dryRun: boolean;
   browser: boolean;
   reauthorize: boolean;
+  /** One base URL for every Google endpoint: --google-api-url, else the config's webhooks.gmail.googleApiUrl. */
   googleApiUrl?: string;
   /** storage.path of the config; the config's current webhooks.gmail, if any. */
   storagePath: string;
@@ -58,6 +59,9 @@ interface DesktopClient {
   clientId: string;
   clientSecret: string;
   projectId?: string;
+  /** The file's auth_uri and token_uri: where this client authorises (Google's, unless edited for a proxy). */
+  authUri?: string;
+  tokenUri?: string;
 }
 
 /** A step failed: its name, Google's error and the fix are in the message. */
@@ -74,13 +78,16 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
     steps.push(step);
     io.report(step);
   };
-  const endpoints = googleEndpoints(options.googleApiUrl);
   const client = options.credentials ? readDesktopClient(options.credentials) : undefined;
-  const project = options.project ?? client?.projectId;
-  if (!project) throw new UsageError('no project: pass --project <id> (or use a client_secret.json that names its project_id)');
   if (options.mode === 'push' && (!options.pushEndpoint || !options.pushServiceAccount)) {
     throw new UsageError('push mode needs --push-endpoint <https URL of /webhook/gmail> and --push-service-account <email> (or use --mode pull)');
   }
+  // Config key (or flag), then the client file's OAuth URIs, then Google's own.
+  const endpoints = googleEndpoints({ googleApiUrl: options.googleApiUrl, authUri: client?.authUri, tokenUri: client?.tokenUri });
+  // --project, the client file's, the one kept with the stored grant, the config section's.
+  const sectionProject = options.currentSection?.account.toLowerCase() === options.account.toLowerCase() ? options.currentSection.project : undefined;
+  const project = options.project ?? client?.projectId ?? peekStoredProject(options.storagePath, options.account) ?? sectionProject;
+  if (!project) throw new UsageError('no project: pass --project <id> (or use a client_secret.json that names its project_id)');
   const topicName = `projects/${project}/topics/${options.topic}`;
   const section = gmailSection(options, project);
 
@@ -96,16 +103,19 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
   try {
     const state = new SqliteGmailState(store);
     const context = grantContext(options.account);
+    const stored = await state.get(options.account);
 
     // 1. Authorise (or reuse the stored grant while it still works).
     const auth = await step(report, 'authorise', async () => {
-      const existing = await state.get(options.account);
-      if (existing && !options.reauthorize) {
-        const grant = JSON.parse(openSecret(existing.sealedGrant, secretKey, context)) as GmailGrant;
-        const reused = createOAuthClient(endpoints, { clientId: existing.clientId, clientSecret: grant.clientSecret });
+      if (stored && !options.reauthorize) {
+        const grant = JSON.parse(openSecret(stored.sealedGrant, secretKey, context)) as GmailGrant;
+        // The token endpoint the grant came from, unless the config or the client file names one.
+        const reusedAt = googleEndpoints({ googleApiUrl: options.googleApiUrl, authUri: client?.authUri, tokenUri: client?.tokenUri ?? grant.tokenUri });
+        const reused = createOAuthClient(reusedAt, { clientId: stored.clientId, clientSecret: grant.clientSecret });
         reused.setCredentials({ refresh_token: grant.refreshToken });
         try {
           await reused.getAccessToken();
+          if (stored.project !== project) await state.saveProject(options.account, project);
           return { value: reused, status: 'unchanged' as const, detail: `${options.account}: the stored authorisation still works (--reauthorize to redo it)` };
         } catch (err) {
           if (!/invalid_grant/.test(String((err as { response?: { data?: { error?: string } } }).response?.data?.error ?? (err as Error).message))) throw err;
@@ -126,8 +136,8 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
       if (profile.data.emailAddress?.toLowerCase() !== options.account.toLowerCase()) {
         throw new UsageError(`you signed in as ${profile.data.emailAddress}, not ${options.account}: run setup again and choose ${options.account}`);
       }
-      const grant: GmailGrant = { clientSecret: client.clientSecret, refreshToken };
-      await state.saveGrant(options.account, client.clientId, sealSecret(JSON.stringify(grant), secretKey, context));
+      const grant: GmailGrant = { clientSecret: client.clientSecret, refreshToken, ...(client.tokenUri ? { tokenUri: client.tokenUri } : {}) };
+      await state.saveGrant(options.account, client.clientId, sealSecret(JSON.stringify(grant), secretKey, context), project);
       return { value: fresh, status: 'done' as const, detail: `${options.account} authorised (gmail.readonly, pubsub); refresh token stored encrypted` };
     }, { project, api: 'Gmail' });
 
@@ -137,7 +147,7 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
     await step(report, 'topic', async () => {
       const exists = await pubsub.get(topicName);
       if (!exists) await pubsub.call('PUT', topicName, {});
-      const policy = await pubsub.call<IamPolicy>('POST', `${topicName}:getIamPolicy`, {});
+      const policy = await pubsub.getIamPolicy(topicName);
       const bindings = policy.bindings ?? [];
       const publisher = bindings.find((b) => b.role === 'roles/pubsub.publisher');
       const granted = publisher?.members.includes(GMAIL_PUBLISHER) ?? false;
@@ -145,7 +155,7 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
         const next = publisher
           ? bindings.map((b) => (b === publisher ? { ...b, members: [...b.members, GMAIL_PUBLISHER] } : b))
           : [...bindings, { role: 'roles/pubsub.publisher', members: [GMAIL_PUBLISHER] }];
-        await pubsub.call('POST', `${topicName}:setIamPolicy`, { policy: { ...policy, bindings: next } });
+        await pubsub.setIamPolicy(topicName, { ...policy, bindings: next });
       }
       const what = [exists ? 'exists' : 'created', granted ? 'Gmail may already publish to it' : 'granted roles/pubsub.publisher to gmail-api-push@system.gserviceaccount.com'];
       return { value: undefined, status: exists && granted ? 'unchanged' as const : 'done' as const, detail: `${topicName}: ${what.join('; ')}` };
@@ -178,7 +188,7 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
     await step(report, 'watch', async () => {
       const gmail = createGmailClient(endpoints, auth);
       const before = await state.get(options.account);
-      const { data } = await gmail.users.watch({ userId: 'me', requestBody: { topicName, labelIds: options.labels, labelFilterBehavior: 'INCLUDE' } });
+      const { data } = await gmail.users.watch({ userId: 'me', requestBody: watchRequest(topicName, options.labels) });
       await state.recordWatch(options.account, data.historyId!, Number(data.expiration), Date.now());
       const cursor = before?.cursor ?? data.historyId;
       return {
@@ -212,7 +222,7 @@ async function step<T>(
     report({ step: name, status, detail });
     return value;
   } catch (err) {
-    const detail = err instanceof UsageError ? err.message : explainGoogleError(err, context);
+    const detail = err instanceof UsageError ? err.message : explainGoogleError(err, { ...context, step: name });
     report({ step: name, status: 'failed', detail });
     throw new SetupFailed(`setup failed at step "${name}": ${detail}`);
   }
@@ -231,7 +241,13 @@ function readDesktopClient(file: string): DesktopClient {
   const clientId = installed.client_id;
   const clientSecret = installed.client_secret;
   if (typeof clientId !== 'string' || typeof clientSecret !== 'string') throw new UsageError(`--credentials ${file}: client_id or client_secret missing`);
-  return { clientId, clientSecret, projectId: typeof installed.project_id === 'string' ? installed.project_id : undefined };
+  const uri = (key: 'auth_uri' | 'token_uri') => {
+    const value = installed[key];
+    if (value === undefined) return undefined;
+    if (typeof value !== 'string' || !/^https?:\/\/[^/]/.test(value)) throw new UsageError(`--credentials ${file}: ${key} must be an http(s) URL (got ${JSON.stringify(value)})`);
+    return value;
+  };
+  return { clientId, clientSecret, projectId: typeof installed.project_id === 'string' ? installed.project_id : undefined, authUri: uri('auth_uri'), tokenUri: uri('token_uri') };
 }
 
 function describeSubscription(s: PubSubSubscription): string {
@@ -285,8 +301,8 @@ function plannedCalls(o: GmailSetupOptions, project: string, e: GoogleEndpoints)
   const push = o.mode === 'push' ? `pushConfig { pushEndpoint: ${o.pushEndpoint}, oidcToken { serviceAccountEmail: ${o.pushServiceAccount}, audience: ${o.pushEndpoint} } }` : 'no pushConfig (pull)';
   return [
     { step: 'authorise', status: 'planned', detail: `unless a working grant for ${o.account} is stored: open ${e.authorizeUrl} (scopes ${GMAIL_SCOPES.join(' ')}, PKCE S256, loopback redirect), then POST ${e.tokenUrl} (authorization_code) and GET ${gmail}/profile` },
-    { step: 'topic', status: 'planned', detail: `GET ${topic}; PUT ${topic} if missing; POST ${topic}:getIamPolicy; POST ${topic}:setIamPolicy if ${GMAIL_PUBLISHER} lacks roles/pubsub.publisher` },
+    { step: 'topic', status: 'planned', detail: `GET ${topic}; PUT ${topic} if missing; GET ${topic}:getIamPolicy?options.requestedPolicyVersion=3; POST ${topic}:setIamPolicy if ${GMAIL_PUBLISHER} lacks roles/pubsub.publisher` },
     { step: 'subscription', status: 'planned', detail: `GET ${subscription}; PUT ${subscription} if missing, PATCH if its settings differ: topic projects/${project}/topics/${o.topic}, ackDeadlineSeconds 60, ${push}` },
-    { step: 'watch', status: 'planned', detail: `POST ${gmail}/watch { topicName: projects/${project}/topics/${o.topic}, labelIds: [${o.labels.join(', ')}], labelFilterBehavior: INCLUDE }; store historyId as the cursor if none is kept` },
+    { step: 'watch', status: 'planned', detail: `POST ${gmail}/watch { topicName: projects/${project}/topics/${o.topic}, labelIds: [${o.labels.join(', ')}], labelFilterBehavior: include }; store historyId as the cursor if none is kept` },
   ];
 }

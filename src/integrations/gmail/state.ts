@@ -1,4 +1,5 @@
-import type Database from 'better-sqlite3';
+import { existsSync } from 'node:fs';
+import Database from 'better-sqlite3';
 import type { AcceptResult, NewEvent, SqliteEventStore } from '../../webhooks/store.js';
 
 /**
@@ -12,6 +13,8 @@ import type { AcceptResult, NewEvent, SqliteEventStore } from '../../webhooks/st
 export interface GmailAccountState {
   account: string;
   clientId: string;
+  /** The Google Cloud project setup used with this grant (the topic's); null when stored by an older gatehouse. */
+  project: string | null;
   /** `{ clientSecret, refreshToken }` sealed with GATEHOUSE_SECRET_KEY (see src/secrets.ts). */
   sealedGrant: string;
   /** Gmail historyId (a decimal string: uint64) up to which the mailbox has been read. */
@@ -27,8 +30,10 @@ export interface GmailAccountState {
 
 export interface GmailState {
   get(account: string): Promise<GmailAccountState | undefined>;
-  /** Stores (or replaces) the grant; the cursor and counters stay. */
-  saveGrant(account: string, clientId: string, sealedGrant: string): Promise<void>;
+  /** Stores (or replaces) the grant and the project it is used with; the cursor and counters stay. */
+  saveGrant(account: string, clientId: string, sealedGrant: string, project: string): Promise<void>;
+  /** The project the stored grant is used with, when setup ran with another one. */
+  saveProject(account: string, project: string): Promise<void>;
   /** After users.watch: the expiration, and the cursor when there was none yet (never moved back). */
   recordWatch(account: string, historyId: string, expiration: number, now: number): Promise<void>;
   recordError(account: string, error: string | null, now: number): Promise<void>;
@@ -45,6 +50,7 @@ const SCHEMA = `
 CREATE TABLE IF NOT EXISTS gmail_accounts (
   account              TEXT PRIMARY KEY,
   client_id            TEXT NOT NULL,
+  project              TEXT,
   sealed_grant         TEXT NOT NULL,
   cursor               TEXT,
   cursor_at            INTEGER,
@@ -70,6 +76,7 @@ const SEEN_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;
 interface AccountRow {
   account: string;
   client_id: string;
+  project: string | null;
   sealed_grant: string;
   cursor: string | null;
   cursor_at: number | null;
@@ -92,9 +99,14 @@ export class SqliteGmailState implements GmailState {
   constructor(private readonly store: SqliteEventStore) {
     const db: Database.Database = store.database;
     db.exec(SCHEMA);
+    // Files written before the project was kept with the grant.
+    if (!db.prepare<[], { name: string }>('PRAGMA table_info(gmail_accounts)').all().some((c) => c.name === 'project')) {
+      db.exec('ALTER TABLE gmail_accounts ADD COLUMN project TEXT');
+    }
     this.statements = {
       get: db.prepare<[string], AccountRow>('SELECT * FROM gmail_accounts WHERE account = ?'),
-      saveGrant: db.prepare('INSERT INTO gmail_accounts (account, client_id, sealed_grant) VALUES (?, ?, ?) ON CONFLICT (account) DO UPDATE SET client_id = excluded.client_id, sealed_grant = excluded.sealed_grant'),
+      saveGrant: db.prepare('INSERT INTO gmail_accounts (account, client_id, sealed_grant, project) VALUES (?, ?, ?, ?) ON CONFLICT (account) DO UPDATE SET client_id = excluded.client_id, sealed_grant = excluded.sealed_grant, project = excluded.project'),
+      saveProject: db.prepare('UPDATE gmail_accounts SET project = ? WHERE account = ?'),
       // A renewal that works clears the last error (as a handled notification does).
       watch: db.prepare('UPDATE gmail_accounts SET watch_expiration = ?, watch_renewed_at = ?, cursor = coalesce(cursor, ?), cursor_at = coalesce(cursor_at, ?), last_error = NULL, last_error_at = NULL WHERE account = ?'),
       error: db.prepare('UPDATE gmail_accounts SET last_error = ?, last_error_at = ? WHERE account = ?'),
@@ -111,6 +123,7 @@ export class SqliteGmailState implements GmailState {
     return {
       account: row.account,
       clientId: row.client_id,
+      project: row.project,
       sealedGrant: row.sealed_grant,
       cursor: row.cursor,
       cursorAt: row.cursor_at,
@@ -123,8 +136,12 @@ export class SqliteGmailState implements GmailState {
     };
   }
 
-  async saveGrant(account: string, clientId: string, sealedGrant: string): Promise<void> {
-    await this.store.atomically(() => this.statements.saveGrant.run(account, clientId, sealedGrant));
+  async saveGrant(account: string, clientId: string, sealedGrant: string, project: string): Promise<void> {
+    await this.store.atomically(() => this.statements.saveGrant.run(account, clientId, sealedGrant, project));
+  }
+
+  async saveProject(account: string, project: string): Promise<void> {
+    await this.store.atomically(() => this.statements.saveProject.run(project, account));
   }
 
   async recordWatch(account: string, historyId: string, expiration: number, now: number): Promise<void> {
@@ -155,5 +172,25 @@ export class SqliteGmailState implements GmailState {
       this.statements.forgetOld.run(account, now - SEEN_RETENTION_MS);
       return enqueued;
     });
+  }
+}
+
+/**
+ * The project stored with an account's grant, read without creating or changing anything (setup
+ * reads it before it opens the store, and --dry-run never opens it): undefined when the file,
+ * the table or the row is not there.
+ */
+export function peekStoredProject(file: string, account: string): string | undefined {
+  if (!existsSync(file)) return undefined;
+  let db: Database.Database | undefined;
+  try {
+    db = new Database(file, { readonly: true, fileMustExist: true });
+    const columns = db.prepare<[], { name: string }>('PRAGMA table_info(gmail_accounts)').all();
+    if (!columns.some((c) => c.name === 'project')) return undefined;
+    return db.prepare<[string], { project: string | null }>('SELECT project FROM gmail_accounts WHERE account = ?').get(account)?.project ?? undefined;
+  } catch {
+    return undefined; // not a store this can read: as if nothing were kept (opening it for real says why)
+  } finally {
+    db?.close();
   }
 }

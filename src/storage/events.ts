@@ -1,0 +1,147 @@
+import { randomUUID } from 'node:crypto';
+import type { WebhookAction } from '../config/schema.js';
+
+/**
+ * The webhook event store's contract: what the receiver, the deliverer and the CLI ask of
+ * durable storage, with no SQL in sight. One driver per engine implements it
+ * (src/storage/sqlite/events.ts, src/storage/postgres/events.ts), and the same contract tests
+ * run against each (test/webhooks/store-contract.ts).
+ */
+
+export type DeliveryStatus = 'queued' | 'delivered' | 'dead';
+export const DELIVERY_STATUSES: readonly DeliveryStatus[] = ['queued', 'delivered', 'dead'];
+
+/** What the receiver hands the store: a verified, parsed webhook ready to be delivered. */
+export interface NewEvent {
+  endpoint: string;
+  action: WebhookAction;
+  /** The sender's delivery id (Idempotency-Key, webhook-id, X-GitHub-Delivery), if any. */
+  idempotencyKey?: string;
+  /**
+   * For senders that sign no timestamp (github, meta): a digest of the verified signature. The
+   * same signed request again is a duplicate for as long as its first event is on file, whatever
+   * its delivery id says and however long ago it came.
+   */
+  replayKey?: string;
+  receivedAt: number;
+  /** Builds the body the target will get, once the event id is known. */
+  envelope: (id: string) => string;
+}
+
+export interface StoredEvent {
+  id: string;
+  endpoint: string;
+  action: WebhookAction;
+  idempotencyKey: string | null;
+  receivedAt: number;
+  envelope: string;
+  status: DeliveryStatus;
+  /** Attempts ever made (numbering of the attempt records). */
+  attempts: number;
+  /** Attempts since accepted or last requeued: what maxAttempts counts. */
+  roundAttempts: number;
+  nextAttemptAt: number;
+  lastError: string | null;
+  deliveredAt: number | null;
+}
+
+/**
+ * An event leased by `claimDue`. `claimId` is the lease's fencing token: fresh on every claim, so
+ * once the lease has passed to someone else, the previous holder's outcome and renewals no
+ * longer match and are ignored.
+ */
+export interface ClaimedEvent extends StoredEvent {
+  claimId: string;
+  leaseUntil: number;
+}
+
+export interface AttemptRecord {
+  attempt: number;
+  at: number;
+  /** HTTP status, or null when no response came (see error). */
+  status: number | null;
+  error: string | null;
+  durationMs: number;
+}
+
+export type AttemptOutcome =
+  | { status: 'delivered' }
+  | { status: 'queued'; nextAttemptAt: number }
+  | { status: 'dead' };
+
+/**
+ * Accepted: a new event id; or a repeat (`duplicate`, with the first event's id): a delivery id
+ * seen within the idempotency window, or a replay key still on file.
+ */
+export type AcceptResult = { id: string; duplicate: boolean };
+
+/** What `gatehouse storage status` shows. */
+export interface StoreStatus {
+  driver: 'sqlite' | 'postgres';
+  /** Where: the file, or the database URL without its password. */
+  location: string;
+  schemaVersion: number;
+  counts: Record<DeliveryStatus, number>;
+  /** Queued events under a lease that has not run out (being delivered). */
+  leased: number;
+}
+
+/**
+ * Durable webhook state. `accept` resolves only once the event is committed. Every lease is
+ * fenced: an outcome or a renewal carrying a claim id that is no longer the event's current one
+ * changes nothing.
+ */
+export interface EventStore {
+  accept(event: NewEvent): Promise<AcceptResult>;
+  /**
+   * Leases up to `limit` due events of one action, earliest first: no one else gets them until
+   * `leaseMs` passes (or the lease is renewed). An expired lease is claimable again.
+   */
+  claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<ClaimedEvent[]>;
+  /**
+   * Records an attempt and settles the event. With `claimId`, only while that claim is still the
+   * event's current one (false, nothing written, otherwise); without, unconditionally (tests,
+   * tools). Rejects on a repeated attempt number, writing nothing.
+   */
+  recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome, claimId?: string): Promise<boolean>;
+  /** Extends a lease still held under `claimId` until `leaseUntil`; false when it has passed to another claim. */
+  renewLease(id: string, claimId: string, leaseUntil: number): Promise<boolean>;
+  /** Frees every lease this store (this process) holds (a deliverer starting afresh); returns how many. */
+  releaseLeases(): Promise<number>;
+  /** The earliest time a queued event can be claimed (a leased one counts from its lease's end), if any. */
+  nextDueAt(now: number): Promise<number | undefined>;
+  /**
+   * Calls `wake` when another process may have made an event due (an accept or a requeue there);
+   * returns the unsubscribe. Drivers shared by several processes implement it; polling covers
+   * the rest.
+   */
+  onDue?(wake: () => void): () => void;
+  list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]>;
+  get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined>;
+  /** Puts an event back in the queue with a fresh attempt budget; false when unknown or already queued. */
+  requeue(id: string, now: number): Promise<boolean>;
+  requeueDead(now: number): Promise<number>;
+  /** Deletes events delivered before `olderThan`, with their attempts and replay keys (a replay of one is then new). */
+  purgeDelivered(olderThan: number): Promise<number>;
+  status(now: number): Promise<StoreStatus>;
+  close(): Promise<void>;
+}
+
+/**
+ * How long a sender's delivery id is remembered: a repeat inside it is not delivered again.
+ * (Some senders reuse ids after a while, e.g. Telegram's update_id; replay keys, digests of
+ * signed bytes, are never reused by an honest sender and so have no window.)
+ */
+export const IDEMPOTENCY_WINDOW_MS = 24 * 60 * 60 * 1000;
+
+/** `evt_` + a base36 millisecond prefix (time-ordered) + 80 random bits (randomUUID's pooled randomness). */
+export function newEventId(now: number = Date.now()): string {
+  const random = randomUUID();
+  // 20 hex digits, leaving out the UUID's fixed version and variant digits (positions 14 and 19).
+  return `evt_${now.toString(36).padStart(9, '0')}${random.slice(0, 8)}${random.slice(9, 13)}${random.slice(15, 18)}${random.slice(20, 23)}${random.slice(24, 26)}`;
+}
+
+/** The `lastError` an outcome leaves: none once delivered, else the error or the HTTP status. */
+export function lastErrorOf(attempt: AttemptRecord, outcome: AttemptOutcome): string | null {
+  return outcome.status === 'delivered' ? null : (attempt.error ?? `HTTP ${attempt.status}`);
+}

@@ -1,0 +1,455 @@
+import { randomUUID } from 'node:crypto';
+import type pg from 'pg';
+import type { Logger } from 'pino';
+import type { PostgresStorageConfig, WebhookAction } from '../../config/schema.js';
+import { UsageError } from '../../errors.js';
+import {
+  IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId,
+  type AcceptResult, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type NewEvent, type StoreStatus, type StoredEvent,
+} from '../events.js';
+import { PostgresListener } from './listener.js';
+import { migrate, POSTGRES_SCHEMA_VERSION, schemaVersion } from './migrations.js';
+import { createPool, describeUrl, inTransaction, isRetryableTransactionError } from './pool.js';
+
+/** NOTIFY channel: "an event may be due" (accepted, requeued). The payload is empty. */
+const DUE_CHANNEL = 'gatehouse_events_due';
+/** Convoy batches 64 rows; gatehouse's SQLite driver takes a whole tick. A bound keeps one statement's parameters sane. */
+const MAX_BATCH = 500;
+const BATCH_TRIES = 3;
+
+interface EventRow {
+  id: string;
+  endpoint: string;
+  action: WebhookAction;
+  idempotency_key: string | null;
+  received_at: number;
+  envelope: string;
+  status: DeliveryStatus;
+  attempts: number;
+  round_attempts: number;
+  next_attempt_at: number;
+  last_error: string | null;
+  delivered_at: number | null;
+  lease_until: number | null;
+  claim_id: string | null;
+}
+
+interface PendingAccept {
+  event: NewEvent;
+  /** Assigned on first sight, kept across a retried batch (the envelope is built with it). */
+  id: string;
+  envelope?: string;
+  resolve: (result: AcceptResult) => void;
+  reject: (err: unknown) => void;
+}
+
+type Decision = { kind: 'duplicate'; id: string } | { kind: 'failed'; err: unknown } | { kind: 'insert'; forget?: string } | { kind: 'same-as'; index: number };
+
+export interface PostgresEventStoreOptions {
+  logger?: Pick<Logger, 'warn' | 'info' | 'error'>;
+  /** Apply pending migrations (the server, `storage migrate`); otherwise refuse an unmigrated database (the CLI). */
+  migrate?: boolean;
+  /** LISTEN for other processes' accepts (servers); the CLI only NOTIFYs. */
+  listen?: boolean;
+}
+
+/**
+ * PostgreSQL store, shared by any number of gatehouse processes.
+ *
+ * - Accept: group commit. The accepts waiting when a batch starts share one transaction: one
+ *   lookup of their delivery ids and replay keys, multi-row inserts with ON CONFLICT on the
+ *   unique (endpoint, idempotency_key) and (endpoint, replay_key), so two instances accepting
+ *   the same delivery at once store it once. Each accept resolves after COMMIT; a NOTIFY
+ *   (coalesced) then wakes the other instances' deliverers.
+ * - Deliver: claims are leases (`lease_until`) with a fresh fencing token (`claim_id`), taken
+ *   with FOR UPDATE SKIP LOCKED so concurrent claimers never get the same row; outcomes and
+ *   renewals apply only while the token matches; an expired lease is claimable again.
+ * - Postgres down: every call rejects (the receiver answers 503, the deliverer pauses); the
+ *   pool opens fresh connections once it is back.
+ */
+export class PostgresEventStore implements EventStore {
+  /** This process's leases are tagged with it, so releaseLeases frees its own and no one else's. */
+  private readonly owner = randomUUID();
+  private pending: PendingAccept[] = [];
+  private flushScheduled = false;
+  private flushing: Promise<void> | undefined;
+  private closed = false;
+  private listener: PostgresListener | undefined;
+  private readonly wakers = new Set<() => void>();
+  private notifying = false;
+  private notifyAgain = false;
+
+  private constructor(
+    private readonly pool: pg.Pool,
+    private readonly storage: PostgresStorageConfig,
+    private readonly options: PostgresEventStoreOptions,
+  ) {}
+
+  /** Connects, and migrates (or checks the schema version); rejects when Postgres cannot be reached. */
+  static async open(storage: PostgresStorageConfig, options: PostgresEventStoreOptions = {}): Promise<PostgresEventStore> {
+    const pool = createPool(storage, options.logger);
+    try {
+      if (options.migrate) await migrate(pool);
+      else {
+        const version = await schemaVersion(pool);
+        if (version === 0) throw new UsageError(`the database at ${describeUrl(storage.url)} has no gatehouse schema: run \`gatehouse storage migrate\` (the server also does at start)`);
+        if (version > POSTGRES_SCHEMA_VERSION) throw new UsageError(`the database schema is at version ${version}, newer than this gatehouse knows (${POSTGRES_SCHEMA_VERSION}): upgrade gatehouse`);
+      }
+    } catch (err) {
+      await pool.end().catch(() => {});
+      throw err;
+    }
+    const store = new PostgresEventStore(pool, storage, options);
+    if (options.listen) store.listener = new PostgresListener(storage.url, DUE_CHANNEL, () => store.wake(), options.logger);
+    return store;
+  }
+
+  accept(event: NewEvent): Promise<AcceptResult> {
+    if (this.closed) return Promise.reject(new Error('the event store is closed'));
+    return new Promise<AcceptResult>((resolve, reject) => {
+      this.pending.push({ event, id: newEventId(event.receivedAt), resolve, reject });
+      if (!this.flushScheduled && !this.flushing) {
+        this.flushScheduled = true;
+        setImmediate(() => void this.flush());
+      }
+    });
+  }
+
+  /** One batch at a time; accepts arriving meanwhile wait for the next, and so share it. */
+  private async flush(): Promise<void> {
+    this.flushScheduled = false;
+    const run = async () => {
+      while (this.pending.length > 0) await this.commitBatch(this.pending.splice(0, MAX_BATCH));
+    };
+    const done = run();
+    this.flushing = done;
+    await done;
+    if (this.flushing === done) this.flushing = undefined;
+    // An accept that came while this one was finishing saw it running and waits for the next.
+    if (this.pending.length > 0 && !this.flushScheduled) {
+      this.flushScheduled = true;
+      setImmediate(() => void this.flush());
+    }
+  }
+
+  private async commitBatch(batch: PendingAccept[]): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      let outcome: (AcceptResult | { err: unknown })[];
+      try {
+        outcome = await inTransaction(this.pool, (client) => this.acceptInTransaction(client, batch));
+      } catch (err) {
+        // Deadlock between two instances' batches (keys locked in different orders): run it again.
+        if (attempt < BATCH_TRIES && isRetryableTransactionError(err)) continue;
+        for (const p of batch) p.reject(err); // not committed: nothing in the batch is stored
+        return;
+      }
+      let accepted = false;
+      batch.forEach((p, i) => {
+        const result = outcome[i]!;
+        if ('err' in result) return p.reject(result.err);
+        accepted ||= !result.duplicate;
+        p.resolve(result);
+      });
+      if (accepted) this.notifyDue();
+      return;
+    }
+  }
+
+  private async acceptInTransaction(client: pg.PoolClient, batch: PendingAccept[]): Promise<(AcceptResult | { err: unknown })[]> {
+    // 1. What is already on file: delivery ids and replay keys of the batch, in one round trip.
+    const keyed = batch.flatMap((p, i) => (p.event.idempotencyKey !== undefined ? [{ i, endpoint: p.event.endpoint, key: p.event.idempotencyKey }] : []));
+    const replays = batch.flatMap((p, i) => (p.event.replayKey !== undefined ? [{ i, endpoint: p.event.endpoint, key: p.event.replayKey }] : []));
+    const seenKey = new Map<number, { id: string; receivedAt: number }>();
+    const seenReplay = new Map<number, string>();
+    if (keyed.length + replays.length > 0) {
+      const { rows } = await client.query<{ kind: 'key' | 'replay'; i: number; id: string; received_at: number }>(
+        `SELECT 'key' AS kind, b.i, e.id, e.received_at
+           FROM unnest($1::int[], $2::text[], $3::text[]) AS b(i, endpoint, key)
+           JOIN events e ON e.endpoint = b.endpoint AND e.idempotency_key = b.key
+         UNION ALL
+         SELECT 'replay', b.i, r.event_id, 0
+           FROM unnest($4::int[], $5::text[], $6::text[]) AS b(i, endpoint, key)
+           JOIN event_replay_keys r ON r.endpoint = b.endpoint AND r.replay_key = b.key`,
+        [keyed.map((k) => k.i), keyed.map((k) => k.endpoint), keyed.map((k) => k.key), replays.map((k) => k.i), replays.map((k) => k.endpoint), replays.map((k) => k.key)],
+      );
+      for (const row of rows) {
+        if (row.kind === 'key') seenKey.set(row.i, { id: row.id, receivedAt: row.received_at });
+        else seenReplay.set(row.i, row.id);
+      }
+    }
+
+    // 2. Decide each, as the SQLite driver does: a delivery id inside the window, then a replay key; repeats inside the batch follow their first.
+    const firstWithKey = new Map<string, number>();
+    const firstWithReplay = new Map<string, number>();
+    const decisions: Decision[] = batch.map((p, i) => {
+      const { event } = p;
+      const seen = seenKey.get(i);
+      if (seen && seen.receivedAt > event.receivedAt - IDEMPOTENCY_WINDOW_MS) return { kind: 'duplicate', id: seen.id };
+      const replayed = seenReplay.get(i);
+      if (replayed !== undefined) return { kind: 'duplicate', id: replayed };
+      const keyId = event.idempotencyKey !== undefined ? JSON.stringify([event.endpoint, event.idempotencyKey]) : undefined;
+      const replayId = event.replayKey !== undefined ? JSON.stringify([event.endpoint, event.replayKey]) : undefined;
+      const earlier = (keyId !== undefined ? firstWithKey.get(keyId) : undefined) ?? (replayId !== undefined ? firstWithReplay.get(replayId) : undefined);
+      if (earlier !== undefined) return { kind: 'same-as', index: earlier };
+      try {
+        p.envelope ??= event.envelope(p.id); // only for an event to be stored; a throw fails it alone
+      } catch (err) {
+        return { kind: 'failed', err };
+      }
+      if (keyId !== undefined) firstWithKey.set(keyId, i);
+      if (replayId !== undefined) firstWithReplay.set(replayId, i);
+      return { kind: 'insert', forget: seen?.id };
+    });
+
+    // 3. Delivery ids past their window are forgotten by the event that reuses them.
+    const forget = decisions.flatMap((d) => (d.kind === 'insert' && d.forget !== undefined ? [d.forget] : []));
+    if (forget.length > 0) await client.query('UPDATE events SET idempotency_key = NULL WHERE id = ANY($1::text[])', [forget]);
+
+    // 4. One multi-row insert. Sorted by key, so two instances' batches lock keys in one order.
+    const inserts = batch.map((p, i) => ({ p, i })).filter(({ i }) => decisions[i]!.kind === 'insert')
+      .sort((a, b) => compareKeys(a.p.event, b.p.event));
+    const inserted = new Set<string>();
+    if (inserts.length > 0) {
+      const { rows } = await client.query<{ id: string }>(
+        `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at)
+         SELECT id, endpoint, action, key, received_at, envelope, 'queued', received_at
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[]) AS t(id, endpoint, action, key, received_at, envelope)
+         ON CONFLICT (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+         RETURNING id`,
+        [
+          inserts.map(({ p }) => p.id), inserts.map(({ p }) => p.event.endpoint), inserts.map(({ p }) => p.event.action),
+          inserts.map(({ p }) => p.event.idempotencyKey ?? null), inserts.map(({ p }) => p.event.receivedAt), inserts.map(({ p }) => p.envelope!),
+        ],
+      );
+      for (const row of rows) inserted.add(row.id);
+    }
+
+    // 5. Replay keys of the stored events; one another instance stored meanwhile makes ours a duplicate.
+    const withReplay = inserts.filter(({ p }) => inserted.has(p.id) && p.event.replayKey !== undefined);
+    const replayStored = new Set<string>();
+    if (withReplay.length > 0) {
+      const { rows } = await client.query<{ event_id: string }>(
+        `INSERT INTO event_replay_keys (endpoint, replay_key, event_id)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
+         ON CONFLICT (endpoint, replay_key) DO NOTHING
+         RETURNING event_id`,
+        [withReplay.map(({ p }) => p.event.endpoint), withReplay.map(({ p }) => p.event.replayKey!), withReplay.map(({ p }) => p.id)],
+      );
+      for (const row of rows) replayStored.add(row.event_id);
+      const beaten = withReplay.filter(({ p }) => !replayStored.has(p.id)).map(({ p }) => p.id);
+      if (beaten.length > 0) {
+        await client.query('DELETE FROM events WHERE id = ANY($1::text[])', [beaten]);
+        for (const id of beaten) inserted.delete(id);
+      }
+    }
+
+    // 6. Those another instance won: the winner committed (ON CONFLICT waited for it), so this statement sees it.
+    const lost = inserts.filter(({ p }) => !inserted.has(p.id));
+    const winners = new Map<number, string>();
+    if (lost.length > 0) {
+      const { rows } = await client.query<{ i: number; id: string }>(
+        `SELECT b.i, coalesce(r.event_id, e.id) AS id
+           FROM unnest($1::int[], $2::text[], $3::text[], $4::text[]) AS b(i, endpoint, key, replay)
+           LEFT JOIN event_replay_keys r ON r.endpoint = b.endpoint AND r.replay_key = b.replay
+           LEFT JOIN events e ON e.endpoint = b.endpoint AND e.idempotency_key = b.key`,
+        [lost.map(({ i }) => i), lost.map(({ p }) => p.event.endpoint), lost.map(({ p }) => p.event.idempotencyKey ?? null), lost.map(({ p }) => p.event.replayKey ?? null)],
+      );
+      for (const row of rows) if (row.id !== null) winners.set(row.i, row.id);
+      // Not found: the winner vanished in between (purged). Running the batch again decides afresh.
+      if (winners.size < lost.length) throw Object.assign(new Error('a concurrent duplicate vanished; retrying the batch'), { code: '40001' });
+    }
+
+    const results: (AcceptResult | { err: unknown })[] = [];
+    decisions.forEach((d, i) => {
+      if (d.kind === 'duplicate') results.push({ id: d.id, duplicate: true });
+      else if (d.kind === 'failed') results.push({ err: d.err });
+      else if (d.kind === 'same-as') results.push({ id: (results[d.index] as AcceptResult).id, duplicate: true });
+      else if (winners.has(i)) results.push({ id: winners.get(i)!, duplicate: true });
+      else results.push({ id: batch[i]!.id, duplicate: false });
+    });
+    return results;
+  }
+
+  async claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<ClaimedEvent[]> {
+    const { rows } = await this.pool.query<EventRow>(
+      `UPDATE events e SET lease_until = $1::bigint + $2::bigint, claim_id = gen_random_uuid(), lease_owner = $3
+         FROM (SELECT id FROM events
+                WHERE status = 'queued' AND action = $4 AND next_attempt_at <= $1::bigint AND (lease_until IS NULL OR lease_until <= $1::bigint)
+                ORDER BY next_attempt_at, id
+                LIMIT $5
+                FOR UPDATE SKIP LOCKED) due
+        WHERE e.id = due.id
+        RETURNING e.*`,
+      [now, leaseMs, this.owner, action, limit],
+    );
+    return rows
+      .sort((a, b) => a.next_attempt_at - b.next_attempt_at || (a.id < b.id ? -1 : 1))
+      .map((row) => ({ ...toEvent(row), claimId: row.claim_id!, leaseUntil: row.lease_until! }));
+  }
+
+  async recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome, claimId?: string): Promise<boolean> {
+    // One statement: the attempt row and the settled event together, or (a repeated attempt number) neither.
+    const { rowCount } = await this.pool.query(
+      `WITH settled AS (
+         UPDATE events
+            SET status = $2, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = $3::bigint,
+                last_error = $4, delivered_at = $5::bigint, lease_until = NULL, claim_id = NULL, lease_owner = NULL
+          WHERE id = $1 AND ($6::uuid IS NULL OR claim_id = $6::uuid)
+          RETURNING id)
+       INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms)
+       SELECT id, $7, $8::bigint, $9::int, $10, $11 FROM settled`,
+      [
+        id, outcome.status, outcome.status === 'queued' ? outcome.nextAttemptAt : 0, lastErrorOf(attempt, outcome),
+        outcome.status === 'delivered' ? attempt.at + Math.round(attempt.durationMs) : null, claimId ?? null,
+        attempt.attempt, attempt.at, attempt.status, attempt.error, Math.round(attempt.durationMs),
+      ],
+    );
+    return rowCount === 1;
+  }
+
+  async renewLease(id: string, claimId: string, leaseUntil: number): Promise<boolean> {
+    const { rowCount } = await this.pool.query(
+      "UPDATE events SET lease_until = $3::bigint WHERE id = $1 AND claim_id = $2::uuid AND status = 'queued'",
+      [id, claimId, leaseUntil],
+    );
+    return rowCount === 1;
+  }
+
+  async releaseLeases(): Promise<number> {
+    const { rowCount } = await this.pool.query('UPDATE events SET lease_until = NULL, claim_id = NULL, lease_owner = NULL WHERE lease_owner = $1', [this.owner]);
+    return rowCount ?? 0;
+  }
+
+  async nextDueAt(now: number): Promise<number | undefined> {
+    const { rows } = await this.pool.query<{ free: number | null; leased: number | null }>(
+      `SELECT (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND (lease_until IS NULL OR lease_until <= $1::bigint)) AS free,
+              (SELECT min(greatest(next_attempt_at, lease_until)) FROM events WHERE status = 'queued' AND lease_until > $1::bigint) AS leased`,
+      [now],
+    );
+    const { free, leased } = rows[0]!;
+    if (free === null) return leased ?? undefined;
+    return leased === null ? free : Math.min(free, leased);
+  }
+
+  onDue(wake: () => void): () => void {
+    this.wakers.add(wake);
+    return () => this.wakers.delete(wake);
+  }
+
+  private wake(): void {
+    for (const wake of this.wakers) wake();
+  }
+
+  /** Sent after COMMIT; one at a time, and commits meanwhile share the next one. Lost ones are covered by polling. */
+  private notifyDue(): void {
+    if (this.notifying) {
+      this.notifyAgain = true;
+      return;
+    }
+    this.notifying = true;
+    void this.pool.query('SELECT pg_notify($1, \'\')', [DUE_CHANNEL]).catch(() => {}).finally(() => {
+      this.notifying = false;
+      if (this.notifyAgain && !this.closed) {
+        this.notifyAgain = false;
+        this.notifyDue();
+      }
+    });
+  }
+
+  async list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]> {
+    const { rows } = await this.pool.query<EventRow>(
+      `SELECT * FROM events
+        WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR endpoint = $2)
+        ORDER BY received_at DESC, id DESC
+        LIMIT $3`,
+      [filter.status ?? null, filter.endpoint ?? null, filter.limit ?? 100],
+    );
+    return rows.map(toEvent);
+  }
+
+  async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
+    const { rows } = await this.pool.query<EventRow>('SELECT * FROM events WHERE id = $1', [id]);
+    if (rows.length === 0) return undefined;
+    const attempts = await this.pool.query<{ attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>(
+      'SELECT attempt, at, status, error, duration_ms FROM attempts WHERE event_id = $1 ORDER BY attempt',
+      [id],
+    );
+    return { event: toEvent(rows[0]!), attempts: attempts.rows.map((a) => ({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms })) };
+  }
+
+  async requeue(id: string, now: number): Promise<boolean> {
+    const { rowCount } = await this.pool.query(
+      `UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $2::bigint, delivered_at = NULL,
+              lease_until = NULL, claim_id = NULL, lease_owner = NULL
+        WHERE id = $1 AND status <> 'queued'`,
+      [id, now],
+    );
+    if (rowCount) this.notifyDue();
+    return rowCount === 1;
+  }
+
+  async requeueDead(now: number): Promise<number> {
+    const { rowCount } = await this.pool.query(
+      "UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'dead'",
+      [now],
+    );
+    if (rowCount) this.notifyDue();
+    return rowCount ?? 0;
+  }
+
+  async purgeDelivered(olderThan: number): Promise<number> {
+    let purged = 0;
+    for (;;) {
+      // In chunks, each its own short transaction: no long lock over what the servers write.
+      const { rowCount } = await this.pool.query(
+        "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE status = 'delivered' AND delivered_at < $1::bigint LIMIT 500)",
+        [olderThan],
+      );
+      if (!rowCount) return purged;
+      purged += rowCount;
+    }
+  }
+
+  async status(now: number): Promise<StoreStatus> {
+    const counts: Record<DeliveryStatus, number> = { queued: 0, delivered: 0, dead: 0 };
+    const { rows } = await this.pool.query<{ status: DeliveryStatus; n: number }>('SELECT status, count(*) AS n FROM events GROUP BY status');
+    for (const row of rows) counts[row.status] = row.n;
+    const leased = await this.pool.query<{ n: number }>("SELECT count(*) AS n FROM events WHERE status = 'queued' AND lease_until > $1::bigint", [now]);
+    return { driver: 'postgres', location: describeUrl(this.storage.url), schemaVersion: await schemaVersion(this.pool), counts, leased: leased.rows[0]!.n };
+  }
+
+  /** Commits the accepts still waiting, then closes every connection. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    while (this.flushing || this.pending.length > 0) {
+      if (this.flushing) await this.flushing;
+      else await this.flush();
+    }
+    await this.listener?.close();
+    await this.pool.end();
+  }
+}
+
+function compareKeys(a: NewEvent, b: NewEvent): number {
+  const ka = `${a.endpoint}\u0000${a.idempotencyKey ?? ''}`;
+  const kb = `${b.endpoint}\u0000${b.idempotencyKey ?? ''}`;
+  return ka < kb ? -1 : ka > kb ? 1 : 0;
+}
+
+function toEvent(row: EventRow): StoredEvent {
+  return {
+    id: row.id,
+    endpoint: row.endpoint,
+    action: row.action,
+    idempotencyKey: row.idempotency_key,
+    receivedAt: row.received_at,
+    envelope: row.envelope,
+    status: row.status,
+    attempts: row.attempts,
+    roundAttempts: row.round_attempts,
+    nextAttemptAt: row.next_attempt_at,
+    lastError: row.last_error,
+    deliveredAt: row.delivered_at,
+  };
+}

@@ -1,0 +1,110 @@
+import type pg from 'pg';
+import { withClient } from './pool.js';
+
+/**
+ * The Postgres schema, as numbered migrations: each runs once, in its own transaction, and is
+ * recorded in `schema_migrations`. Append only: a released migration is never edited.
+ */
+export const MIGRATIONS: readonly { version: number; name: string; sql: string }[] = [
+  {
+    version: 1,
+    name: 'webhook events, attempts, replay keys, leases',
+    sql: `
+CREATE TABLE events (
+  id              text PRIMARY KEY,
+  endpoint        text NOT NULL,
+  action          text NOT NULL,
+  idempotency_key text,
+  received_at     bigint NOT NULL,
+  envelope        text NOT NULL,
+  status          text NOT NULL CHECK (status IN ('queued', 'delivered', 'dead')),
+  attempts        integer NOT NULL DEFAULT 0,
+  round_attempts  integer NOT NULL DEFAULT 0,
+  next_attempt_at bigint NOT NULL,
+  last_error      text,
+  delivered_at    bigint,
+  -- The lease: until when, under which fencing token, held by which process (see claimDue).
+  lease_until     bigint,
+  claim_id        uuid,
+  lease_owner     text
+);
+CREATE UNIQUE INDEX events_idempotency ON events (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX events_due ON events (action, next_attempt_at) WHERE status = 'queued';
+CREATE INDEX events_next ON events (next_attempt_at) WHERE status = 'queued';
+CREATE INDEX events_leased ON events (lease_until) WHERE status = 'queued' AND lease_until IS NOT NULL;
+CREATE INDEX events_lease_owner ON events (lease_owner) WHERE lease_owner IS NOT NULL;
+CREATE INDEX events_delivered ON events (delivered_at) WHERE status = 'delivered';
+CREATE INDEX events_received ON events (received_at DESC, id DESC);
+CREATE TABLE attempts (
+  event_id    text NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+  attempt     integer NOT NULL,
+  at          bigint NOT NULL,
+  status      integer,
+  error       text,
+  duration_ms integer NOT NULL,
+  PRIMARY KEY (event_id, attempt)
+);
+CREATE TABLE event_replay_keys (
+  endpoint   text NOT NULL,
+  replay_key text NOT NULL,
+  event_id   text NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+  PRIMARY KEY (endpoint, replay_key)
+);
+CREATE INDEX event_replay_keys_event ON event_replay_keys (event_id);
+`,
+  },
+];
+
+export const POSTGRES_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
+
+/** pg_advisory_lock key of gatehouse's migrations (any constant; "gatehous" in ASCII). */
+const MIGRATION_LOCK_KEY = '7449363237540164979';
+
+/** The version recorded in the database: 0 when gatehouse's schema is not there at all. */
+export async function schemaVersion(pool: pg.Pool): Promise<number> {
+  const { rows } = await pool.query<{ version: number | null }>(
+    "SELECT CASE WHEN to_regclass('schema_migrations') IS NULL THEN 0 END AS version",
+  );
+  if (rows[0]!.version === 0) return 0;
+  const found = await pool.query<{ version: number | null }>('SELECT max(version) AS version FROM schema_migrations');
+  return found.rows[0]!.version ?? 0;
+}
+
+/**
+ * Brings the schema to POSTGRES_SCHEMA_VERSION. Under a session advisory lock, so instances
+ * starting together take turns: the first applies, the others find nothing left to do. Refuses a
+ * database migrated by a newer gatehouse (its schema may not be what this code writes).
+ */
+export async function migrate(pool: pg.Pool): Promise<{ from: number; to: number; applied: number[] }> {
+  return withClient(pool, async (client) => {
+    await client.query('SELECT pg_advisory_lock($1::bigint)', [MIGRATION_LOCK_KEY]);
+    try {
+      await client.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
+        version    integer PRIMARY KEY,
+        name       text NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now()
+      )`);
+      const { rows } = await client.query<{ version: number | null }>('SELECT max(version) AS version FROM schema_migrations');
+      const from = rows[0]!.version ?? 0;
+      if (from > POSTGRES_SCHEMA_VERSION) {
+        throw new Error(`the database schema is at version ${from}, newer than this gatehouse knows (${POSTGRES_SCHEMA_VERSION}): upgrade gatehouse`);
+      }
+      const applied: number[] = [];
+      for (const migration of MIGRATIONS.filter((m) => m.version > from)) {
+        await client.query('BEGIN');
+        try {
+          await client.query(migration.sql);
+          await client.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [migration.version, migration.name]);
+          await client.query('COMMIT');
+        } catch (err) {
+          await client.query('ROLLBACK').catch(() => {});
+          throw err;
+        }
+        applied.push(migration.version);
+      }
+      return { from, to: POSTGRES_SCHEMA_VERSION, applied };
+    } finally {
+      await client.query('SELECT pg_advisory_unlock($1::bigint)', [MIGRATION_LOCK_KEY]).catch(() => {});
+    }
+  });
+}

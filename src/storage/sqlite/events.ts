@@ -1,0 +1,419 @@
+import { randomUUID } from 'node:crypto';
+import type Database from 'better-sqlite3';
+import type { WebhookAction } from '../../config/schema.js';
+import { openDatabase } from '../../sqlite.js';
+import { acquireWriterLock, type WriterLock } from './writer-lock.js';
+import {
+  IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId,
+  type AcceptResult, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type NewEvent, type StoreStatus, type StoredEvent,
+} from '../events.js';
+
+const MAX_FRESH_EVENTS = 10_000;
+/** The fresh queue holds envelopes in memory: bounded in bytes too (a slow target, large bodies). */
+const MAX_FRESH_BYTES = 32 * 1024 * 1024;
+
+interface EventRow {
+  id: string;
+  endpoint: string;
+  action: WebhookAction;
+  idempotency_key: string | null;
+  received_at: number;
+  envelope: string;
+  status: DeliveryStatus;
+  attempts: number;
+  round_attempts: number;
+  next_attempt_at: number;
+  last_error: string | null;
+  delivered_at: number | null;
+}
+
+const SCHEMA = `
+CREATE TABLE IF NOT EXISTS events (
+  id              TEXT PRIMARY KEY,
+  endpoint        TEXT NOT NULL,
+  action          TEXT NOT NULL,
+  idempotency_key TEXT,
+  received_at     INTEGER NOT NULL,
+  envelope        TEXT NOT NULL,
+  status          TEXT NOT NULL CHECK (status IN ('queued', 'delivered', 'dead')),
+  attempts        INTEGER NOT NULL DEFAULT 0,
+  round_attempts  INTEGER NOT NULL DEFAULT 0,
+  next_attempt_at INTEGER NOT NULL,
+  last_error      TEXT,
+  delivered_at    INTEGER
+);
+CREATE UNIQUE INDEX IF NOT EXISTS events_idempotency ON events (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS events_due ON events (status, action, next_attempt_at, id);
+CREATE INDEX IF NOT EXISTS events_next ON events (status, next_attempt_at, id);
+CREATE TABLE IF NOT EXISTS attempts (
+  event_id    TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+  attempt     INTEGER NOT NULL,
+  at          INTEGER NOT NULL,
+  status      INTEGER,
+  error       TEXT,
+  duration_ms INTEGER NOT NULL,
+  PRIMARY KEY (event_id, attempt)
+);
+-- Replay keys (see NewEvent.replayKey): one row per signed event, gone with its event (purge).
+-- A table of its own rather than a column, so a file from an earlier version gains it here
+-- without an ALTER.
+CREATE TABLE IF NOT EXISTS event_replay_keys (
+  endpoint   TEXT NOT NULL,
+  replay_key TEXT NOT NULL,
+  event_id   TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
+  PRIMARY KEY (endpoint, replay_key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS event_replay_keys_event ON event_replay_keys (event_id);
+`;
+
+/** PRAGMA user_version once SCHEMA is in place (what `gatehouse storage status` reports). */
+export const SQLITE_SCHEMA_VERSION = 1;
+
+interface Lease {
+  until: number;
+  claimId: string;
+}
+
+interface PendingWrite {
+  run: () => unknown;
+  resolve: (result: any) => void;
+  reject: (err: unknown) => void;
+}
+
+/**
+ * SQLite (better-sqlite3, WAL, synchronous=FULL) store. Group commit: the writes (accepts and
+ * attempt records) that arrive in the same turn of the event loop share one transaction, and
+ * each resolves after that single fsync, so durability costs one commit per batch rather than
+ * per request. One failing write fails alone (see flush).
+ *
+ * Leases live in this process's memory: reading due events never writes, and a restart after
+ * a crash starts with none, so everything undelivered is due again. One delivering process per
+ * SQLite file (the server takes src/storage/sqlite/writer-lock.ts to make sure).
+ */
+export class SqliteEventStore implements EventStore {
+  private readonly db: Database.Database;
+  private pending: PendingWrite[] = [];
+  private flushScheduled = false;
+  /** Event id → its current lease (kept past its end until settled or claimed again: the token still fences). */
+  private readonly leases = new Map<string, Lease>();
+  /**
+   * Events this process accepted and no deliverer has claimed yet, per action: handed out
+   * without reading them back from the file. Bounded; beyond it, events wait for a scan.
+   */
+  private readonly fresh = new Map<WebhookAction, StoredEvent[]>();
+  private readonly freshIds = new Set<string>();
+  private freshBytes = 0;
+  private readonly statements;
+
+  private readonly writerLock: WriterLock | undefined;
+
+  /**
+   * `mustExist`: open an existing store only (the CLI), rather than create an empty one at a
+   * mistyped path. `singleWriter`: the server's store, refused while another server has the file
+   * (see acquireWriterLock); released by close().
+   */
+  constructor(file: string, options: { mustExist?: boolean; singleWriter?: boolean } = {}) {
+    this.writerLock = options.singleWriter ? acquireWriterLock(file) : undefined;
+    try {
+      this.db = openDatabase(file, options);
+    } catch (err) {
+      this.writerLock?.release();
+      throw err;
+    }
+    this.db.exec(SCHEMA);
+    if ((this.db.pragma('user_version', { simple: true }) as number) < SQLITE_SCHEMA_VERSION) this.db.pragma(`user_version = ${SQLITE_SCHEMA_VERSION}`);
+    const db = this.db;
+    this.statements = {
+      findByKey: db.prepare<[string, string], { id: string; received_at: number }>('SELECT id, received_at FROM events WHERE endpoint = ? AND idempotency_key = ?'),
+      forgetKey: db.prepare<[string]>('UPDATE events SET idempotency_key = NULL WHERE id = ?'),
+      findByReplayKey: db.prepare<[string, string], { id: string }>('SELECT event_id AS id FROM event_replay_keys WHERE endpoint = ? AND replay_key = ?'),
+      insertReplayKey: db.prepare<[string, string, string]>('INSERT INTO event_replay_keys (endpoint, replay_key, event_id) VALUES (?, ?, ?)'),
+      insert: db.prepare('INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, \'queued\', ?)'),
+      // Ids only (a covering index): leased rows are skipped without reading their envelopes.
+      due: db.prepare<[string, number, number], { id: string }>('SELECT id FROM events WHERE status = \'queued\' AND action = ? AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?'),
+      insertAttempt: db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)'),
+      settle: db.prepare('UPDATE events SET status = ?, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = ?, last_error = ?, delivered_at = ? WHERE id = ?'),
+      nextDue: db.prepare<[number], { id: string; next_attempt_at: number }>('SELECT id, next_attempt_at FROM events WHERE status = \'queued\' ORDER BY next_attempt_at LIMIT ?'),
+      get: db.prepare<[string], EventRow>('SELECT * FROM events WHERE id = ?'),
+      attempts: db.prepare<[string], { attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
+      requeue: db.prepare<[number, string]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ?, delivered_at = NULL WHERE id = ? AND status != \'queued\''),
+      requeueDead: db.prepare<[number]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ? WHERE status = \'dead\''),
+      // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
+      purge: db.prepare<[number]>('DELETE FROM events WHERE rowid IN (SELECT rowid FROM events WHERE status = \'delivered\' AND delivered_at < ? LIMIT 500)'),
+      counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
+    };
+  }
+
+  async accept(event: NewEvent): Promise<AcceptResult> {
+    const { stored, ...result } = await this.write(() => this.insertOne(event));
+    if (stored) this.handOver(stored);
+    return result;
+  }
+
+  /**
+   * Runs `work` in the next group commit, inside a savepoint of its own: the events it accepts
+   * and what it writes to its own tables (an integration's cursor) are committed together, or
+   * not at all. Resolves once durable. For integrations that keep their state in this file.
+   */
+  async atomically<T>(work: (tx: { accept(event: NewEvent): AcceptResult; db: Database.Database }) => T): Promise<T> {
+    const storedEvents: StoredEvent[] = [];
+    const accept = (event: NewEvent): AcceptResult => {
+      const { stored, ...result } = this.insertOne(event);
+      if (stored) storedEvents.push(stored);
+      return result;
+    };
+    // A nested better-sqlite3 transaction is a SAVEPOINT: a throw undoes this work alone.
+    const result = await this.write(() => this.db.transaction(() => work({ accept, db: this.db }))());
+    for (const stored of storedEvents) this.handOver(stored);
+    return result;
+  }
+
+  /** The SQLite connection, for an integration's own tables (created in its constructor). */
+  get database(): Database.Database {
+    return this.db;
+  }
+
+  /** A committed event goes to the deliverer from memory, while the fresh queue has room. */
+  private handOver(stored: StoredEvent): void {
+    if (this.freshIds.size >= MAX_FRESH_EVENTS || this.freshBytes + stored.envelope.length > MAX_FRESH_BYTES) return;
+    this.freshBytes += stored.envelope.length;
+    const queue = this.fresh.get(stored.action) ?? [];
+    this.fresh.set(stored.action, queue);
+    queue.push(stored);
+    this.freshIds.add(stored.id);
+  }
+
+  /** Queues a write for the next group commit; resolves once it is durable. */
+  private write<T>(run: () => T): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      this.pending.push({ run, resolve, reject });
+      if (!this.flushScheduled) {
+        this.flushScheduled = true;
+        setImmediate(() => this.flush());
+      }
+    });
+  }
+
+  private flush(): void {
+    this.flushScheduled = false;
+    const batch = this.pending;
+    this.pending = [];
+    const outcomes: ({ ok: true; value: unknown } | { ok: false; err: unknown })[] = [];
+    try {
+      this.db.transaction(() => {
+        for (const w of batch) {
+          // No savepoint per write (they cost more than the inserts): SQLite undoes a failing
+          // statement alone and the transaction goes on, so each write fails alone as long as
+          // its statements are ordered with the one that can fail (a key conflict) first.
+          try {
+            outcomes.push({ ok: true, value: w.run() });
+          } catch (err) {
+            // SQLITE_FULL, IOERR, BUSY… roll the whole transaction back: then the batch as a whole fails.
+            if (!this.db.inTransaction) throw err;
+            outcomes.push({ ok: false, err });
+          }
+        }
+      })();
+    } catch (err) {
+      for (const w of batch) w.reject(err); // the commit itself failed: nothing in the batch is stored
+      return;
+    }
+    batch.forEach((w, i) => {
+      const outcome = outcomes[i]!;
+      if (outcome.ok) w.resolve(outcome.value);
+      else w.reject(outcome.err);
+    });
+  }
+
+  private insertOne(event: NewEvent): AcceptResult & { stored?: StoredEvent } {
+    const seen = event.idempotencyKey !== undefined ? this.statements.findByKey.get(event.endpoint, event.idempotencyKey) : undefined;
+    if (seen && seen.received_at > event.receivedAt - IDEMPOTENCY_WINDOW_MS) return { id: seen.id, duplicate: true };
+    const replayed = event.replayKey !== undefined ? this.statements.findByReplayKey.get(event.endpoint, event.replayKey) : undefined;
+    if (replayed) return { id: replayed.id, duplicate: true };
+    const id = newEventId(event.receivedAt);
+    const envelope = event.envelope(id); // before any write: a throw here leaves nothing behind
+    // Both keys were looked up in this same transaction, so neither insert can meet a conflict.
+    if (seen) this.statements.forgetKey.run(seen.id);
+    this.statements.insert.run(id, event.endpoint, event.action, event.idempotencyKey ?? null, event.receivedAt, envelope, event.receivedAt);
+    if (event.replayKey !== undefined) this.statements.insertReplayKey.run(event.endpoint, event.replayKey, id);
+    const stored: StoredEvent = {
+      id, endpoint: event.endpoint, action: event.action, idempotencyKey: event.idempotencyKey ?? null, receivedAt: event.receivedAt,
+      envelope, status: 'queued', attempts: 0, roundAttempts: 0, nextAttemptAt: event.receivedAt, lastError: null, deliveredAt: null,
+    };
+    return { id, duplicate: false, stored };
+  }
+
+  async claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<ClaimedEvent[]> {
+    const claimed: StoredEvent[] = [];
+    const queue = this.fresh.get(action);
+    if (queue?.length) {
+      // Just accepted by this process: handed out from memory, not read back from the file.
+      // An id no longer in freshIds was settled some other way meanwhile and is dropped.
+      const notDue: StoredEvent[] = [];
+      let i = 0;
+      for (; i < queue.length && claimed.length < limit; i++) {
+        const event = queue[i]!;
+        if (event.nextAttemptAt > now && this.freshIds.has(event.id)) {
+          notDue.push(event);
+          continue;
+        }
+        this.freshBytes -= event.envelope.length;
+        if (!this.freshIds.has(event.id)) continue;
+        this.freshIds.delete(event.id);
+        claimed.push(event);
+      }
+      queue.splice(0, i, ...notDue);
+      if (claimed.length === limit) return this.lease(claimed, now + leaseMs);
+    }
+    const fromMemory = new Set(claimed.map((e) => e.id));
+    for (const { id } of this.statements.due.all(action, now, limit + this.leases.size + this.freshIds.size + fromMemory.size)) {
+      if ((this.leases.get(id)?.until ?? 0) > now || this.freshIds.has(id) || fromMemory.has(id)) continue;
+      const row = this.statements.get.get(id);
+      if (!row) continue;
+      claimed.push(toEvent(row));
+      if (claimed.length === limit) break;
+    }
+    // Leased only once every row is read: a read that throws leaves no orphaned leases.
+    return this.lease(claimed, now + leaseMs);
+  }
+
+  /** Each claim gets a fresh token (see ClaimedEvent). */
+  private lease(events: StoredEvent[], until: number): ClaimedEvent[] {
+    return events.map((event) => {
+      const claimId = randomUUID();
+      this.leases.set(event.id, { until, claimId });
+      return { ...event, claimId, leaseUntil: until };
+    });
+  }
+
+  recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome, claimId?: string): Promise<boolean> {
+    const fenced = () => claimId !== undefined && this.leases.get(id)?.claimId !== claimId;
+    if (!fenced()) this.freshIds.delete(id);
+    return this.write(() => {
+      if (fenced()) return false; // the lease passed to another claim meanwhile: its holder settles the event
+      this.statements.insertAttempt.run(id, attempt.attempt, attempt.at, attempt.status, attempt.error, Math.round(attempt.durationMs));
+      this.statements.settle.run(
+        outcome.status,
+        outcome.status === 'queued' ? outcome.nextAttemptAt : 0,
+        lastErrorOf(attempt, outcome),
+        outcome.status === 'delivered' ? attempt.at + Math.round(attempt.durationMs) : null,
+        id,
+      );
+      return true;
+    }).then((recorded) => {
+      if (recorded) this.leases.delete(id);
+      return recorded;
+    });
+  }
+
+  async renewLease(id: string, claimId: string, leaseUntil: number): Promise<boolean> {
+    const lease = this.leases.get(id);
+    if (lease?.claimId !== claimId) return false;
+    lease.until = leaseUntil;
+    return true;
+  }
+
+  async releaseLeases(): Promise<number> {
+    this.fresh.clear();
+    this.freshIds.clear();
+    this.freshBytes = 0;
+    const held = this.leases.size;
+    this.leases.clear();
+    return held;
+  }
+
+  async status(now: number): Promise<StoreStatus> {
+    const counts: Record<DeliveryStatus, number> = { queued: 0, delivered: 0, dead: 0 };
+    for (const row of this.statements.counts.all()) counts[row.status] = row.n;
+    let leased = 0;
+    for (const lease of this.leases.values()) if (lease.until > now) leased++;
+    return { driver: 'sqlite', location: this.db.name, schemaVersion: this.db.pragma('user_version', { simple: true }) as number, counts, leased };
+  }
+
+  /** The earliest time a queued event can be claimed: leased events count from their lease's end. */
+  async nextDueAt(now: number): Promise<number | undefined> {
+    let earliest: number | undefined;
+    for (const queue of this.fresh.values()) {
+      const head = queue.find((e) => this.freshIds.has(e.id));
+      if (head) earliest = Math.min(earliest ?? head.nextAttemptAt, head.nextAttemptAt);
+    }
+    if (earliest !== undefined && earliest <= now) return earliest; // work is waiting: no need to ask the file
+    let active = 0;
+    for (const { until } of this.leases.values()) {
+      if (until <= now) continue;
+      active++;
+      earliest = Math.min(earliest ?? until, until);
+    }
+    for (const row of this.statements.nextDue.all(active + this.freshIds.size + 1)) {
+      if ((this.leases.get(row.id)?.until ?? 0) > now || this.freshIds.has(row.id)) continue;
+      earliest = Math.min(earliest ?? row.next_attempt_at, row.next_attempt_at);
+      break;
+    }
+    return earliest;
+  }
+
+  async list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]> {
+    const where: string[] = [];
+    const params: (string | number)[] = [];
+    if (filter.status) {
+      where.push('status = ?');
+      params.push(filter.status);
+    }
+    if (filter.endpoint) {
+      where.push('endpoint = ?');
+      params.push(filter.endpoint);
+    }
+    params.push(filter.limit ?? 100);
+    const sql = `SELECT * FROM events ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY received_at DESC, id DESC LIMIT ?`;
+    return (this.db.prepare(sql).all(...params) as EventRow[]).map(toEvent);
+  }
+
+  async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
+    const row = this.statements.get.get(id);
+    if (!row) return undefined;
+    const attempts = this.statements.attempts.all(id).map((a) => ({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms }));
+    return { event: toEvent(row), attempts };
+  }
+
+  async requeue(id: string, now: number): Promise<boolean> {
+    return this.statements.requeue.run(now, id).changes > 0;
+  }
+
+  async requeueDead(now: number): Promise<number> {
+    return this.statements.requeueDead.run(now).changes;
+  }
+
+  async purgeDelivered(olderThan: number): Promise<number> {
+    let purged = 0;
+    for (;;) {
+      const { changes } = this.statements.purge.run(olderThan);
+      if (changes === 0) return purged;
+      purged += changes;
+      await new Promise((r) => setImmediate(r)); // let the server's commits in between chunks
+    }
+  }
+
+
+  async close(): Promise<void> {
+    if (this.pending.length > 0) this.flush();
+    this.db.close();
+    this.writerLock?.release();
+  }
+}
+
+function toEvent(row: EventRow): StoredEvent {
+  return {
+    id: row.id,
+    endpoint: row.endpoint,
+    action: row.action,
+    idempotencyKey: row.idempotency_key,
+    receivedAt: row.received_at,
+    envelope: row.envelope,
+    status: row.status,
+    attempts: row.attempts,
+    roundAttempts: row.round_attempts,
+    nextAttemptAt: row.next_attempt_at,
+    lastError: row.last_error,
+    deliveredAt: row.delivered_at,
+  };
+}

@@ -1,0 +1,116 @@
+import { execFile } from 'node:child_process';
+import { chownSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import pg from 'pg';
+
+const run = promisify(execFile);
+
+/**
+ * A throwaway PostgreSQL cluster for one test file: initdb into a temporary folder (fsync off,
+ * trust auth, a Unix socket in that folder), started on a free port of 127.0.0.1. As root (CI),
+ * the server runs as the `postgres` user (initdb refuses root). The binaries are found under
+ * /usr/lib/postgresql/<version>/bin (Debian's layout; .ci/run installs the package), or in
+ * GATEHOUSE_PG_BIN.
+ */
+export interface PostgresCluster {
+  port: number;
+  /** A new, empty database; its URL. */
+  createDatabase(name?: string): Promise<string>;
+  /** pg_ctl stop (fast: connections are cut, as in a crash of the server's clients' view) / start again on the same port and data. */
+  stop(): Promise<void>;
+  start(): Promise<void>;
+  /** Stops the cluster and removes its folder. */
+  destroy(): Promise<void>;
+}
+
+/** Why a cluster cannot be started here, or undefined when the binaries are there. */
+export function findPostgresBin(): string | undefined {
+  if (process.env.GATEHOUSE_PG_BIN) return process.env.GATEHOUSE_PG_BIN;
+  const root = '/usr/lib/postgresql';
+  if (!existsSync(root)) return undefined;
+  const versions = readdirSync(root).filter((v) => existsSync(path.join(root, v, 'bin', 'initdb'))).sort((a, b) => Number(b) - Number(a));
+  return versions[0] !== undefined ? path.join(root, versions[0], 'bin') : undefined;
+}
+
+let databases = 0;
+
+/**
+ * Starts a cluster, or returns the reason it cannot (printed loudly, for the caller to skip).
+ * On CI (CI=true) a missing PostgreSQL is a failure, not a skip: .ci/run installs it.
+ */
+export async function startPostgres(): Promise<PostgresCluster | { skip: string }> {
+  const bin = findPostgresBin();
+  if (!bin) return unavailable('no PostgreSQL binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql, or set GATEHOUSE_PG_BIN)');
+  const root = mkdtempSync(path.join(tmpdir(), 'gh-pg-'));
+  const data = path.join(root, 'data');
+  const asPostgres = process.getuid?.() === 0;
+  const command = (tool: string, args: string[]) =>
+    asPostgres ? run('runuser', ['-u', 'postgres', '--', path.join(bin, tool), ...args]) : run(path.join(bin, tool), args);
+  try {
+    if (asPostgres) {
+      const { stdout } = await run('id', ['-u', 'postgres']);
+      const { stdout: gid } = await run('id', ['-g', 'postgres']);
+      chownSync(root, Number(stdout.trim()), Number(gid.trim()));
+    }
+    await command('initdb', ['-D', data, '-A', 'trust', '-U', 'postgres', '--no-sync', '--no-locale', '-E', 'UTF8']);
+  } catch (err) {
+    rmSync(root, { recursive: true, force: true });
+    return unavailable(`initdb failed: ${(err as Error).message}`);
+  }
+  const port = await freePort();
+  const start = async () => {
+    await command('pg_ctl', ['-D', data, '-l', path.join(root, 'log'), '-w', '-t', '30', 'start', '-o',
+      `-k ${root} -p ${port} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=200`]);
+  };
+  const stop = async () => {
+    await command('pg_ctl', ['-D', data, '-w', '-t', '30', '-m', 'fast', 'stop']);
+  };
+  try {
+    await start();
+  } catch (err) {
+    const log = existsSync(path.join(root, 'log')) ? readFileSync(path.join(root, 'log'), 'utf8').slice(-2000) : '';
+    rmSync(root, { recursive: true, force: true });
+    return unavailable(`pg_ctl start failed: ${(err as Error).message}\n${log}`);
+  }
+  return {
+    port,
+    async createDatabase(name = `gh_test_${process.pid}_${++databases}`) {
+      if (!/^[a-z_][a-z0-9_]*$/.test(name)) throw new Error(`bad database name ${name}`);
+      const admin = new pg.Client({ host: '127.0.0.1', port, user: 'postgres', database: 'postgres' });
+      await admin.connect();
+      try {
+        await admin.query(`CREATE DATABASE ${name}`); // an identifier: cannot be a bound parameter; checked above
+      } finally {
+        await admin.end();
+      }
+      return `postgres://postgres@127.0.0.1:${port}/${name}`;
+    },
+    stop,
+    start,
+    async destroy() {
+      await command('pg_ctl', ['-D', data, '-w', '-t', '30', '-m', 'immediate', 'stop']).catch(() => {});
+      rmSync(root, { recursive: true, force: true });
+    },
+  };
+}
+
+function unavailable(reason: string): { skip: string } {
+  const message = `PostgreSQL tests cannot run: ${reason}`;
+  if (process.env.CI) throw new Error(`${message} (on CI this is a failure: .ci/run installs PostgreSQL)`);
+  process.stderr.write(`\n!!! ${message}: SKIPPING them !!!\n\n`);
+  return { skip: message };
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as net.AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}

@@ -1,0 +1,358 @@
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import pg from 'pg';
+import pino from 'pino';
+import { parseConfig } from '../../src/config/load.js';
+import type { PostgresStorageConfig } from '../../src/config/schema.js';
+import type { EventStore } from '../../src/storage/events.js';
+import { PostgresEventStore } from '../../src/storage/postgres/events.js';
+import { Deliverer } from '../../src/webhooks/deliverer.js';
+import { request } from '../helpers/http.js';
+import { startTestGatehouse, testConfig } from '../helpers/gatehouse.js';
+import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
+import { runCli } from '../helpers/process.js';
+import { attempt, event, eventStoreContract, T0 } from '../webhooks/store-contract.js';
+
+// One cluster for this file (initdb + start: about 2-4 s), one database per describe.
+const cluster = await startPostgres();
+const skip = 'skip' in cluster ? cluster.skip : false;
+/** The cluster, inside tests that run only when it started. */
+const pgc = () => cluster as PostgresCluster;
+after(async () => {
+  if (!('skip' in cluster)) await cluster.destroy();
+});
+
+const silent = pino({ level: 'silent' });
+const LEASE = 30_000;
+
+function storage(url: string, max = 5): PostgresStorageConfig {
+  return { driver: 'postgres', url, pool: { max } };
+}
+
+async function waitFor<T>(what: string, check: () => Promise<T | undefined> | T | undefined, timeoutMs = 10_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+/** A target answering 200 (after `delayMs`) and recording the event ids it got. */
+async function startTarget(delayMs = 0): Promise<{ url: string; ids: string[]; close(): Promise<void> }> {
+  const ids: string[] = [];
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (d) => (body += d));
+    req.on('end', () => {
+      setTimeout(() => {
+        ids.push(JSON.parse(body).id);
+        res.end('ok');
+      }, delayMs);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    ids,
+    close: () => new Promise<void>((r) => {
+      server.closeAllConnections();
+      server.close(() => r());
+    }),
+  };
+}
+
+function deliveryConfig(targetUrl: string, delivery: Record<string, number> = {}) {
+  return parseConfig({
+    gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: 'k'.repeat(40) } },
+    webhooks: {
+      enabled: true,
+      endpoints: [{ path: '/webhook/github', secret: 's'.repeat(16), action: 'message' }],
+      targets: { message: { url: targetUrl } },
+      delivery: { concurrency: 4, timeoutMs: 2_000, initialBackoffMs: 20, maxBackoffMs: 100, ...delivery },
+    },
+  }).webhooks;
+}
+
+describe('PostgresEventStore: the EventStore contract', { skip, timeout: 90_000 }, () => {
+  let url: string;
+  let admin: pg.Client;
+  const stores: EventStore[] = [];
+  before(async () => {
+    if ('skip' in cluster) return;
+    url = await pgc().createDatabase();
+    admin = new pg.Client({ connectionString: url });
+    await admin.connect();
+  });
+  after(async () => admin?.end());
+  const count = async (sql: string, params: unknown[] = []) => Number((await admin.query(sql, params)).rows[0].n);
+
+  eventStoreContract({
+    driver: 'postgres',
+    async open() {
+      return PostgresEventStore.open(storage(url), { migrate: true });
+    },
+    async other() {
+      return PostgresEventStore.open(storage(url));
+    },
+    countReplayKeys: () => count('SELECT count(*) AS n FROM event_replay_keys'),
+    countAttempts: (id) => count('SELECT count(*) AS n FROM attempts WHERE event_id = $1', [id]),
+    async reset() {
+      for (const s of stores.splice(0)) await s.close();
+      await admin.query('TRUNCATE events, attempts, event_replay_keys');
+    },
+  });
+});
+
+describe('PostgresEventStore: several instances on one database', { skip, timeout: 90_000 }, () => {
+  let url: string;
+  const open: EventStore[] = [];
+  const instance = async (options: { listen?: boolean } = {}) => {
+    const store = await PostgresEventStore.open(storage(url), { migrate: true, ...options, logger: silent });
+    open.push(store);
+    return store;
+  };
+  before(async () => {
+    if ('skip' in cluster) return;
+    url = await pgc().createDatabase();
+  });
+  after(async () => {
+    for (const s of open) await s.close().catch(() => {});
+  });
+
+  it('instances starting together migrate once, under the advisory lock', async () => {
+    const fresh = await pgc().createDatabase();
+    const stores = await Promise.all([1, 2, 3].map(() => PostgresEventStore.open(storage(fresh), { migrate: true })));
+    const versions = await Promise.all(stores.map((s) => s.status(T0)));
+    assert.deepEqual(versions.map((v) => v.schemaVersion), [1, 1, 1]);
+    const client = new pg.Client({ connectionString: fresh });
+    await client.connect();
+    const { rows } = await client.query('SELECT version FROM schema_migrations ORDER BY version');
+    assert.deepEqual(rows.map((r) => r.version), [1]);
+    await client.end();
+    for (const s of stores) await s.close();
+    // The CLI's open (no migrate) refuses a database without the schema, saying what to run.
+    const empty = await pgc().createDatabase();
+    await assert.rejects(PostgresEventStore.open(storage(empty)), /gatehouse storage migrate/);
+  });
+
+  it('concurrent claims from two instances never hand the same event to both', async () => {
+    const [a, b] = [await instance(), await instance()];
+    const accepted = await Promise.all(Array.from({ length: 200 }, (_, i) => (i % 2 ? a : b).accept(event({ receivedAt: T0 + (i % 5) }))));
+    const claimedBy = { a: [] as string[], b: [] as string[] };
+    const drain = async (store: EventStore, into: string[]) => {
+      for (;;) {
+        const got = await store.claimDue(T0 + 10, 7, LEASE, 'message');
+        if (got.length === 0) return;
+        into.push(...got.map((e) => e.id));
+      }
+    };
+    await Promise.all([drain(a, claimedBy.a), drain(b, claimedBy.b), drain(a, claimedBy.a), drain(b, claimedBy.b)]);
+    const all = [...claimedBy.a, ...claimedBy.b];
+    assert.equal(new Set(all).size, all.length, 'no event claimed twice');
+    assert.deepEqual(new Set(all), new Set(accepted.map((r) => r.id)));
+    assert.ok(claimedBy.a.length > 0 && claimedBy.b.length > 0, `both instances claimed (${claimedBy.a.length} / ${claimedBy.b.length})`);
+    await (a as PostgresEventStore).releaseLeases();
+    await (b as PostgresEventStore).releaseLeases();
+    await a.purgeDelivered(Number.MAX_SAFE_INTEGER);
+    for (const id of all) await a.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
+    await a.purgeDelivered(Number.MAX_SAFE_INTEGER);
+  });
+
+  it('a lease that expires (its instance died) is taken over; the old holder\'s late outcome and renewal are ignored', async () => {
+    const [a, b] = [await instance(), await instance()];
+    const { id } = await a.accept(event({ idempotencyKey: 'lease-takeover' }));
+    const [held] = await a.claimDue(T0, 1, LEASE, 'message');
+    assert.equal(held?.id, id);
+    assert.deepEqual(await b.claimDue(T0 + LEASE - 1, 10, LEASE, 'message'), [], 'still leased');
+    const [taken] = await b.claimDue(T0 + LEASE, 10, LEASE, 'message');
+    assert.equal(taken?.id, id, 'taken over at the lease\'s end');
+    assert.equal(await a.renewLease(id, held!.claimId, T0 + 10 * LEASE), false);
+    assert.equal(await a.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' }, held!.claimId), false);
+    assert.equal((await b.get(id))?.event.status, 'queued');
+    assert.equal(await b.recordAttempt(id, attempt(1, T0 + LEASE, 200), { status: 'delivered' }, taken!.claimId), true);
+    const got = await a.get(id);
+    assert.equal(got?.event.status, 'delivered');
+    assert.equal(got?.attempts.length, 1);
+    // releaseLeases frees this instance's leases only.
+    await a.accept(event({ idempotencyKey: 'lease-owner' }));
+    const [mine] = await b.claimDue(T0, 1, LEASE, 'message');
+    assert.equal(await a.releaseLeases(), 0);
+    assert.deepEqual(await a.claimDue(T0 + 1, 1, LEASE, 'message'), [], 'b\'s lease survives a\'s release');
+    assert.equal(await b.releaseLeases(), 1);
+    assert.equal((await a.claimDue(T0 + 1, 1, LEASE, 'message'))[0]?.id, mine!.id);
+  });
+
+  it('the same delivery id (or signed request) accepted by two instances at once is stored once', async () => {
+    const [a, b] = [await instance(), await instance()];
+    const keys = Array.from({ length: 60 }, (_, i) => `dup-${i}`);
+    const pairs = await Promise.all(keys.map((k) => Promise.all([a.accept(event({ idempotencyKey: k })), b.accept(event({ idempotencyKey: k }))])));
+    for (const [x, y] of pairs) {
+      assert.equal(x.id, y.id);
+      assert.equal([x, y].filter((r) => r.duplicate).length, 1);
+    }
+    const replays = await Promise.all(keys.map((k, i) => Promise.all([
+      a.accept(event({ idempotencyKey: `r-a-${i}`, replayKey: `sig-${k}` })),
+      b.accept(event({ idempotencyKey: `r-b-${i}`, replayKey: `sig-${k}` })),
+    ])));
+    for (const [x, y] of replays) {
+      assert.equal(x.id, y.id);
+      assert.equal([x, y].filter((r) => r.duplicate).length, 1);
+    }
+    const stored = await a.list({ limit: 10_000 });
+    const mentioned = new Set([...pairs, ...replays].flat().map((r) => r.id));
+    assert.equal(stored.filter((e) => mentioned.has(e.id)).length, keys.length * 2, 'one row per delivery');
+  });
+
+  it('NOTIFY wakes the other instances after a commit; two deliverers deliver every event exactly once', async () => {
+    const [a, b] = [await instance({ listen: true }), await instance({ listen: true })];
+    let woken = 0;
+    const stop = b.onDue!(() => woken++);
+    await waitFor('LISTEN connected', () => (woken > 0 ? true : undefined)); // called once on connect
+    const before = woken;
+    await a.accept(event({ receivedAt: Date.now() }));
+    await waitFor('a NOTIFY from the other instance', () => (woken > before ? true : undefined), 2_000);
+    stop();
+
+    const target = await startTarget(5);
+    const config = deliveryConfig(target.url);
+    const deliverers = [new Deliverer(a, config, silent), new Deliverer(b, config, silent)];
+    await Promise.all(deliverers.map((d) => d.start()));
+    try {
+      const accepted = await Promise.all(Array.from({ length: 80 }, (_, i) => (i % 2 ? a : b).accept(event({ receivedAt: Date.now() }))));
+      const expected = new Set([...accepted.map((r) => r.id)]);
+      await waitFor('every event delivered', () => ([...expected].every((id) => target.ids.includes(id)) ? true : undefined), 15_000);
+      const delivered = target.ids.filter((id) => expected.has(id));
+      assert.equal(delivered.length, expected.size, 'each delivered exactly once');
+      await waitFor('every outcome committed', async () => {
+        const statuses = await Promise.all([...expected].map(async (id) => (await a.get(id))?.event.status));
+        return statuses.every((s) => s === 'delivered') ? true : undefined;
+      });
+    } finally {
+      await Promise.all(deliverers.map((d) => d.stop(1_000)));
+      await target.close();
+    }
+  });
+
+  it('a long attempt renews its lease, so no other instance claims it meanwhile', async () => {
+    const [a, b] = [await instance(), await instance()];
+    const target = await startTarget(900);
+    const config = deliveryConfig(target.url, { timeoutMs: 1_000, concurrency: 1 });
+    const renewals: boolean[] = [];
+    const counting = new Proxy(a, {
+      get(t, prop, receiver) {
+        const value = Reflect.get(t, prop, receiver);
+        if (prop === 'renewLease') return async (...args: [string, string, number]) => (renewals.push(await t.renewLease(...args)), renewals.at(-1)!);
+        return typeof value === 'function' ? value.bind(t) : value;
+      },
+    });
+    const deliverer = new Deliverer(counting, config, silent, Date.now, { leaseMarginMs: 0 }); // lease = 1 s, renewed every 0.5 s
+    const { id } = await a.accept(event({ receivedAt: Date.now() }));
+    await deliverer.start();
+    try {
+      await waitFor('the attempt under way', async () => ((await a.status(Date.now())).leased > 0 ? true : undefined));
+      await new Promise((r) => setTimeout(r, 600)); // past the first renewal
+      assert.deepEqual(await b.claimDue(Date.now(), 10, 1_000, 'message'), [], 'still held');
+      await waitFor('delivered', async () => ((await a.get(id))?.event.status === 'delivered' ? true : undefined));
+      assert.ok(renewals.length >= 1 && renewals.every(Boolean), `renewals: ${renewals}`);
+      assert.deepEqual(target.ids.filter((x) => x === id), [id]);
+    } finally {
+      await deliverer.stop(1_000);
+      await target.close();
+    }
+  });
+});
+
+describe('PostgresEventStore: Postgres stopped, then restarted', { skip, timeout: 90_000 }, () => {
+  it('accept rejects during the outage and works after; nothing accepted is lost; the deliverer pauses and resumes', async () => {
+    if ('skip' in cluster) return;
+    const url = await pgc().createDatabase();
+    const store = await PostgresEventStore.open(storage(url), { migrate: true, listen: true, logger: silent });
+    const target = await startTarget();
+    const deliverer = new Deliverer(store, deliveryConfig(target.url), silent);
+    await deliverer.start();
+    const accepted: string[] = [];
+    try {
+      for (let i = 0; i < 10; i++) accepted.push((await store.accept(event({ receivedAt: Date.now() }))).id);
+      await waitFor('the first events delivered', () => (accepted.every((id) => target.ids.includes(id)) ? true : undefined));
+
+      await pgc().stop();
+      await assert.rejects(store.accept(event({ receivedAt: Date.now() })));
+      await assert.rejects(store.claimDue(Date.now(), 1, LEASE, 'message'));
+      await new Promise((r) => setTimeout(r, 300)); // the deliverer and the LISTEN client meet the outage too
+
+      await pgc().start();
+      // The pool opens new connections: the first accept after the restart works.
+      for (let i = 0; i < 10; i++) accepted.push((await store.accept(event({ receivedAt: Date.now() }))).id);
+      await waitFor('every event delivered after the restart', () => (accepted.every((id) => target.ids.includes(id)) ? true : undefined), 15_000);
+      const stored = await store.list({ limit: 1_000 });
+      assert.deepEqual(new Set(stored.map((e) => e.id)), new Set(accepted), 'nothing accepted is lost');
+      // The target answered; the outcome is committed just after.
+      await waitFor('every event settled as delivered', async () => ((await store.list({ status: 'delivered', limit: 1_000 })).length === accepted.length ? true : undefined));
+    } finally {
+      await deliverer.stop(1_000);
+      await store.close();
+      await target.close();
+    }
+  });
+});
+
+describe('gatehouse on storage.driver "postgres"', { skip, timeout: 90_000 }, () => {
+  it('the server migrates at start, answers 202 after COMMIT and delivers; storage and deliveries CLIs work on it', async () => {
+    if ('skip' in cluster) return;
+    const url = await pgc().createDatabase();
+    const target = await startTarget();
+    const raw = testConfig('http://127.0.0.1:1', {
+      storage: { path: undefined, driver: 'postgres', url },
+      webhooks: {
+        enabled: true,
+        listen: { host: '127.0.0.1', port: 0 },
+        endpoints: [{ path: '/webhook/deploys', secret: 's'.repeat(24), action: 'system-event' }],
+        targets: { 'system-event': { url: target.url } },
+      },
+    });
+    const gatehouse = await startTestGatehouse(raw);
+    try {
+      const reply = await request(gatehouse.webhooks!.url, '/webhook/deploys', {
+        method: 'POST', body: '{"v":1}', headers: { 'content-type': 'application/json', 'x-webhook-secret': 's'.repeat(24), 'idempotency-key': 'd-1' },
+      });
+      assert.equal(reply.status, 202, reply.body);
+      const { id } = JSON.parse(reply.body);
+      await waitFor('delivered', () => (target.ids.includes(id) ? true : undefined));
+
+      const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-pg-cli-'));
+      const file = path.join(dir, 'gateway.json5');
+      writeFileSync(file, JSON.stringify({ ...raw, storage: { driver: 'postgres', url: '${TEST_DATABASE_URL}' } }));
+      const env = { TEST_DATABASE_URL: url };
+      const migrate = await runCli(['storage', 'migrate', '--config', file], { env });
+      assert.equal(migrate.code, 0, migrate.stderr);
+      assert.match(migrate.stdout, /postgres .*: schema at version 1/);
+      const status = await runCli(['storage', 'status', '--config', file, '--json'], { env });
+      assert.equal(status.code, 0, status.stderr);
+      const parsed = JSON.parse(status.stdout);
+      assert.equal(parsed.driver, 'postgres');
+      assert.equal(parsed.schemaVersion, 1);
+      assert.equal(parsed.counts.delivered, 1);
+      const list = await runCli(['webhooks', 'deliveries', 'list', '--config', file, '--json'], { env });
+      assert.equal(list.code, 0, list.stderr);
+      assert.deepEqual(JSON.parse(list.stdout).map((e: { id: string; status: string }) => [e.id, e.status]), [[id, 'delivered']]);
+    } finally {
+      await gatehouse.close();
+      await target.close();
+    }
+  });
+
+  it('a config with webhooks.gmail or channels is refused on postgres, saying they need sqlite for now', () => {
+    const base = { gateway: { upstream: { target: 'http://127.0.0.1:1' } }, storage: { driver: 'postgres', url: 'postgres://u@127.0.0.1/db' } };
+    assert.throws(
+      () => parseConfig({ ...base, webhooks: { enabled: true, targets: { message: { url: 'http://127.0.0.1:2' } } }, channels: { tg: { kind: 'qr' } } }),
+      (err: { problems?: string[] }) => err.problems?.some((p) => /^channels: channels need storage.driver "sqlite" for now/.test(p)) === true,
+    );
+  });
+});
