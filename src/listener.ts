@@ -77,11 +77,15 @@ export async function closeServer(server: http.Server, graceMs: number): Promise
  * JSON answer instead of Node's bare one; the connection is closed either way.
  */
 function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
-  const inResponse = (socket as Socket & { _httpMessage?: http.ServerResponse })._httpMessage;
-  if (err.code === 'ECONNRESET' || !socket.writable || (inResponse && inResponse.headersSent)) {
+  if (err.code === 'ECONNRESET' || !socket.writable) {
     socket.destroy();
     return;
   }
+  // A request before the bad bytes is still being answered: it gets its own answer (it may have
+  // run upstream already; a 400 written over it would tell the client it did not), then the
+  // connection closes. The bad bytes get nothing.
+  const inFlight = answering.get(socket);
+  if (inFlight && !inFlight.writableFinished) return closeAfterAnswer(inFlight);
   writeRawError(socket, err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
     : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
     : 'invalid_request');
@@ -98,6 +102,8 @@ function writeRawError(socket: Socket, code: ErrorCode): void {
 /** Requests pipelined behind one still being answered, per connection; past this the connection is cut. */
 const MAX_PIPELINED = 16;
 const waiting = new WeakMap<Socket, (() => void)[]>();
+/** The answer each connection is working on (the one request of it being served). */
+const answering = new WeakMap<Socket, http.ServerResponse>();
 
 /**
  * One request per connection at a time. Node parses pipelined requests and hands them all over
@@ -106,7 +112,9 @@ const waiting = new WeakMap<Socket, (() => void)[]>();
  */
 function oneAtATime(handler: http.RequestListener): http.RequestListener {
   const run = (req: http.IncomingMessage, res: http.ServerResponse) => {
+    answering.set(req.socket, res);
     res.once('close', () => {
+      answering.delete(req.socket);
       const queue = waiting.get(req.socket);
       const next = queue?.shift();
       if (next) next();
@@ -115,12 +123,20 @@ function oneAtATime(handler: http.RequestListener): http.RequestListener {
     handler(req, res);
   };
   return function serveInTurn(req, res) {
+    if (isClosing(req.socket)) return; // behind an answer that closes the connection: never handled
     const queue = waiting.get(req.socket);
     if (queue === undefined) {
       waiting.set(req.socket, []);
       return run(req, res);
     }
-    if (queue.length >= MAX_PIPELINED) return void req.socket.destroy();
+    if (queue.length >= MAX_PIPELINED) {
+      // Too many waiting: the one being served still gets its answer, nothing behind it does.
+      queue.length = 0;
+      const inFlight = answering.get(req.socket);
+      if (inFlight) closeAfterAnswer(inFlight);
+      else req.socket.destroy();
+      return;
+    }
     queue.push(() => run(req, res));
   };
 }
@@ -148,7 +164,8 @@ export function closeAfterAnswer(res: http.ServerResponse): void {
   const { req } = res;
   const socket = req.socket;
   const closeSoon = () => setTimeout(() => socket.destroy(), 1_000).unref();
-  req.pause();
+  // A body still arriving is never read now; one already received may still be on its way upstream.
+  if (bodyPending(req)) req.pause();
   if (closing.has(socket)) return;
   closing.add(socket);
   if (res.writableFinished) return void closeSoon();

@@ -10,12 +10,14 @@ const OWNED_HEADERS = [
   // Rack, Symfony, IIS, PHP's client-IP recipes, CDNs, oauth2-proxy): a client may not set them.
   'x-original-forwarded-for', 'x-original-url', 'x-rewrite-url', 'x-original-host', 'x-host', 'true-client-ip', 'client-ip',
   'x-client-ip', 'x-originating-ip', 'x-remote-ip', 'x-remote-addr', 'remote-addr', 'cf-connecting-ip', 'x-cluster-client-ip',
-  'fastly-client-ip', 'remote-user', 'x-remote-user', 'x-user',
+  'fastly-client-ip', 'remote-user', 'x-remote-user', 'x-user', 'x-webauth-user', 'x-auth-user', 'x-remote-group',
+  'x-original-uri', 'x-original-method', 'front-end-https', 'x-url-scheme', 'x-scheme', 'x-arr-ssl', 'x-arr-clientcert',
+  'x-client-cert', 'ssl-client-cert', 'x-client-verify', 'x-client-dn',
   // A method override lets a client turn the method gatehouse saw into another one upstream.
   'x-http-method-override', 'x-http-method', 'x-method-override',
 ];
 /** Whole families a client may not set: gatehouse's own, the proxy's forwarding headers, an auth proxy's identity. */
-const OWNED_PREFIXES = ['x-gatehouse-', 'x-forwarded-', 'x-auth-request-'];
+const OWNED_PREFIXES = ['x-gatehouse-', 'x-forwarded-', 'x-auth-request-', 'x-ssl-', 'x-client-cert-', 'x-envoy-'];
 const CREDENTIAL_HEADERS = ['x-api-key'];
 /**
  * Hop-by-hop (RFC 9110 7.6.1): about the client's connection, not the upstream's. A client's
@@ -32,20 +34,21 @@ const STRIPPED = new Set([...OWNED_HEADERS, ...HOP_BY_HOP, ...BODY_FRAMING]);
 const STRIPPED_WITH_CREDENTIALS = new Set([...STRIPPED, ...CREDENTIAL_HEADERS]);
 const STRIPPED_PREFIXES = [...OWNED_PREFIXES, HOP_BY_HOP_PREFIX];
 
-/** A name made only of what every server reads the same way; anything else gets the look-alike check. */
+/** Letters, digits and `-`: the only header names forwarded (Node has already lower-cased them). */
 const PLAIN_NAME = /^[a-z0-9-]+$/;
-const SEPARATOR_LIKE = /[^a-z0-9]/g;
 
 /**
- * Whether a client header name is, or could be read as, one gatehouse strips. CGI, PHP, and
- * servers built on them turn every character outside [A-Za-z0-9] into `_` (HTTP_X_GATEHOUSE_SUBJECT),
- * so `X-Gatehouse.Subject`, `X_Gatehouse_Subject` and `X.Real~IP` all land where gatehouse's own
- * header does: a name is compared with each such character read as `-`.
+ * Whether a client header is kept from the upstream. A name with any character outside
+ * `[A-Za-z0-9-]` (`X_Forwarded_For`, `X-Gatehouse.Subject`, `Content_Type`) is never forwarded:
+ * CGI, PHP and servers built on them turn every such character into `_`, so such a name can land
+ * where gatehouse's own header (or a real framing header) does. nginx drops the same names by
+ * default (ignore_invalid_headers, underscores_in_headers off). Plain names are stripped when
+ * gatehouse owns them, by name or by family (prefix).
  */
 function isStripped(name: string, stripped: ReadonlySet<string>): boolean {
-  const canonical = PLAIN_NAME.test(name) ? name : name.replace(SEPARATOR_LIKE, '-');
-  if (stripped.has(canonical)) return true;
-  for (const prefix of STRIPPED_PREFIXES) if (canonical.startsWith(prefix)) return true;
+  if (!PLAIN_NAME.test(name)) return true;
+  if (stripped.has(name)) return true;
+  for (const prefix of STRIPPED_PREFIXES) if (name.startsWith(prefix)) return true;
   return false;
 }
 
@@ -112,11 +115,12 @@ function single(value: string | string[] | undefined): string | undefined {
 }
 
 /**
- * A JWT `sub` can hold anything; percent-encode what a header cannot carry, `%` itself, and
- * spaces at either end (a header parser trims them: `"  admin  "` would arrive as `admin`).
+ * A JWT `sub` can hold anything; percent-encode what a header cannot carry, `%` itself, `,`
+ * (a header parser may read `admin, root` as a list), and spaces at either end (a header parser
+ * trims them: `"  admin  "` would arrive as `admin`).
  */
-const HEADER_SAFE = /^(?! )[\x20-\x24\x26-\x7e]*$/;
-const UNSAFE = /[^\x20-\x7e]|%|^ +| +$/gu;
+const HEADER_SAFE = /^(?! )[\x20-\x24\x26-\x2b\x2d-\x7e]*$/;
+const UNSAFE = /[^\x20-\x7e]|[%,]|^ +| +$/gu;
 export function headerSafe(value: string): string {
   if (HEADER_SAFE.test(value) && !value.endsWith(' ')) return value;
   // toWellFormed first: a lone surrogate (valid in JSON) would make encodeURIComponent throw.

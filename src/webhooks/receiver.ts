@@ -1,3 +1,4 @@
+import { isUtf8 } from 'node:buffer';
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
@@ -189,7 +190,12 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     if ('answer' in proof) return answer(res, proof.answer);
     const rawBody = proof.body;
 
-    const text = rawBody.toString('utf8');
+    let text: string;
+    try {
+      text = decodeUtf8(rawBody);
+    } catch (err) {
+      return next(err);
+    }
     let fields: Record<string, unknown>;
     try {
       fields = parseJsonObject(text, webhooks.maxJsonDepth);
@@ -264,7 +270,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
       async readJson() {
         if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) throw new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`);
         const raw = await readBody(req, res, webhooks.maxBodyBytes, webhooks.bodyTimeoutMs);
-        return parseJsonObject(raw.toString('utf8'), webhooks.maxJsonDepth);
+        return parseJsonObject(decodeUtf8(raw), webhooks.maxJsonDepth);
       },
     };
     try {
@@ -300,6 +306,16 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     else app(req, res);
   }
   return { handle };
+}
+
+/**
+ * The body as text, or HttpError `invalid_json`: JSON is UTF-8 (RFC 8259 §8.1), and decoding
+ * invalid bytes would replace them with U+FFFD, so the payload a target gets would no longer be
+ * the bytes the sender signed.
+ */
+function decodeUtf8(raw: Buffer): string {
+  if (!isUtf8(raw)) throw new HttpError('invalid_json', 'body is not valid UTF-8');
+  return raw.toString('utf8');
 }
 
 /**

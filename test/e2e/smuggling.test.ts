@@ -359,10 +359,30 @@ describe('what the attack review got through: trailers, pipelining, CONNECT, Exp
     assert.deepEqual(upstream.received.slice(before).map((r) => r.url), Array.from({ length: 10 }, (_, i) => `/api/pipelined-${i}`));
     assert.equal(mostAtOnce, 1, 'one connection never holds more than one upstream request');
 
+    const flooded = upstream.received.length;
     const flood = await rawExchange(gatehouse.url, Array.from({ length: 200 }, (_, i) => one(i, i === 199)).join(''), { idleMs: 3_000 });
     assert.ok(flood.closedByServer);
-    assert.ok(flood.responses.length < 200, `${flood.responses.length} answered`);
     assert.equal(mostAtOnce, 1);
+    // Whatever ran upstream was answered (nothing runs unanswered), and nothing past the first 17 ran.
+    const ran = upstream.received.length - flooded;
+    assert.ok(ran >= 1 && ran <= 17, `${ran} ran upstream`);
+    assert.deepEqual(flood.responses.map((r) => r.status), Array(ran).fill(200));
+    assert.equal(flood.responses.at(-1)!.headers.connection, 'close');
+  });
+
+  it('bad bytes behind a request do not turn its answer into a 400: it ran, so it is answered, then the connection closes', async () => {
+    for (const text of [
+      `POST /api/transfer HTTP/1.1\r\nHost: g\r\n${key}Content-Length: 5\r\nConnection: close\r\n\r\nhelloX`,
+      `POST /api/transfer HTTP/1.0\r\n${key}Content-Length: 5\r\n\r\nhello\x01`,
+      `POST /api/transfer HTTP/1.1\r\nHost: g\r\n${key}Content-Length: 5\r\n\r\nhelloGARBAGE / NOT-HTTP\r\n\r\n`,
+    ]) {
+      const before = upstream.received.length;
+      const exchange = await rawExchange(gatehouse.url, text, { idleMs: 3_000 });
+      const ran = upstream.received.length - before;
+      assert.equal(ran, 1, text.slice(0, 40));
+      assert.deepEqual(exchange.responses.map((r) => r.status), [200], `${text.slice(0, 40)}: ${exchange.raw.slice(0, 200)}`);
+      assert.ok(exchange.closedByServer);
+    }
   });
 
   it('CONNECT gets 405 in JSON; a request without Host gets 400 invalid_host in JSON', async () => {
@@ -387,5 +407,42 @@ describe('what the attack review got through: trailers, pipelining, CONNECT, Exp
     assert.equal(upstream.received.length, before + 1);
     assert.equal(upstream.received.at(-1)!.body, 'hello');
     assert.equal(upstream.received.at(-1)!.headers.expect, undefined, 'gatehouse answered the expectation itself');
+  });
+});
+
+describe('the webhook listener: an event answered is the event stored, byte for byte', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    gatehouse = await startTestGatehouse(withWebhooks(upstream.url, { auth: { failures: { max: 100_000 } } }));
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+  const post = (body: Buffer | string, tail = '') => Buffer.concat([
+    Buffer.from(`POST /webhook/deploys HTTP/1.1\r\nHost: g\r\nX-Webhook-Secret: deploy-hook-secret-0123456789\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n`),
+    Buffer.isBuffer(body) ? body : Buffer.from(body),
+    Buffer.from(tail),
+  ]);
+
+  it('bad bytes behind an accepted webhook: the sender gets its 202 (the event is stored), not a 400 it would resend', async () => {
+    const exchange = await rawExchange(gatehouse.webhooks!.url, post('{"n":"tail"}', 'X'), { idleMs: 3_000 });
+    assert.deepEqual(exchange.responses.map((r) => r.status), [202], exchange.raw.slice(0, 300));
+    const id = JSON.parse(exchange.responses[0]!.body).id;
+    const stored = await gatehouse.webhooks!.store.get(id);
+    assert.ok(stored, 'the event answered 202 is stored');
+  });
+
+  it('a body that is not valid UTF-8 is refused (400 invalid_json), never stored with its bytes replaced', async () => {
+    const before = (await gatehouse.webhooks!.store.list({})).length;
+    const invalid = Buffer.concat([Buffer.from('{"name":"'), Buffer.from([0xc3, 0x28]), Buffer.from('"}')]);
+    const exchange = await rawExchange(gatehouse.webhooks!.url, post(invalid));
+    assert.equal(exchange.responses[0]?.status, 400);
+    assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'invalid_json');
+    assert.equal((await gatehouse.webhooks!.store.list({})).length, before);
+    const valid = await rawExchange(gatehouse.webhooks!.url, post('{"name":"caf\u00e9 \u{1F600}"}'));
+    assert.equal(valid.responses[0]?.status, 202);
   });
 });
