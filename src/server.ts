@@ -144,17 +144,16 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     logger.info('webhook receiver off (webhooks.enabled is false)');
     return undefined;
   }
+  const hasChannels = Object.keys(config.channels).length > 0;
+  // Both keep sealed tokens: no key, no start (said with how to make one), before storage is opened.
+  const secretKey = config.webhooks.gmail || hasChannels ? secretKeyFromEnv() : undefined;
   const store = injectedStore ?? await openEventStore(config.storage, { role: 'server', logger });
   const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
   const deliverer = new Deliverer(store, config.webhooks, logger);
   const onAccepted = () => deliverer.notify();
-  const hasChannels = Object.keys(config.channels).length > 0;
   let gmail: RunningGmail | undefined;
   let channelStore: ChannelStore | undefined;
-  let secretKey: Buffer | undefined;
   try {
-    // Both keep sealed tokens: no key, no start (said with how to make one).
-    if (config.webhooks.gmail || hasChannels) secretKey = secretKeyFromEnv();
     if (hasChannels) channelStore = new ChannelStore(sqliteStoragePath(config.storage, 'channels'));
     gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store: sqliteStore(store), logger, onAccepted, secretKey: secretKey! }) : undefined;
   } catch (err) {
