@@ -14,6 +14,7 @@ import { secretKeyFromEnv } from './secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from './webhooks/receiver.js';
 import { createVerifier } from './webhooks/verifiers/index.js';
 import { describeStorage, openEventStore, sqliteStoragePath } from './storage/open.js';
+import { PostgresLockoutStore } from './storage/postgres/lockout.js';
 import { SqliteEventStore, type EventStore } from './webhooks/store.js';
 
 export interface RunningGatehouse {
@@ -40,13 +41,24 @@ export async function startGatehouse(
 ): Promise<RunningGatehouse> {
   const { logger } = options;
   let config = initial;
-  const lockoutStore = options.lockoutStore ?? new MemoryLockoutStore();
-  const gateway = await (options.startGateway ?? startGateway)(config, { logger, lockoutStore });
+  // On postgres every instance shares the lockout (counted there, checked here in memory).
+  const sharedLockout = options.lockoutStore === undefined && config.storage.driver === 'postgres'
+    ? await PostgresLockoutStore.open(config.storage, { logger })
+    : undefined;
+  const lockoutStore = options.lockoutStore ?? sharedLockout ?? new MemoryLockoutStore();
+  let gateway: RunningGateway;
+  try {
+    gateway = await (options.startGateway ?? startGateway)(config, { logger, lockoutStore });
+  } catch (err) {
+    await sharedLockout?.close();
+    throw err;
+  }
   let webhooks: RunningWebhooks | undefined;
   try {
     webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore);
   } catch (err) {
     await gateway.close(0); // nothing is half-started: the process can exit with the error
+    await sharedLockout?.close();
     throw err;
   }
 
@@ -62,6 +74,7 @@ export async function startGatehouse(
     },
     async close(graceMs = 10_000) {
       await Promise.all([gateway.close(graceMs), webhooks?.close(graceMs)]);
+      await sharedLockout?.close();
     },
   };
 }

@@ -17,3 +17,8 @@ export function openDatabase(file: string, options: { mustExist?: boolean } = {}
   db.pragma('busy_timeout = 5000');
   return db;
 }
+
+/** Whether `db` has a table `name` (a part's tables exist only once that part has run on the file). */
+export function hasTable(db: Database.Database, name: string): boolean {
+  return db.prepare<[string], { n: number }>("SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?").get(name)!.n > 0;
+}

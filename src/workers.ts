@@ -111,6 +111,11 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
     if (seconds > 0) for (const worker of workers) send(worker, { type: 'locked', key, until: now + seconds * 1000 });
   }
 
+  // A shared store (postgres) also learns locks from other instances: every worker is told those too.
+  const unsubscribe = lockoutStore.onLocked?.((key, until) => {
+    for (const worker of workers) send(worker, { type: 'locked', key, until });
+  });
+
   let urls: string[];
   let started = false;
   try {
@@ -118,6 +123,7 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
     started = true;
   } catch (err) {
     stopping = true;
+    unsubscribe?.();
     for (const worker of workers) worker.kill('SIGKILL');
     throw err;
   }
@@ -143,6 +149,7 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
     /** Asks every worker to drain (up to `graceMs`) and waits for them to exit. */
     async close(graceMs) {
       stopping = true;
+      unsubscribe?.();
       const exits = [...workers].map((worker) => new Promise<void>((resolve) => {
         if (worker.isDead()) return resolve();
         worker.once('exit', () => resolve());

@@ -1,6 +1,6 @@
 import { createHash, randomBytes, randomInt } from 'node:crypto';
 import type Database from 'better-sqlite3';
-import { openDatabase } from '../sqlite.js';
+import { hasTable, openDatabase } from '../sqlite.js';
 
 /**
  * What channels keep in storage (the `storage.path` SQLite file, its own connection so the CLI,
@@ -301,4 +301,28 @@ function toGrant(row: Record<string, any>): ChannelGrant {
 
 function toDevice(row: Record<string, any>): Device {
   return { id: row.id, channel: row.channel, name: row.name, createdAt: row.created_at, revokedAt: row.revoked_at, lastSeenAt: row.last_seen_at };
+}
+
+/**
+ * The channel state an SQLite store holds that is still in use, in words (`["1 channel login", …]`);
+ * empty when none. Revoked devices, fetched outbox messages, and used or expired pairing codes and
+ * login requests are history, not state, and are not counted. Reads only, creates nothing. For
+ * `gatehouse storage copy`, which cannot move this to postgres yet and so refuses rather than
+ * leave it behind.
+ */
+export function describeChannelState(db: Database.Database, now: number): string[] {
+  const checks: [table: string, sql: string, params: number[], one: string, many: string][] = [
+    ['channel_grants', 'SELECT count(*) AS n FROM channel_grants', [], 'channel login', 'channel logins'],
+    ['channel_devices', 'SELECT count(*) AS n FROM channel_devices WHERE revoked_at IS NULL', [], 'paired device', 'paired devices'],
+    ['channel_outbox', 'SELECT count(*) AS n FROM channel_outbox WHERE fetched_at IS NULL', [], 'message waiting for a device', 'messages waiting for a device'],
+    ['channel_pairings', 'SELECT count(*) AS n FROM channel_pairings WHERE used_at IS NULL AND expires_at > ?', [now], 'pending pairing code', 'pending pairing codes'],
+    ['channel_oauth_requests', 'SELECT count(*) AS n FROM channel_oauth_requests WHERE expires_at > ?', [now], 'channel login under way', 'channel logins under way'],
+  ];
+  const found: string[] = [];
+  for (const [table, sql, params, one, many] of checks) {
+    if (!hasTable(db, table)) continue;
+    const { n } = db.prepare<number[], { n: number }>(sql).get(...params)!;
+    if (n > 0) found.push(`${n} ${n === 1 ? one : many}`);
+  }
+  return found;
 }

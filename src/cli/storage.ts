@@ -1,15 +1,21 @@
+import { existsSync } from 'node:fs';
 import type { Command } from 'commander';
+import { describeChannelState } from '../channels/state.js';
 import { loadConfig } from '../config/load.js';
+import type { PostgresStorageConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
+import { describeGmailState } from '../integrations/gmail/state.js';
 import { describeStorage, openEventStore } from '../storage/open.js';
 import { PostgresEventStore } from '../storage/postgres/events.js';
 import { SqliteEventStore } from '../storage/sqlite/events.js';
+import { WriterLockBusyError } from '../storage/sqlite/writer-lock.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
 /**
- * `gatehouse storage migrate|status`: the storage a config names, on either driver. `migrate`
+ * `gatehouse storage migrate|status|copy`: the storage a config names, on either driver. `migrate`
  * brings the schema up to date (servers also do at start, under an advisory lock on Postgres);
- * `status` shows the schema version and the queue.
+ * `status` shows the schema version and the queue; `copy` moves an SQLite store into an empty
+ * PostgreSQL database.
  */
 export function registerStorageCommands(program: Command): void {
   const storage = program.command('storage').description('the durable storage (SQLite file or PostgreSQL database)');
@@ -51,6 +57,65 @@ export function registerStorageCommands(program: Command): void {
         print(`dead            ${status.counts.dead}`);
       } finally {
         await store.close();
+      }
+    });
+
+  registerCopyCommand(storage);
+}
+
+/**
+ * `storage copy`: the config's SQLite store into an empty PostgreSQL database, all or nothing.
+ * The order makes every refusal change nothing: the SQLite file first (the writer lock, so no
+ * server accepts on it meanwhile; then the state postgres cannot hold yet), and only then the
+ * target (migrated, then checked empty inside the one transaction that copies).
+ */
+function registerCopyCommand(storage: Command): void {
+  storage
+    .command('copy')
+    .description('copy the SQLite store (events, attempts, dedupe keys) into an empty PostgreSQL database')
+    .requiredOption('--to <url>', 'the target: a postgres:// URL (migrated here; it must hold no events)')
+    .option('-c, --config <file>', 'config file (its storage is the SQLite source)', DEFAULT_CONFIG_FILE)
+    .option('--json', 'the counts as JSON')
+    .action(async (options: { to: string; config: string; json?: boolean }) => {
+      const { storage: settings } = loadConfig(options.config).config;
+      if (settings.driver !== 'sqlite') throw new UsageError(`storage copy reads the SQLite store the config names, and this config's storage.driver is "${settings.driver}"`);
+      if (!/^postgres(ql)?:\/\/./.test(options.to)) throw new UsageError('--to must be a postgres:// (or postgresql://) URL');
+      if (!existsSync(settings.path)) throw new UsageError(`no SQLite store at ${settings.path} (storage.path)`);
+      const target: PostgresStorageConfig = { driver: 'postgres', url: options.to, pool: { max: 2 } };
+
+      let source: SqliteEventStore;
+      try {
+        // The server's lock: refused while a server has the file, and no server starts on it until the copy is done.
+        source = new SqliteEventStore(settings.path, { mustExist: true, singleWriter: true });
+      } catch (err) {
+        if (err instanceof WriterLockBusyError) {
+          throw new UsageError(`${settings.path} is in use by a gatehouse server (pid ${err.holder ?? 'unknown'}): stop it first, so that no event is accepted there once the copy has started`);
+        }
+        throw new UsageError(`cannot open the SQLite store ${settings.path}: ${(err as Error).message}`);
+      }
+      try {
+        const notCopyable = [...describeGmailState(source.database), ...describeChannelState(source.database, Date.now())];
+        if (notCopyable.length > 0) {
+          throw new UsageError(`${settings.path} holds state the postgres driver cannot hold yet (${notCopyable.join(', ')}): nothing copied (Gmail and channels need storage.driver "sqlite" for now)`);
+        }
+        const where = describeStorage(target);
+        const store = await PostgresEventStore.open(target, { migrate: true }).catch(unreachable(where));
+        try {
+          const counts = await store.importAll(source.exportAll()).catch((err: unknown) => {
+            if (err instanceof UsageError) throw err;
+            throw new UsageError(`the copy to ${where} failed and was rolled back: ${(err as Error).message}`);
+          });
+          const { schemaVersion } = await store.status(Date.now());
+          if (options.json) return print(JSON.stringify({ from: settings.path, to: where, schemaVersion, ...counts }));
+          const { queued, delivered, dead } = counts.byStatus;
+          print(`copied ${counts.events} event(s) from ${settings.path} to ${where} (schema version ${schemaVersion})`);
+          print(`  ${queued} queued, ${delivered} delivered, ${dead} dead; ${counts.attempts} attempt(s), ${counts.idempotencyKeys} delivery id(s), ${counts.replayKeys} replay key(s)`);
+          print('next: set storage to { driver: "postgres", url: … } in the config and start the servers; the SQLite file is left as it was');
+        } finally {
+          await store.close();
+        }
+      } finally {
+        await source.close();
       }
     });
 }

@@ -33,11 +33,28 @@ export interface LockoutStore {
   refusedFor(key: string, now: number, settings: LockoutSettings): number;
   /** How many more failures the window of `key` takes before it locks (`max` minus those counted). */
   room(key: string, now: number, settings: LockoutSettings): number;
-  /** Counts one failure; returns the seconds of lockout it triggered (0 when none). */
-  recordFailure(key: string, now: number, settings: LockoutSettings): number;
+  /**
+   * Counts one failure; returns the seconds of lockout it triggered (0 when none). `reserved`:
+   * the check had a reservation of the shared count (`reserve`), which this failure uses up.
+   */
+  recordFailure(key: string, now: number, settings: LockoutSettings, reserved?: boolean): number;
   /** Every lockout in force as [key, until (ms)]: what a new gateway worker must learn. */
   activeLocks?(now: number): [string, number][];
+  /**
+   * A count shared between instances (PostgresLockoutStore): a place in it for one check of
+   * `key`, taken before the check. FailureLockout asks only for clients this process already saw
+   * fail in the window or has in flight, so the hot path of everyone else stays local. Never
+   * rejects. undefined: the shared count cannot be asked (it is down), check locally.
+   */
+  reserve?(key: string, now: number, settings: LockoutSettings): Promise<Reservation> | undefined;
+  /** A reserved check that was not a failure: its place is given back. */
+  release?(key: string, now: number, settings: LockoutSettings): void;
+  /** Calls `listener` with every lock learned from elsewhere (another instance); returns the unsubscribe. */
+  onLocked?(listener: (key: string, until: number) => void): () => void;
 }
+
+/** A shared count's answer to `reserve`: a place taken, none needed after all, or the seconds refused. */
+export type Reservation = 'reserved' | 'unreserved' | { refusedFor: number };
 
 const DEFAULT_MAX_COUNTERS = 100_000;
 const DEFAULT_MAX_LOCKS = 1_000_000;
@@ -129,6 +146,12 @@ export class MemoryLockoutStore implements LockoutStore {
     return active;
   }
 
+  /** Until when (ms) `key` is locked; 0 when it is not (or the lock has expired). */
+  lockedUntil(key: string, now: number): number {
+    const until = this.locks.get(key);
+    return until !== undefined && until > now ? until : 0;
+  }
+
   /** Locks `key` until `until` (ms): another process's verdict, e.g. the cluster primary's. */
   lockUntil(key: string, until: number, now = Date.now()): void {
     this.setLock(key, until, now);
@@ -192,7 +215,7 @@ export interface LockoutSlot {
 /** What `acquire` answers: a slot, or the seconds the client is refused for. */
 export type LockoutAdmission = LockoutSlot | number;
 
-type Waiter = (admission: LockoutAdmission) => void;
+type Waiter = (admission: LockoutAdmission | Promise<LockoutAdmission>) => void;
 
 /** The requests of one key being checked, and those waiting for their turn (FIFO from `head`). */
 interface Gate {
@@ -205,21 +228,23 @@ interface Gate {
 
 class Slot implements LockoutSlot {
   private released = false;
+  /** Holds a place in the shared count (LockoutStore.reserve), which the verdict settles. */
+  reserved = false;
   constructor(
     private readonly gate: Gate,
-    private readonly release: (gate: Gate, failed: boolean) => number,
+    private readonly release: (gate: Gate, failed: boolean, reserved: boolean) => number,
   ) {}
 
   succeeded(): void {
     if (this.released) return;
     this.released = true;
-    this.release(this.gate, false);
+    this.release(this.gate, false, this.reserved);
   }
 
   failed(): number {
     if (this.released) return 0;
     this.released = true;
-    return this.release(this.gate, true);
+    return this.release(this.gate, true, this.reserved);
   }
 }
 
@@ -250,11 +275,15 @@ export class FailureLockout {
     const gate = this.gates.get(key);
     if (gate === undefined) {
       // The common case: nothing of this client in flight.
-      const refused = this.store.refusedFor(key, this.now(), this.settings);
+      const now = this.now();
+      const refused = this.store.refusedFor(key, now, this.settings);
       if (refused > 0) return refused;
       const fresh: Gate = { key, inFlight: 1, waiters: undefined, head: 0 };
       this.gates.set(key, fresh);
-      return new Slot(fresh, this.release);
+      const slot = new Slot(fresh, this.release);
+      // A client with no failure here: no shared count asked (the hot path makes no round trip).
+      if (this.store.reserve === undefined || this.store.room(key, now, this.settings) >= this.settings.max) return slot;
+      return this.reserve(slot, fresh, now);
     }
     // No overtaking: with requests already waiting, a new one queues behind them.
     if (gate.waiters === undefined) {
@@ -264,25 +293,47 @@ export class FailureLockout {
     return new Promise<LockoutAdmission>((resolve) => (gate.waiters ??= []).push(resolve));
   }
 
+  /**
+   * Shared stores: the slot proceeds once the shared count has a place for it. Refused there
+   * (other instances counted `max`, or locked the client): the slot goes back uncounted.
+   */
+  private reserve(slot: Slot, gate: Gate, now: number): LockoutAdmission | Promise<LockoutAdmission> {
+    const pending = this.store.reserve?.(gate.key, now, this.settings);
+    if (pending === undefined) return slot;
+    return pending.then((reservation) => {
+      if (reservation === 'unreserved') return slot;
+      if (reservation === 'reserved') {
+        slot.reserved = true;
+        return slot;
+      }
+      slot.succeeded(); // nothing was checked: given back uncounted (and waiters learn the lock)
+      return Math.max(1, reservation.refusedFor);
+    });
+  }
+
   /** Seconds `ip` is refused for now (0: not refused); takes no slot. */
   lockedFor(ip: string): number {
     return this.store.refusedFor(this.key(ip), this.now(), this.settings);
   }
 
   /** A slot if the window has room beside those in flight; the refusal if locked; undefined: wait. */
-  private admit(gate: Gate): LockoutAdmission | undefined {
+  private admit(gate: Gate): LockoutAdmission | Promise<LockoutAdmission> | undefined {
     const now = this.now();
     const refused = this.store.refusedFor(gate.key, now, this.settings);
     if (refused > 0) return refused;
     // With nothing in flight a request always proceeds, so no waiter can wait forever.
     if (gate.inFlight > 0 && gate.inFlight >= this.store.room(gate.key, now, this.settings)) return undefined;
     gate.inFlight++;
-    return new Slot(gate, this.release);
+    const slot = new Slot(gate, this.release);
+    // Beside another check of the same client (or after its failures): the shared count decides too.
+    return this.store.reserve === undefined ? slot : this.reserve(slot, gate, now);
   }
 
-  private readonly release = (gate: Gate, failed: boolean): number => {
+  private readonly release = (gate: Gate, failed: boolean, reserved: boolean): number => {
     gate.inFlight--;
-    const lockedFor = failed ? this.store.recordFailure(gate.key, this.now(), this.settings) : 0;
+    let lockedFor = 0;
+    if (failed) lockedFor = this.store.recordFailure(gate.key, this.now(), this.settings, reserved);
+    else if (reserved) this.store.release?.(gate.key, this.now(), this.settings);
     const { waiters } = gate;
     if (waiters !== undefined) {
       // Wake waiters in order while there is room; once locked, every one gets the lockout.

@@ -87,6 +87,28 @@ export interface StoreStatus {
 }
 
 /**
+ * One event as `gatehouse storage copy` moves it from one driver to another: the row exactly as
+ * stored (status, attempt counts, next attempt, last error, delivered time, delivery id), every
+ * attempt record, and the replay keys that point at it. No lease: a copied event is unclaimed.
+ */
+export interface ExportedEvent {
+  event: StoredEvent;
+  attempts: AttemptRecord[];
+  /** Replay keys (see NewEvent.replayKey) that point at this event, with the endpoint each is under. */
+  replayKeys: { endpoint: string; replayKey: string }[];
+}
+
+/** What a copy wrote. */
+export interface CopyCounts {
+  events: number;
+  byStatus: Record<DeliveryStatus, number>;
+  attempts: number;
+  /** Events carrying a sender's delivery id (deduped against for IDEMPOTENCY_WINDOW_MS after their receipt). */
+  idempotencyKeys: number;
+  replayKeys: number;
+}
+
+/**
  * Durable webhook state. `accept` resolves only once the event is committed. Every lease is
  * fenced: an outcome or a renewal carrying a claim id that is no longer the event's current one
  * changes nothing.

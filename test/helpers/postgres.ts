@@ -9,11 +9,11 @@ import pg from 'pg';
 const run = promisify(execFile);
 
 /**
- * A throwaway PostgreSQL cluster for one test file: initdb into a temporary folder (fsync off,
- * trust auth, a Unix socket in that folder), started on a free port of 127.0.0.1. As root (CI),
- * the server runs as the `postgres` user (initdb refuses root). The binaries are found under
- * /usr/lib/postgresql/<version>/bin (Debian's layout; .ci/run installs the package), or in
- * GATEHOUSE_PG_BIN.
+ * A throwaway PostgreSQL cluster for one test file (or one bench run): initdb into a temporary
+ * folder (fsync off unless `durable`, trust auth, a Unix socket in that folder), started on a
+ * free port of 127.0.0.1. As root (CI), the server runs as the `postgres` user (initdb refuses
+ * root). The binaries are found under /usr/lib/postgresql/<version>/bin (Debian's layout;
+ * .ci/run installs the package), or in GATEHOUSE_PG_BIN.
  */
 export interface PostgresCluster {
   port: number;
@@ -37,11 +37,21 @@ export function findPostgresBin(): string | undefined {
 
 let databases = 0;
 
+export interface StartPostgresOptions {
+  /** fsync and full-page writes on, as a production server runs (the benchmark); off by default (tests: faster). */
+  durable?: boolean;
+  /** What cannot run without it, for the loud line. Default: "PostgreSQL tests". */
+  purpose?: string;
+  /** A missing PostgreSQL throws instead of returning a skip. Default: on CI (CI=true), where .ci/run installs it. */
+  required?: boolean;
+}
+
 /**
  * Starts a cluster, or returns the reason it cannot (printed loudly, for the caller to skip).
- * On CI (CI=true) a missing PostgreSQL is a failure, not a skip: .ci/run installs it.
+ * Shared by the tests and `npm run bench` (bench/run.ts).
  */
-export async function startPostgres(): Promise<PostgresCluster | { skip: string }> {
+export async function startPostgres(options: StartPostgresOptions = {}): Promise<PostgresCluster | { skip: string }> {
+  const unavailable = (reason: string) => cannotStart(reason, options.purpose ?? 'PostgreSQL tests', options.required ?? Boolean(process.env.CI));
   const bin = findPostgresBin();
   if (!bin) return unavailable('no PostgreSQL binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql, or set GATEHOUSE_PG_BIN)');
   const root = mkdtempSync(path.join(tmpdir(), 'gh-pg-'));
@@ -63,7 +73,7 @@ export async function startPostgres(): Promise<PostgresCluster | { skip: string 
   const port = await freePort();
   const start = async () => {
     await command('pg_ctl', ['-D', data, '-l', path.join(root, 'log'), '-w', '-t', '30', 'start', '-o',
-      `-k ${root} -p ${port} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off -c max_connections=200`]);
+      `-k ${root} -p ${port} -c listen_addresses=127.0.0.1 ${options.durable ? '' : '-c fsync=off -c full_page_writes=off '}-c max_connections=200`]);
   };
   const stop = async () => {
     await command('pg_ctl', ['-D', data, '-w', '-t', '30', '-m', 'fast', 'stop']);
@@ -97,10 +107,10 @@ export async function startPostgres(): Promise<PostgresCluster | { skip: string 
   };
 }
 
-function unavailable(reason: string): { skip: string } {
-  const message = `PostgreSQL tests cannot run: ${reason}`;
-  if (process.env.CI) throw new Error(`${message} (on CI this is a failure: .ci/run installs PostgreSQL)`);
-  process.stderr.write(`\n!!! ${message}: SKIPPING them !!!\n\n`);
+function cannotStart(reason: string, purpose: string, required: boolean): { skip: string } {
+  const message = `${purpose} cannot run: ${reason}`;
+  if (required) throw new Error(`${message} (on CI this is a failure: .ci/run installs PostgreSQL)`);
+  process.stderr.write(`\n!!! ${message}: SKIPPED !!!\n\n`);
   return { skip: message };
 }
 

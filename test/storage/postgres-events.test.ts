@@ -11,6 +11,7 @@ import { parseConfig } from '../../src/config/load.js';
 import type { PostgresStorageConfig } from '../../src/config/schema.js';
 import type { EventStore } from '../../src/storage/events.js';
 import { PostgresEventStore } from '../../src/storage/postgres/events.js';
+import { MIGRATIONS, POSTGRES_SCHEMA_VERSION } from '../../src/storage/postgres/migrations.js';
 import { Deliverer } from '../../src/webhooks/deliverer.js';
 import { request } from '../helpers/http.js';
 import { startTestGatehouse, testConfig } from '../helpers/gatehouse.js';
@@ -130,11 +131,11 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     const fresh = await pgc().createDatabase();
     const stores = await Promise.all([1, 2, 3].map(() => PostgresEventStore.open(storage(fresh), { migrate: true })));
     const versions = await Promise.all(stores.map((s) => s.status(T0)));
-    assert.deepEqual(versions.map((v) => v.schemaVersion), [1, 1, 1]);
+    assert.deepEqual(versions.map((v) => v.schemaVersion), [POSTGRES_SCHEMA_VERSION, POSTGRES_SCHEMA_VERSION, POSTGRES_SCHEMA_VERSION]);
     const client = new pg.Client({ connectionString: fresh });
     await client.connect();
     const { rows } = await client.query('SELECT version FROM schema_migrations ORDER BY version');
-    assert.deepEqual(rows.map((r) => r.version), [1]);
+    assert.deepEqual(rows.map((r) => r.version), MIGRATIONS.map((m) => m.version));
     await client.end();
     for (const s of stores) await s.close();
     // The CLI's open (no migrate) refuses a database without the schema, saying what to run.
@@ -332,12 +333,12 @@ describe('gatehouse on storage.driver "postgres"', { skip, timeout: 90_000 }, ()
       const env = { TEST_DATABASE_URL: url };
       const migrate = await runCli(['storage', 'migrate', '--config', file], { env });
       assert.equal(migrate.code, 0, migrate.stderr);
-      assert.match(migrate.stdout, /postgres .*: schema at version 1/);
+      assert.match(migrate.stdout, new RegExp(`postgres .*: schema at version ${POSTGRES_SCHEMA_VERSION}`));
       const status = await runCli(['storage', 'status', '--config', file, '--json'], { env });
       assert.equal(status.code, 0, status.stderr);
       const parsed = JSON.parse(status.stdout);
       assert.equal(parsed.driver, 'postgres');
-      assert.equal(parsed.schemaVersion, 1);
+      assert.equal(parsed.schemaVersion, POSTGRES_SCHEMA_VERSION);
       assert.equal(parsed.counts.delivered, 1);
       const list = await runCli(['webhooks', 'deliveries', 'list', '--config', file, '--json'], { env });
       assert.equal(list.code, 0, list.stderr);

@@ -1,5 +1,6 @@
 import { existsSync } from 'node:fs';
 import Database from 'better-sqlite3';
+import { hasTable } from '../../sqlite.js';
 import type { AcceptResult, NewEvent, SqliteEventStore } from '../../webhooks/store.js';
 
 /**
@@ -193,4 +194,23 @@ export function peekStoredProject(file: string, account: string): string | undef
   } finally {
     db?.close();
   }
+}
+
+/**
+ * The Gmail state an SQLite store holds, in words (`["2 Gmail accounts", …]`); empty when none.
+ * Reads only, creates nothing. For `gatehouse storage copy`, which cannot move it to postgres yet
+ * and so refuses rather than leave it behind.
+ */
+export function describeGmailState(db: Database.Database): string[] {
+  const count = (sql: string) => db.prepare<[], { n: number }>(sql).get()!.n;
+  const found: string[] = [];
+  if (hasTable(db, 'gmail_accounts')) {
+    const accounts = count('SELECT count(*) AS n FROM gmail_accounts');
+    if (accounts > 0) found.push(`${accounts} Gmail account${accounts === 1 ? '' : 's'}`);
+  }
+  if (hasTable(db, 'gmail_seen')) {
+    const seen = count('SELECT count(*) AS n FROM gmail_seen');
+    if (seen > 0) found.push(`${seen} remembered Gmail message id${seen === 1 ? '' : 's'}`);
+  }
+  return found;
 }

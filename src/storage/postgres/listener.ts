@@ -19,7 +19,8 @@ export class PostgresListener {
   constructor(
     private readonly url: string,
     private readonly channel: string,
-    private readonly onNotify: () => void,
+    /** A notification's payload; undefined after a (re)connection. */
+    private readonly onNotify: (payload?: string) => void,
     private readonly logger?: Pick<Logger, 'warn' | 'info'>,
   ) {
     if (!/^[a-z_][a-z0-9_]*$/.test(channel)) throw new Error(`invalid LISTEN channel ${channel}`);
@@ -42,7 +43,7 @@ export class PostgresListener {
     };
     client.on('error', onLost);
     client.on('end', () => onLost());
-    client.on('notification', () => this.onNotify());
+    client.on('notification', (message) => this.onNotify(message.payload));
     try {
       await client.connect();
       // A channel name cannot be a bound parameter; it is a constant checked above.

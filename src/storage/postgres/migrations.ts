@@ -53,6 +53,23 @@ CREATE TABLE event_replay_keys (
 CREATE INDEX event_replay_keys_event ON event_replay_keys (event_id);
 `,
   },
+  {
+    version: 2,
+    name: 'failure lockout shared by instances',
+    sql: `
+-- One row per client key (gateway:<ip>, webhooks:<ip>, IPv6 per /64): see src/storage/postgres/lockout.ts.
+CREATE TABLE lockouts (
+  key            text PRIMARY KEY,
+  failures       bigint[] NOT NULL DEFAULT '{}', -- times (ms) of the failures in the window, oldest first
+  reserved       integer NOT NULL DEFAULT 0,      -- checks in flight holding a place in the count
+  reserved_until bigint NOT NULL DEFAULT 0,       -- past it, those places are forgotten (their instance died)
+  locked_until   bigint NOT NULL DEFAULT 0,
+  expires_at     bigint NOT NULL                  -- past it the row says nothing: deleted by any instance
+);
+CREATE INDEX lockouts_locked ON lockouts (locked_until) WHERE locked_until > 0;
+CREATE INDEX lockouts_expires ON lockouts (expires_at);
+`,
+  },
 ];
 
 export const POSTGRES_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;

@@ -5,7 +5,7 @@ import { openDatabase } from '../../sqlite.js';
 import { acquireWriterLock, type WriterLock } from './writer-lock.js';
 import {
   IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId,
-  type AcceptResult, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type NewEvent, type StoreStatus, type StoredEvent,
+  type AcceptResult, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type StoreStatus, type StoredEvent,
 } from '../events.js';
 
 const MAX_FRESH_EVENTS = 10_000;
@@ -65,6 +65,10 @@ CREATE TABLE IF NOT EXISTS event_replay_keys (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS event_replay_keys_event ON event_replay_keys (event_id);
 `;
+
+/** exportAll's batches: this many events at most, and about this many bytes of envelopes (a batch is one multi-row insert on the other side). */
+const EXPORT_BATCH_EVENTS = 500;
+const EXPORT_BATCH_BYTES = 8 * 1024 * 1024;
 
 /** PRAGMA user_version once SCHEMA is in place (what `gatehouse storage status` reports). */
 export const SQLITE_SCHEMA_VERSION = 1;
@@ -141,6 +145,14 @@ export class SqliteEventStore implements EventStore {
       // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
       purge: db.prepare<[number]>('DELETE FROM events WHERE rowid IN (SELECT rowid FROM events WHERE status = \'delivered\' AND delivered_at < ? LIMIT 500)'),
       counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
+      // exportAll: pages in id order, and the attempts and replay keys of a page's id range (both indexed by event_id).
+      exportPage: db.prepare<[string, number], EventRow>('SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?'),
+      exportAttempts: db.prepare<[string, string], { event_id: string; attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>(
+        'SELECT * FROM attempts WHERE event_id > ? AND event_id <= ? ORDER BY event_id, attempt',
+      ),
+      exportReplayKeys: db.prepare<[string, string], { endpoint: string; replay_key: string; event_id: string }>(
+        'SELECT endpoint, replay_key, event_id FROM event_replay_keys WHERE event_id > ? AND event_id <= ? ORDER BY event_id, endpoint, replay_key',
+      ),
     };
   }
 
@@ -393,6 +405,45 @@ export class SqliteEventStore implements EventStore {
     }
   }
 
+  /**
+   * Every event with its attempts and replay keys, in id order, in batches (see
+   * EXPORT_BATCH_EVENTS), all read from one snapshot: a read transaction held until the iteration
+   * ends, so a requeue another process commits meanwhile is either wholly in it or not at all.
+   * For `gatehouse storage copy`, which holds the writer lock (no server accepts meanwhile) and
+   * writes nothing through this store while iterating.
+   */
+  async *exportAll(): AsyncGenerator<ExportedEvent[]> {
+    if (this.db.inTransaction || this.pending.length > 0) throw new Error('exportAll needs a store with no write under way');
+    this.db.exec('BEGIN'); // deferred: the snapshot is taken at the first read and kept to COMMIT
+    try {
+      let after = '';
+      for (;;) {
+        const rows = this.statements.exportPage.all(after, EXPORT_BATCH_EVENTS);
+        if (rows.length === 0) return;
+        const last = rows[rows.length - 1]!.id;
+        const byId = new Map<string, ExportedEvent>(rows.map((row) => [row.id, { event: toEvent(row), attempts: [], replayKeys: [] }]));
+        for (const a of this.statements.exportAttempts.all(after, last)) {
+          byId.get(a.event_id)?.attempts.push({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms });
+        }
+        for (const r of this.statements.exportReplayKeys.all(after, last)) byId.get(r.event_id)?.replayKeys.push({ endpoint: r.endpoint, replayKey: r.replay_key });
+        after = last;
+        let batch: ExportedEvent[] = [];
+        let bytes = 0;
+        for (const exported of byId.values()) {
+          if (batch.length > 0 && bytes + exported.event.envelope.length > EXPORT_BATCH_BYTES) {
+            yield batch;
+            batch = [];
+            bytes = 0;
+          }
+          batch.push(exported);
+          bytes += exported.event.envelope.length;
+        }
+        yield batch;
+      }
+    } finally {
+      if (this.db.inTransaction) this.db.exec('COMMIT'); // read only: this just ends the snapshot
+    }
+  }
 
   async close(): Promise<void> {
     if (this.pending.length > 0) this.flush();

@@ -3,6 +3,16 @@ import path from 'node:path';
 import Database from 'better-sqlite3';
 import { UsageError } from '../../errors.js';
 
+/** The file's writer lock is held by another process (a server, or a `storage copy` under way): `holder` is its pid, when known. */
+export class WriterLockBusyError extends UsageError {
+  constructor(readonly file: string, readonly holder: number | undefined) {
+    super(
+      `storage.path ${file} is in use by another gatehouse server (${holder ? `pid ${holder}` : 'pid unknown'}): one server per SQLite file. ` +
+      'Stop that one first, or run several instances on storage.driver "postgres".',
+    );
+  }
+}
+
 /** A held single-writer lock on an SQLite store; `release` is idempotent. */
 export interface WriterLock {
   release(): void;
@@ -28,11 +38,7 @@ export function acquireWriterLock(file: string): WriterLock {
   } catch (err) {
     lock.close();
     if ((err as { code?: string }).code !== 'SQLITE_BUSY') throw err;
-    const holder = readHolder(pidFile);
-    throw new UsageError(
-      `storage.path ${file} is in use by another gatehouse server (${holder ? `pid ${holder}` : 'pid unknown'}): one server per SQLite file. ` +
-      'Stop that one first, or run several instances on storage.driver "postgres".',
-    );
+    throw new WriterLockBusyError(file, readHolder(pidFile));
   }
   writeFileSync(pidFile, `${process.pid}\n`);
   let released = false;

@@ -1,0 +1,314 @@
+import pg from 'pg';
+import type { Logger } from 'pino';
+import type { PostgresStorageConfig } from '../../config/schema.js';
+import { MemoryLockoutStore, type LockoutSettings, type LockoutStore, type Reservation } from '../../gateway/lockout.js';
+import { PostgresListener } from './listener.js';
+import { migrate } from './migrations.js';
+import { connectionOptions, withClient } from './pool.js';
+
+/** NOTIFY channel: "this client is locked out", payload JSON [key, until (ms)]. */
+const LOCK_CHANNEL = 'gatehouse_lockout';
+/** Locks in force are read again this often: covers NOTIFYs lost while the LISTEN connection was down. */
+const REFRESH_MS = 5_000;
+/** A place reserved by an instance that died is forgotten after this (a check takes far less). */
+const RESERVATION_MS = 30_000;
+/** While other instances' checks fill the count (no lock yet), a reservation is asked again this often... */
+const RESERVE_RETRY_MS = 25;
+/** ...for this long; then the client is refused for a second (a 429), not kept waiting. */
+const RESERVE_WAIT_MS = 2_000;
+/** The lockout's queries are on the request path of clients that failed: short, or counted locally. */
+const QUERY_TIMEOUT_MS = 2_000;
+/** Expired rows deleted per refresh (in the background; a backlog shrinks 1,000 at a time). */
+const CLEANUP_BATCH = 1_000;
+
+/** A client's row in `lockouts`, as read under its row lock. */
+export interface LockoutRow {
+  failures: number[];
+  reserved: number;
+  reservedUntil: number;
+  lockedUntil: number;
+  expiresAt: number;
+}
+
+export type LockoutOp = { kind: 'failure'; reserved: boolean } | { kind: 'reserve' } | { kind: 'release' };
+
+/**
+ * What one operation does to a client's row: the same sliding window as MemoryLockoutStore
+ * (failures older than the window drop out; the `max`-th locks for `lockoutSeconds` and clears
+ * the count). A reservation is a place in the count for a check in flight: granted while the
+ * failures in the window plus the places held stay under `max`. Pure: tested on its own.
+ */
+export function applyLockoutOp(row: LockoutRow, op: LockoutOp, now: number, settings: LockoutSettings): { row: LockoutRow; reservation?: Reservation } {
+  const windowMs = settings.windowSeconds * 1000;
+  const failures = row.failures.filter((at) => at > now - windowMs);
+  let reserved = row.reservedUntil > now ? row.reserved : 0;
+  let { lockedUntil, reservedUntil } = row;
+  let reservation: Reservation | undefined;
+  if (lockedUntil > now) {
+    // Already locked (this instance had not heard yet): nothing more is counted.
+    if (op.kind === 'reserve') reservation = { refusedFor: Math.ceil((lockedUntil - now) / 1000) };
+    else if (reserved > 0 && (op.kind === 'release' || op.reserved)) reserved--;
+  } else if (op.kind === 'reserve') {
+    if (failures.length + reserved < settings.max) {
+      reserved++;
+      reservedUntil = now + RESERVATION_MS;
+      reservation = 'reserved';
+    } else if (failures.length >= settings.max) {
+      // max lowered by a reload: free once enough failures leave the window.
+      const freeAt = failures[failures.length - settings.max]! + windowMs;
+      reservation = { refusedFor: Math.max(1, Math.ceil((freeAt - now) / 1000)) };
+    } else {
+      reservation = { refusedFor: 0 }; // full of checks in flight: the caller asks again shortly
+    }
+  } else {
+    if (reserved > 0 && (op.kind === 'release' || op.reserved)) reserved--;
+    if (op.kind === 'failure') {
+      failures.push(now);
+      if (failures.length >= settings.max) {
+        lockedUntil = Math.max(lockedUntil, now + settings.lockoutSeconds * 1000);
+        failures.length = 0;
+      }
+    }
+  }
+  const expiresAt = Math.max(failures.length > 0 ? failures[failures.length - 1]! + windowMs : 0, lockedUntil, reserved > 0 ? reservedUntil : 0);
+  return { row: { failures, reserved, reservedUntil, lockedUntil, expiresAt }, reservation };
+}
+
+export interface PostgresLockoutStoreOptions {
+  logger?: Pick<Logger, 'warn' | 'info'>;
+  /** Apply pending migrations first (a server); default true. */
+  migrate?: boolean;
+}
+
+/**
+ * The failure lockout shared by every gatehouse instance on one database.
+ *
+ * - Checked in memory: a local MemoryLockoutStore answers `refusedFor` and `room` on every
+ *   request, so the /api/ hot path makes no database call.
+ * - Counted in Postgres: each failure is sent in the background (one transaction on the client's
+ *   row, under its row lock: exact however many instances fail it at once). The `max`-th locks
+ *   the client there, and a NOTIFY tells every instance, which applies the lock locally; every
+ *   5 s each instance also reads the locks in force (NOTIFYs lost while its LISTEN connection was
+ *   down). The failing instance applies the lock from its own answer.
+ * - Bounded across instances: a client this instance saw fail in the window (or has a check of
+ *   in flight) gets a place in the shared count (`reserve`, one round trip) before each further
+ *   check. So only each instance's first check of a client in a window goes unreserved: at most
+ *   `max` + N bad credentials per window across N instances, and `max` exactly once every
+ *   instance has seen the client fail (or whenever those first failures reached Postgres before
+ *   the others' reservations, the usual case).
+ * - Postgres unreachable: logged once; failures count locally (each instance then allows `max`
+ *   by itself), locks already learned keep applying, nothing throws into the request path. The
+ *   refresh finds Postgres back, logs it, and counting is shared again (failures seen meanwhile
+ *   are not replayed).
+ */
+export class PostgresLockoutStore implements LockoutStore {
+  private readonly local = new MemoryLockoutStore();
+  private readonly listeners = new Set<(key: string, until: number) => void>();
+  /** Per key, the last database operation of this instance: a reservation follows its own failures. */
+  private readonly chains = new Map<string, Promise<unknown>>();
+  private listener: PostgresListener | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private refreshing: Promise<void> | undefined;
+  private reachable = true;
+  private closed = false;
+
+  private constructor(
+    private readonly pool: pg.Pool,
+    private readonly logger: Pick<Logger, 'warn' | 'info'> | undefined,
+  ) {}
+
+  /** Connects and migrates (rejects when Postgres cannot be reached), learns the locks in force, LISTENs. */
+  static async open(storage: PostgresStorageConfig, options: PostgresLockoutStoreOptions = {}): Promise<PostgresLockoutStore> {
+    const pool = new pg.Pool({
+      ...connectionOptions(storage.url),
+      connectionTimeoutMillis: QUERY_TIMEOUT_MS,
+      query_timeout: QUERY_TIMEOUT_MS,
+      max: storage.pool.max,
+      idleTimeoutMillis: 30_000,
+    });
+    pool.on('error', () => {}); // an idle connection lost: the next query opens another (and reports)
+    try {
+      if (options.migrate !== false) await migrate(pool);
+    } catch (err) {
+      await pool.end().catch(() => {});
+      throw err;
+    }
+    const store = new PostgresLockoutStore(pool, options.logger);
+    await store.refresh();
+    store.listener = new PostgresListener(storage.url, LOCK_CHANNEL, (payload) => store.onNotify(payload), options.logger);
+    store.timer = setInterval(() => void store.refresh(), REFRESH_MS);
+    store.timer.unref();
+    return store;
+  }
+
+  /** Whether Postgres answered the last query (false: counting locally). */
+  get shared(): boolean {
+    return this.reachable;
+  }
+
+  refusedFor(key: string, now: number, settings: LockoutSettings): number {
+    return this.local.refusedFor(key, now, settings);
+  }
+
+  room(key: string, now: number, settings: LockoutSettings): number {
+    return this.local.room(key, now, settings);
+  }
+
+  activeLocks(now: number): [string, number][] {
+    return this.local.activeLocks(now);
+  }
+
+  onLocked(listener: (key: string, until: number) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  recordFailure(key: string, now: number, settings: LockoutSettings, reserved = false): number {
+    const lockedFor = this.local.recordFailure(key, now, settings);
+    if (this.reachable || reserved) void this.apply(key, { kind: 'failure', reserved }, now, settings);
+    return lockedFor;
+  }
+
+  release(key: string, now: number, settings: LockoutSettings): void {
+    if (this.reachable) void this.apply(key, { kind: 'release' }, now, settings);
+  }
+
+  reserve(key: string, now: number, settings: LockoutSettings): Promise<Reservation> | undefined {
+    if (!this.reachable) return undefined;
+    return (async () => {
+      const deadline = now + RESERVE_WAIT_MS;
+      for (let at = now; ; at = Date.now()) {
+        const reservation = await this.apply(key, { kind: 'reserve' }, at, settings);
+        if (reservation === undefined) return 'unreserved'; // Postgres went away: counted locally
+        if (reservation === 'reserved' || reservation === 'unreserved' || reservation.refusedFor > 0) return reservation;
+        if (Date.now() >= deadline) return { refusedFor: 1 };
+        await new Promise((resolve) => setTimeout(resolve, RESERVE_RETRY_MS));
+      }
+    })();
+  }
+
+  /** Runs `op` on the client's row (after this instance's earlier ones on it); undefined when Postgres failed. */
+  private apply(key: string, op: LockoutOp, now: number, settings: LockoutSettings): Promise<Reservation | undefined> {
+    const previous = this.chains.get(key);
+    const run = async (): Promise<Reservation | undefined> => {
+      if (previous) await previous;
+      try {
+        const { row, reservation } = await this.transact(key, op, now, settings);
+        this.recovered();
+        if (row.lockedUntil > now) this.learn(key, row.lockedUntil);
+        return reservation;
+      } catch (err) {
+        this.unreachable(err);
+        return undefined;
+      }
+    };
+    const done = run();
+    this.chains.set(key, done);
+    void done.then(() => {
+      if (this.chains.get(key) === done) this.chains.delete(key);
+    });
+    return done;
+  }
+
+  private async transact(key: string, op: LockoutOp, now: number, settings: LockoutSettings): Promise<{ row: LockoutRow; reservation?: Reservation }> {
+    return withClient(this.pool, async (client) => {
+      await client.query('BEGIN');
+      try {
+        // The row is created if missing, then locked: concurrent instances take turns on it.
+        const { rows } = await client.query<{ failures: number[]; reserved: number; reserved_until: number; locked_until: number; expires_at: number }>(
+          `INSERT INTO lockouts AS l (key, expires_at) VALUES ($1, $2::bigint)
+           ON CONFLICT (key) DO UPDATE SET key = l.key
+           RETURNING failures, reserved, reserved_until, locked_until, expires_at`,
+          [key, now],
+        );
+        const current = rows[0]!;
+        const before: LockoutRow = {
+          failures: current.failures.map(Number),
+          reserved: current.reserved,
+          reservedUntil: current.reserved_until,
+          lockedUntil: current.locked_until,
+          expiresAt: current.expires_at,
+        };
+        const result = applyLockoutOp(before, op, now, settings);
+        const { row } = result;
+        await client.query(
+          'UPDATE lockouts SET failures = $2::bigint[], reserved = $3, reserved_until = $4::bigint, locked_until = $5::bigint, expires_at = $6::bigint WHERE key = $1',
+          [key, row.failures, row.reserved, row.reservedUntil, row.lockedUntil, row.expiresAt],
+        );
+        // Delivered at COMMIT, to every instance (this one included; applying a lock twice is harmless).
+        if (row.lockedUntil > before.lockedUntil) await client.query('SELECT pg_notify($1, $2)', [LOCK_CHANNEL, JSON.stringify([key, row.lockedUntil])]);
+        await client.query('COMMIT');
+        return result;
+      } catch (err) {
+        await client.query('ROLLBACK').catch(() => {});
+        throw err;
+      }
+    });
+  }
+
+  private onNotify(payload: string | undefined): void {
+    if (payload === undefined) {
+      void this.refresh(); // (re)connected: locks set while it was down are read
+      return;
+    }
+    try {
+      const parsed: unknown = JSON.parse(payload);
+      if (Array.isArray(parsed) && typeof parsed[0] === 'string' && typeof parsed[1] === 'number') this.learn(parsed[0], parsed[1]);
+    } catch {
+      // not ours: ignored
+    }
+  }
+
+  /** Reads the locks in force, deletes a batch of expired rows; also how an outage is found to be over. */
+  private refresh(): Promise<void> {
+    this.refreshing ??= (async () => {
+      try {
+        const now = Date.now();
+        const { rows } = await this.pool.query<{ key: string; locked_until: number }>(
+          'SELECT key, locked_until FROM lockouts WHERE locked_until > $1::bigint',
+          [now],
+        );
+        for (const row of rows) this.learn(row.key, row.locked_until);
+        await this.pool.query(
+          'DELETE FROM lockouts WHERE key IN (SELECT key FROM lockouts WHERE expires_at < $1::bigint LIMIT $2)',
+          [now, CLEANUP_BATCH],
+        );
+        this.recovered();
+      } catch (err) {
+        if (!this.closed) this.unreachable(err);
+      } finally {
+        this.refreshing = undefined;
+      }
+    })();
+    return this.refreshing;
+  }
+
+  private learn(key: string, until: number): void {
+    if (this.closed) return;
+    const now = Date.now();
+    if (until <= now || this.local.lockedUntil(key, now) >= until) return; // known already: listeners are told once
+    this.local.lockUntil(key, until, now);
+    for (const listener of this.listeners) listener(key, until);
+  }
+
+  private unreachable(err: unknown): void {
+    if (!this.reachable || this.closed) return;
+    this.reachable = false;
+    this.logger?.warn({ err: (err as Error).message }, 'postgres unreachable: failures are counted by this instance alone until it is back (locks already learned still apply)');
+  }
+
+  private recovered(): void {
+    if (this.reachable) return;
+    this.reachable = true;
+    this.logger?.info('postgres reachable again: the lockout count is shared again');
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this.timer);
+    await this.listener?.close();
+    await Promise.allSettled([...this.chains.values(), this.refreshing]);
+    await this.pool.end().catch(() => {});
+  }
+}
