@@ -167,3 +167,37 @@ export function newEventId(now: number = Date.now()): string {
 export function lastErrorOf(attempt: AttemptRecord, outcome: AttemptOutcome): string | null {
   return outcome.status === 'delivered' ? null : (attempt.error ?? `HTTP ${attempt.status}`);
 }
+
+/** An `events` row as both drivers store it (same column names and meanings; times in ms). */
+export interface EventRow {
+  id: string;
+  endpoint: string;
+  action: WebhookAction;
+  idempotency_key: string | null;
+  received_at: number;
+  envelope: string;
+  status: DeliveryStatus;
+  attempts: number;
+  round_attempts: number;
+  next_attempt_at: number;
+  last_error: string | null;
+  delivered_at: number | null;
+}
+
+/** The row as the rest of gatehouse sees it. */
+export function toEvent(row: EventRow): StoredEvent {
+  return {
+    id: row.id,
+    endpoint: row.endpoint,
+    action: row.action,
+    idempotencyKey: row.idempotency_key,
+    receivedAt: row.received_at,
+    envelope: row.envelope,
+    status: row.status,
+    attempts: row.attempts,
+    roundAttempts: row.round_attempts,
+    nextAttemptAt: row.next_attempt_at,
+    lastError: row.last_error,
+    deliveredAt: row.delivered_at,
+  };
+}

@@ -4,8 +4,8 @@ import type { Logger } from 'pino';
 import type { PostgresStorageConfig, WebhookAction } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
 import {
-  IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId,
-  type AcceptResult, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type CopyCounts, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type StoreStatus, type StoredEvent,
+  IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId, toEvent,
+  type AcceptResult, type EventRow as SharedEventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type CopyCounts, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type StoreStatus, type StoredEvent,
 } from '../events.js';
 import { PostgresListener } from './listener.js';
 import { migrate, POSTGRES_SCHEMA_VERSION, schemaVersion } from './migrations.js';
@@ -17,19 +17,8 @@ const DUE_CHANNEL = 'gatehouse_events_due';
 const MAX_BATCH = 500;
 const BATCH_TRIES = 3;
 
-interface EventRow {
-  id: string;
-  endpoint: string;
-  action: WebhookAction;
-  idempotency_key: string | null;
-  received_at: number;
-  envelope: string;
-  status: DeliveryStatus;
-  attempts: number;
-  round_attempts: number;
-  next_attempt_at: number;
-  last_error: string | null;
-  delivered_at: number | null;
+/** The shared row, plus the lease columns only this driver has. */
+interface EventRow extends SharedEventRow {
   lease_until: number | null;
   claim_id: string | null;
 }
@@ -500,19 +489,3 @@ function compareKeys(a: NewEvent, b: NewEvent): number {
   return ka < kb ? -1 : ka > kb ? 1 : 0;
 }
 
-function toEvent(row: EventRow): StoredEvent {
-  return {
-    id: row.id,
-    endpoint: row.endpoint,
-    action: row.action,
-    idempotencyKey: row.idempotency_key,
-    receivedAt: row.received_at,
-    envelope: row.envelope,
-    status: row.status,
-    attempts: row.attempts,
-    roundAttempts: row.round_attempts,
-    nextAttemptAt: row.next_attempt_at,
-    lastError: row.last_error,
-    deliveredAt: row.delivered_at,
-  };
-}

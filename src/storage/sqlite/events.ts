@@ -4,28 +4,13 @@ import type { WebhookAction } from '../../config/schema.js';
 import { openDatabase } from '../../sqlite.js';
 import { acquireWriterLock, type WriterLock } from './writer-lock.js';
 import {
-  IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId,
-  type AcceptResult, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type StoreStatus, type StoredEvent,
+  IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId, toEvent,
+  type AcceptResult, type EventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type StoreStatus, type StoredEvent,
 } from '../events.js';
 
 const MAX_FRESH_EVENTS = 10_000;
 /** The fresh queue holds envelopes in memory: bounded in bytes too (a slow target, large bodies). */
 const MAX_FRESH_BYTES = 32 * 1024 * 1024;
-
-interface EventRow {
-  id: string;
-  endpoint: string;
-  action: WebhookAction;
-  idempotency_key: string | null;
-  received_at: number;
-  envelope: string;
-  status: DeliveryStatus;
-  attempts: number;
-  round_attempts: number;
-  next_attempt_at: number;
-  last_error: string | null;
-  delivered_at: number | null;
-}
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS events (
@@ -452,19 +437,3 @@ export class SqliteEventStore implements EventStore {
   }
 }
 
-function toEvent(row: EventRow): StoredEvent {
-  return {
-    id: row.id,
-    endpoint: row.endpoint,
-    action: row.action,
-    idempotencyKey: row.idempotency_key,
-    receivedAt: row.received_at,
-    envelope: row.envelope,
-    status: row.status,
-    attempts: row.attempts,
-    roundAttempts: row.round_attempts,
-    nextAttemptAt: row.next_attempt_at,
-    lastError: row.last_error,
-    deliveredAt: row.delivered_at,
-  };
-}
