@@ -325,8 +325,11 @@ export class FailureLockout {
     if (gate.inFlight > 0 && gate.inFlight >= this.store.room(gate.key, now, this.settings)) return undefined;
     gate.inFlight++;
     const slot = new Slot(gate, this.release);
-    // Beside another check of the same client (or after its failures): the shared count decides too.
-    return this.store.reserve === undefined ? slot : this.reserve(slot, gate, now);
+    // After failures of this client here, the shared count decides too. A client with none here
+    // (a busy one with checks in flight together) takes no round trip: the hot path stays off the
+    // database, at the price of its first concurrent wave on each instance going unreserved.
+    if (this.store.reserve === undefined || this.store.room(gate.key, now, this.settings) >= this.settings.max) return slot;
+    return this.reserve(slot, gate, now);
   }
 
   private readonly release = (gate: Gate, failed: boolean, reserved: boolean): number => {

@@ -90,12 +90,11 @@ export interface PostgresLockoutStoreOptions {
  *   the client there, and a NOTIFY tells every instance, which applies the lock locally; every
  *   5 s each instance also reads the locks in force (NOTIFYs lost while its LISTEN connection was
  *   down). The failing instance applies the lock from its own answer.
- * - Bounded across instances: a client this instance saw fail in the window (or has a check of
- *   in flight) gets a place in the shared count (`reserve`, one round trip) before each further
- *   check. So only each instance's first check of a client in a window goes unreserved: at most
- *   `max` + N bad credentials per window across N instances, and `max` exactly once every
- *   instance has seen the client fail (or whenever those first failures reached Postgres before
- *   the others' reservations, the usual case).
+ * - Bounded across instances: a client this instance saw fail in the window gets a place in the
+ *   shared count (`reserve`, one round trip) before each further check; a client with no failure
+ *   here takes no round trip, however many of its checks run at once (the hot path stays off the
+ *   database). So `max` exactly once every instance has seen the client fail; a first wave checked
+ *   at once on several instances before that goes unreserved (N × `max` at worst; README).
  * - Postgres unreachable: logged once; failures count locally (each instance then allows `max`
  *   by itself), locks already learned keep applying, nothing throws into the request path. The
  *   refresh finds Postgres back, logs it, and counting is shared again (failures seen meanwhile
