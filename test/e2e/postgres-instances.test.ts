@@ -229,16 +229,22 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
     const perId = new Map<string, number>();
     for (const r of receipts) perId.set(r.id, (perId.get(r.id) ?? 0) + 1);
     const duplicates = [...perId].filter(([, n]) => n > 1).map(([id]) => id);
-    // At least once, and no more than the crash explains: an event is delivered twice only when the
-    // dead instance had posted it before dying (answered or not) without living to record it.
+    // At least once, and no more than explained: an event is delivered twice only when the dead
+    // instance had posted it before dying (bytes it wrote just before the signal may reach the
+    // target after it: any of its receipts counts), or when a live instance logged that attempt as
+    // failed (its answer not read within timeoutMs on a loaded machine: a retry, as designed).
+    const retriedAttempt = (id: string) => live.flatMap((i) => i.process.lines).find((l) => l.id === id && l.msg === 'delivery attempt failed; will retry');
+    let retriedDuplicates = 0;
     for (const id of duplicates) {
-      // (Bytes the dead instance wrote just before the signal may reach the target after it: any of its receipts counts.)
-      assert.ok(receipts.some((r) => r.id === id && r.by === 'i0'), `${id} was delivered twice, and not because of the kill: ${JSON.stringify(receipts.filter((r) => r.id === id).map((r) => ({ ...r, at: r.at - killedAt })))}`);
+      if (receipts.some((r) => r.id === id && r.by === 'i0')) continue;
+      const retry = retriedAttempt(id);
+      assert.ok(retry, `${id} was delivered twice, explained neither by the kill nor by a failed attempt: ${JSON.stringify(receipts.filter((r) => r.id === id).map((r) => ({ ...r, at: r.at - killedAt })))}`);
+      retriedDuplicates++;
     }
     const byInstance = Object.fromEntries(instances.map((i) => [i.name, receipts.filter((r) => r.by === i.name).length]));
     t.diagnostic(`posts: ${TOTAL} accepted in ${postedMs} ms; ${refused} refused by the dead instance and sent elsewhere, ${cut} cut mid-flight and retried with their delivery id`);
     t.diagnostic(`kill: ${postsLeftAtKill} posts left to send, ${mustTakeOver.size} deliveries in flight on the dead instance, all taken over by ${live.map((i) => i.name).join('/')} within ${takeoverMs} ms`);
-    t.diagnostic(`target: ${receipts.length} requests for ${perId.size} events, ${duplicates.length} delivered more than once (each first posted by the dead instance); by instance ${JSON.stringify(byInstance)}`);
+    t.diagnostic(`target: ${receipts.length} requests for ${perId.size} events, ${duplicates.length} delivered more than once (${duplicates.length - retriedDuplicates} posted by the dead instance, ${retriedDuplicates} after an attempt a live instance saw fail); by instance ${JSON.stringify(byInstance)}`);
     t.diagnostic(`timings: drained ${drainMs} ms after the last post, ${Date.now() - killedAt} ms after the kill; total ${Date.now() - startedAt} ms`);
   });
 });
