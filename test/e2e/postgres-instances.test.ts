@@ -235,16 +235,19 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
     // failed (its answer not read within timeoutMs on a loaded machine: a retry, as designed).
     const retriedAttempt = (id: string) => live.flatMap((i) => i.process.lines).find((l) => l.id === id && l.msg === 'delivery attempt failed; will retry');
     let retriedDuplicates = 0;
+    const retryErrors = new Map<string, number>();
     for (const id of duplicates) {
       if (receipts.some((r) => r.id === id && r.by === 'i0')) continue;
       const retry = retriedAttempt(id);
       assert.ok(retry, `${id} was delivered twice, explained neither by the kill nor by a failed attempt: ${JSON.stringify(receipts.filter((r) => r.id === id).map((r) => ({ ...r, at: r.at - killedAt })))}`);
       retriedDuplicates++;
+      const reason = String(retry.error ?? retry.status).replace(/\d+/g, 'N');
+      retryErrors.set(reason, (retryErrors.get(reason) ?? 0) + 1);
     }
     const byInstance = Object.fromEntries(instances.map((i) => [i.name, receipts.filter((r) => r.by === i.name).length]));
     t.diagnostic(`posts: ${TOTAL} accepted in ${postedMs} ms; ${refused} refused by the dead instance and sent elsewhere, ${cut} cut mid-flight and retried with their delivery id`);
     t.diagnostic(`kill: ${postsLeftAtKill} posts left to send, ${mustTakeOver.size} deliveries in flight on the dead instance, all taken over by ${live.map((i) => i.name).join('/')} within ${takeoverMs} ms`);
-    t.diagnostic(`target: ${receipts.length} requests for ${perId.size} events, ${duplicates.length} delivered more than once (${duplicates.length - retriedDuplicates} posted by the dead instance, ${retriedDuplicates} after an attempt a live instance saw fail); by instance ${JSON.stringify(byInstance)}`);
+    t.diagnostic(`target: ${receipts.length} requests for ${perId.size} events, ${duplicates.length} delivered more than once (${duplicates.length - retriedDuplicates} posted by the dead instance, ${retriedDuplicates} after an attempt a live instance saw fail: ${JSON.stringify(Object.fromEntries(retryErrors))}); by instance ${JSON.stringify(byInstance)}`);
     t.diagnostic(`timings: drained ${drainMs} ms after the last post, ${Date.now() - killedAt} ms after the kill; total ${Date.now() - startedAt} ms`);
   });
 });

@@ -134,7 +134,7 @@ describe('PostgreSQL restarted mid-burst', { skip, timeout: 90_000 }, () => {
       const stored = new Map(rows.map((r) => [r.id, r.status]));
       for (const id of accepted.values()) assert.equal(stored.get(id), 'delivered', `${id} is stored as delivered`);
       // An event stored but answered 503 (COMMIT done, the answer lost with the connection) is possible; more would mean false 503s.
-      t.diagnostic(`store: ${rows.length} events for ${accepted.size} 202s (${rows.length - accepted.size} committed as the connection died, answered 503: the sender's retry is deduplicated by its delivery id)`);
+      t.diagnostic(`store: ${rows.length} events for ${accepted.size} 202s (${rows.length - accepted.size} committed as the connection died yet answered 503: a sender's retry with its delivery id is deduplicated)`);
     } finally {
       await db.end();
     }

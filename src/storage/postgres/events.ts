@@ -11,7 +11,7 @@ import { PostgresListener } from './listener.js';
 import { migrate, POSTGRES_SCHEMA_VERSION, schemaVersion } from './migrations.js';
 import { createPool, describeUrl, inTransaction, isRetryableTransactionError } from './pool.js';
 
-/** NOTIFY channel: "an event may be due" (accepted, requeued). The payload is empty. */
+/** NOTIFY channel: "an event may be due" (accepted, requeued). The payload is the sending store's owner id. */
 const DUE_CHANNEL = 'gatehouse_events_due';
 /** Convoy batches 64 rows; gatehouse's SQLite driver takes a whole tick. A bound keeps one statement's parameters sane. */
 const MAX_BATCH = 500;
@@ -100,7 +100,8 @@ export class PostgresEventStore implements EventStore {
       throw err;
     }
     const store = new PostgresEventStore(pool, storage, options);
-    if (options.listen) store.listener = new PostgresListener(storage.url, DUE_CHANNEL, () => store.wake(), options.logger);
+    // Its own accepts woke this process's deliverer already (onAccepted): only others' wake it again.
+    if (options.listen) store.listener = new PostgresListener(storage.url, DUE_CHANNEL, (sender) => sender !== store.owner && store.wake(), options.logger);
     return store;
   }
 
@@ -394,6 +395,12 @@ export class PostgresEventStore implements EventStore {
     for (const wake of this.wakers) wake();
   }
 
+  /** Requeued by this process: its own deliverer (the NOTIFY skips it) and the others'. */
+  private requeued(): void {
+    this.wake();
+    this.notifyDue();
+  }
+
   /** Sent after COMMIT; one at a time, and commits meanwhile share the next one. Lost ones are covered by polling. */
   private notifyDue(): void {
     if (this.notifying) {
@@ -401,7 +408,7 @@ export class PostgresEventStore implements EventStore {
       return;
     }
     this.notifying = true;
-    void this.pool.query('SELECT pg_notify($1, \'\')', [DUE_CHANNEL]).catch(() => {}).finally(() => {
+    void this.pool.query('SELECT pg_notify($1, $2)', [DUE_CHANNEL, this.owner]).catch(() => {}).finally(() => {
       this.notifying = false;
       if (this.notifyAgain && !this.closed) {
         this.notifyAgain = false;
@@ -438,7 +445,7 @@ export class PostgresEventStore implements EventStore {
         WHERE id = $1 AND status <> 'queued'`,
       [id, now],
     );
-    if (rowCount) this.notifyDue();
+    if (rowCount) this.requeued();
     return rowCount === 1;
   }
 
@@ -447,7 +454,7 @@ export class PostgresEventStore implements EventStore {
       "UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'dead'",
       [now],
     );
-    if (rowCount) this.notifyDue();
+    if (rowCount) this.requeued();
     return rowCount ?? 0;
   }
 
