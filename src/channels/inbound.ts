@@ -76,8 +76,8 @@ function storeUnreachable(err: unknown): Verdict {
   return { ok: false, reason: `storage unavailable: ${(err as Error).message}`, unavailable: true };
 }
 
-/** A channel route's storage call: a storage failure is 503 store_unavailable, not a 500. */
-async function storeCall<T>(call: () => Promise<T>): Promise<T> {
+/** A channel route's storage call: a storage failure is 503 store_unavailable (with Retry-After), not a 500. */
+export async function storeCall<T>(call: () => Promise<T>): Promise<T> {
   try {
     return await call();
   } catch (err) {

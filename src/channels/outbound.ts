@@ -7,6 +7,7 @@ import { readBody } from '../read-body.js';
 import { openSecret } from '../secrets.js';
 import { grantContext, type SealedGrant } from './login.js';
 import { discord, messageTextProblem, PlatformError, slack, telegram } from './platforms.js';
+import { storeCall } from './inbound.js';
 import type { ChannelStore } from './state.js';
 
 /** Gatehouse's own API on the gateway listener, outside the proxied /api/ space. */
@@ -37,7 +38,7 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
   };
 
   async function sealedGrant(name: string): Promise<SealedGrant> {
-    const grant = await store.grant(name);
+    const grant = await storeCall(() => store.grant(name));
     if (!grant) throw new HttpError('channel_not_connected', `channel ${name} has no stored grant: run \`gatehouse channels login ${name}\``);
     try {
       return JSON.parse(openSecret(grant.sealed, deps.secretKey, grantContext(name))) as SealedGrant;
@@ -58,9 +59,9 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
     const now = Date.now();
     switch (channel.kind) {
       case 'qr': {
-        const device = (await store.devices(name)).find((d) => (d.id === to || d.name === to) && d.revokedAt === null);
+        const device = (await storeCall(() => store.devices(name))).find((d) => (d.id === to || d.name === to) && d.revokedAt === null);
         if (!device) throw new HttpError('invalid_message', `no paired device "${to}" on channel ${name}`);
-        return { id: String(await store.enqueueForDevice(name, device.id, text, now)), to: device.id, status: 'queued for the device' };
+        return { id: String(await storeCall(() => store.enqueueForDevice(name, device.id, text, now))), to: device.id, status: 'queued for the device' };
       }
       case 'bot-token': {
         await sealedGrant(name); // logged in: the webhook (and so the conversation) exists
