@@ -135,4 +135,32 @@ describe('qr channel on postgres: two instances, one database', { skip, timeout:
     assert.deepEqual([...got].sort(), [...texts].sort(), 'each message once');
     assert.deepEqual((await poll(instances[0]!)).json().messages, []);
   });
+
+  it('PostgreSQL down: the device\'s message, its outbox and pairing answer 503 (never a 2xx, never a 401 that counts), and work again once it is back', async () => {
+    const before = envelopes(target).length;
+    const message = (id: string) =>
+      request(instances[0]!.webhookUrl, '/webhook/channels/phone', { method: 'POST', headers: { ...json, authorization: `Bearer ${device.token}` }, body: JSON.stringify({ id, text: 'during the outage' }) });
+    await (cluster as PostgresCluster).stop();
+    try {
+      const sent = await message('m-outage');
+      assert.equal(sent.status, 503, sent.body);
+      const outbox = await request(instances[1]!.webhookUrl, '/webhook/channels/phone/outbox', { headers: { authorization: `Bearer ${device.token}` } });
+      assert.equal(outbox.status, 503, outbox.body);
+      assert.equal(outbox.json().error.code, 'store_unavailable');
+      const pairing = await request(instances[1]!.webhookUrl, '/webhook/channels/phone/pair/ABCDEFGH', { method: 'POST', headers: json, body: '{"deviceName":"x"}' });
+      assert.equal(pairing.status, 503, pairing.body);
+      const send = await request(instances[0]!.gatewayUrl, '/_gatehouse/channels/phone/messages', { method: 'POST', headers: { ...json, 'x-api-key': API_KEY }, body: JSON.stringify({ to: device.id, text: 'x' }) });
+      assert.equal(send.status, 503, send.body);
+    } finally {
+      await (cluster as PostgresCluster).start();
+    }
+    let again;
+    for (let i = 0; i < 50; i++) {
+      again = await message('m-outage');
+      if (again.status === 202) break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    assert.equal(again!.status, 202, again!.body);
+    assert.equal((await nthEnvelope(target, before + 1)).payload.id, 'm-outage');
+  });
 });
