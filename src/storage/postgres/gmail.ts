@@ -103,7 +103,10 @@ export class PostgresGmailStore implements GmailStore {
       try {
         return await work();
       } finally {
-        await client.query('SELECT pg_advisory_unlock($1, hashtext($2))', [MAILBOX_LOCK_CLASS, account]);
+        await client.query('SELECT pg_advisory_unlock($1, hashtext($2))', [MAILBOX_LOCK_CLASS, account]).catch((err: Error) => {
+          // Code-less, so withClient destroys the connection: one back in the pool must never still hold the lock.
+          throw new Error(`could not release the mailbox lock: ${err.message}`);
+        });
       }
     }));
   }
