@@ -138,10 +138,22 @@ export function stateContract(harness: StateHarness): void {
         log.push(`${name}-`);
         return name;
       };
+      // a1 holds alice's mailbox until bob's work has run (or 5 s): bob must not wait for alice.
+      let bobDone!: () => void;
+      const bobFinished = new Promise<void>((resolve) => (bobDone = resolve));
       const results = await Promise.all([
-        gmail.exclusively(ACCOUNT, work('a1', 60)),
+        gmail.exclusively(ACCOUNT, async () => {
+          log.push('a1+');
+          await Promise.race([bobFinished, sleep(5_000)]);
+          log.push('a1-');
+          return 'a1';
+        }),
         gmail.exclusively(ACCOUNT, work('a2', 10)),
-        gmail.exclusively('bob@example.com', work('b', 10)),
+        gmail.exclusively('bob@example.com', async () => {
+          await work('b', 10)();
+          bobDone();
+          return 'b';
+        }),
       ]);
       assert.deepEqual(results, ['a1', 'a2', 'b']);
       assert.ok(log.indexOf('a1-') < log.indexOf('a2+'), `a2 started before a1 ended: ${log}`);
@@ -167,9 +179,9 @@ export function stateContract(harness: StateHarness): void {
 
       // An instance that dies holding the mailbox: its session ends, the lock goes with it.
       const three = await harness.other();
-      let release!: () => void;
+      let release: (() => void) | undefined;
       const held = three.gmail.exclusively(ACCOUNT, () => new Promise<void>((r) => (release = r)));
-      await sleep(100);
+      while (!release) await sleep(10); // it holds the lock from here
       let waited = false;
       const waiting = one.gmail.exclusively(ACCOUNT, async () => void (waited = true));
       await sleep(100);
@@ -177,7 +189,7 @@ export function stateContract(harness: StateHarness): void {
       await harness.endLockHolders(); // the holder's connection dies, as it does when its instance is killed
       await waiting;
       assert.equal(waited, true);
-      release();
+      release!();
       await held.catch(() => {});
       await three.close().catch(() => {});
     });
