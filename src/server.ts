@@ -7,15 +7,15 @@ import { Deliverer } from './webhooks/deliverer.js';
 import { channelRoutes } from './channels/inbound.js';
 import { createChannelSender } from './channels/outbound.js';
 import { startGrantRefresher } from './channels/refresh.js';
-import { ChannelStore } from './channels/state.js';
+import type { ChannelStore } from './channels/state.js';
 import { closeServer, listen, type Listening } from './listener.js';
 import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
 import { secretKeyFromEnv } from './secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from './webhooks/receiver.js';
 import { createVerifier } from './webhooks/verifiers/index.js';
-import { describeStorage, openEventStore, sqliteStoragePath } from './storage/open.js';
+import { describeStorage, openChannelStore, openEventStore } from './storage/open.js';
 import { PostgresLockoutStore } from './storage/postgres/lockout.js';
-import { SqliteEventStore, type EventStore } from './webhooks/store.js';
+import type { EventStore } from './webhooks/store.js';
 
 export interface RunningGatehouse {
   gateway: { url: string };
@@ -114,21 +114,21 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   const lockout = new FailureLockout(options.lockoutStore, config.gateway.auth.failures, 'gateway');
   // Channels' outbound API needs their grants (a connection of its own: workers have one each).
   let channelStore: ChannelStore | undefined;
-  const channelsOf = (c: Config) => {
+  const channelsOf = async (c: Config) => {
     if (Object.keys(c.channels).length === 0) return undefined;
-    channelStore ??= new ChannelStore(sqliteStoragePath(c.storage, 'channels'));
+    channelStore ??= await openChannelStore(c.storage, { role: 'server', logger });
     return createChannelSender(c, { store: channelStore, secretKey: secretKeyFromEnv(), logger });
   };
   // The parser limits are the listener's: fixed at start, whatever a reload says.
   const limits = config.gateway.limits;
-  let app = await buildGatewayApp(config, { logger, lockout, channels: channelsOf(config), limits });
+  let app = await buildGatewayApp(config, { logger, lockout, channels: await channelsOf(config), limits });
   const listening = await listen(config.gateway.listen, config.gateway.tls, limits, (req, res) => app.handle(req, res));
   describeGateway(logger, config, app, listening.url, 'gateway listening');
   void warmUp(logger, app);
   return {
     url: listening.url,
     async reload(next) {
-      const nextApp = await buildGatewayApp(next, { logger, lockout, channels: channelsOf(next), limits });
+      const nextApp = await buildGatewayApp(next, { logger, lockout, channels: await channelsOf(next), limits });
       await warmUp(logger, nextApp);
       const previous = app;
       app = nextApp;
@@ -140,7 +140,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
     async close(graceMs) {
       await closeServer(listening.server, graceMs);
       app.close();
-      channelStore?.close();
+      await channelStore?.close();
     },
   };
 };
@@ -167,10 +167,10 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   let gmail: RunningGmail | undefined;
   let channelStore: ChannelStore | undefined;
   try {
-    if (hasChannels) channelStore = new ChannelStore(sqliteStoragePath(config.storage, 'channels'));
-    gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store: sqliteStore(store), logger, onAccepted, secretKey: secretKey! }) : undefined;
+    if (hasChannels) channelStore = await openChannelStore(config.storage, { role: 'server', logger });
+    gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store, logger, onAccepted, secretKey: secretKey! }) : undefined;
   } catch (err) {
-    channelStore?.close();
+    await channelStore?.close();
     await store.close();
     throw err;
   }
@@ -195,7 +195,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     await gmail?.close();
     await refresher?.close();
     await deliverer.stop(0);
-    channelStore?.close();
+    await channelStore?.close();
     await store.close();
     throw err;
   }
@@ -223,15 +223,9 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
       await refresher?.close();
       await deliverer.stop(graceMs);
       await store.close();
-      channelStore?.close();
+      await channelStore?.close();
     },
   };
-}
-
-/** Integrations keep their state in the event store's SQLite file (one transaction for both). */
-function sqliteStore(store: EventStore): SqliteEventStore {
-  if (!(store instanceof SqliteEventStore)) throw new Error('webhooks.gmail needs the SQLite event store');
-  return store;
 }
 
 async function warmUp(logger: Logger, app: GatewayApp): Promise<void> {

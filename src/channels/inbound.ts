@@ -7,9 +7,9 @@ import type { IntegrationRoute, PrefixRoute } from '../webhooks/receiver.js';
 import { discordVerifier } from '../webhooks/verifiers/discord.js';
 import { headerSecret } from '../webhooks/verifiers/secret.js';
 import { slackVerifier } from '../webhooks/verifiers/slack.js';
-import { dig, headerValue, saneId, type WebhookVerifier } from '../webhooks/verifiers/types.js';
+import { dig, headerValue, saneId, type Verdict, type WebhookVerifier } from '../webhooks/verifiers/types.js';
 import { grantContext, oauthAnswerContext, type SealedGrant } from './login.js';
-import type { ChannelStore, Device } from './state.js';
+import type { ChannelGrant, ChannelStore, Device } from './state.js';
 
 export const CHANNEL_PATH_PREFIX = '/webhook/channels/';
 const DEVICE_NAME = /^[\p{L}\p{N} ._'()-]{1,64}$/u;
@@ -39,7 +39,8 @@ export function channelRoutes(config: Config, deps: { store: ChannelStore; secre
       path: `${CHANNEL_PATH_PREFIX}${name}`,
       action: channel.action,
       verifyType: `channel ${describe.platform}`,
-      onStored: () => store.noteEvent(name, Date.now()),
+      // For `status` only: a failed write is logged, never the sender's problem.
+      onStored: () => void store.noteEvent(name, Date.now()).catch((err: Error) => deps.logger.warn({ channel: name, problem: err.message }, 'channel: could not note the last event')),
     };
     switch (channel.kind) {
       case 'qr': {
@@ -70,6 +71,20 @@ export function channelRoutes(config: Config, deps: { store: ChannelStore; secre
   return { routes, prefixRoutes };
 }
 
+/** A verifier's answer when storage cannot be asked: 503 (the sender retries), never a 2xx or a 401 that counts. */
+function storeUnreachable(err: unknown): Verdict {
+  return { ok: false, reason: `storage unavailable: ${(err as Error).message}`, unavailable: true };
+}
+
+/** A channel route's storage call: a storage failure is 503 store_unavailable (with Retry-After), not a 500. */
+export async function storeCall<T>(call: () => Promise<T>): Promise<T> {
+  try {
+    return await call();
+  } catch (err) {
+    throw new HttpError('store_unavailable', (err as Error).message, { 'retry-after': '5' });
+  }
+}
+
 function textOf(value: unknown): string | null {
   return typeof value === 'string' ? value.slice(0, MAX_TEXT_CHARS) : null;
 }
@@ -82,10 +97,15 @@ function primitiveText(value: unknown): string {
 /** A paired device: `Authorization: Bearer <device token>`; a revoked device fails at once (looked up per request). */
 function deviceVerifier(store: ChannelStore, name: string, devices: WeakMap<IncomingHttpHeaders, Device>): WebhookVerifier {
   return {
-    checkHeaders(headers, now) {
+    async checkHeaders(headers, now) {
       const token = /^bearer +(\S+) *$/i.exec(headerValue(headers, 'authorization') ?? '')?.[1];
       if (!token) return { ok: false, reason: 'no device token' };
-      const device = store.deviceByToken(name, token, now);
+      let device: Device | undefined;
+      try {
+        device = await store.deviceByToken(name, token, now);
+      } catch (err) {
+        return storeUnreachable(err);
+      }
       if (!device) return { ok: false, reason: 'unknown or revoked device token' };
       devices.set(headers, device);
       return { ok: true };
@@ -102,8 +122,13 @@ function deviceVerifier(store: ChannelStore, name: string, devices: WeakMap<Inco
 function telegramChannelVerifier(store: ChannelStore, name: string, secretKey: Buffer): WebhookVerifier {
   let cached: { sealed: string; check: ReturnType<typeof headerSecret> } | undefined;
   return {
-    checkHeaders(headers, now) {
-      const grant = store.grant(name);
+    async checkHeaders(headers, now) {
+      let grant: ChannelGrant | undefined;
+      try {
+        grant = await store.grant(name);
+      } catch (err) {
+        return storeUnreachable(err);
+      }
       if (!grant) return { ok: false, reason: `channel ${name} is not logged in` };
       if (cached?.sealed !== grant.sealed) {
         let sealed: SealedGrant;
@@ -155,7 +180,7 @@ function oauthCallbackRoute(store: ChannelStore, name: string, secretKey: Buffer
       if (req.method !== 'GET') throw new HttpError('method_not_allowed', `${req.method} on the OAuth callback`, { allow: 'GET' });
       const query = (req.url ?? '').split('?')[1] ?? '';
       const state = new URLSearchParams(query).get('state');
-      if (!state || !store.answerOAuthRequest(name, state, sealSecret(query, secretKey, oauthAnswerContext(name)), Date.now())) {
+      if (!state || !await storeCall(() => store.answerOAuthRequest(name, state, sealSecret(query, secretKey, oauthAnswerContext(name)), Date.now()))) {
         await tools.lockout.recordFailure(tools.clientIp);
         throw new HttpError('invalid_oauth_state', 'no pending login with this state');
       }
@@ -190,7 +215,7 @@ function devicePrefixRoute(store: ChannelStore, name: string, _channel: ChannelC
         // Again after the body: concurrent guesses all passed the first check before any failed.
         const lockedFor = await tools.lockout.lockedFor(tools.clientIp);
         if (lockedFor > 0) throw new HttpError('too_many_failures', `locked out for ${lockedFor}s more`, { 'retry-after': String(lockedFor) });
-        const outcome = store.pair(name, pairing[1]!, deviceName, now);
+        const outcome = await storeCall(() => store.pair(name, pairing[1]!, deviceName, now));
         if (!outcome.ok) {
           await tools.lockout.recordFailure(tools.clientIp);
           throw new HttpError(outcome.reason === 'unknown' ? 'pairing_not_found' : 'pairing_gone', `pairing code ${outcome.reason}`);
@@ -201,12 +226,12 @@ function devicePrefixRoute(store: ChannelStore, name: string, _channel: ChannelC
       if (rest === 'outbox') {
         if (req.method !== 'GET') throw new HttpError('method_not_allowed', `${req.method} on the outbox`, { allow: 'GET' });
         const token = /^bearer +(\S+) *$/i.exec(req.headers.authorization ?? '')?.[1];
-        const device = token ? store.deviceByToken(name, token, now) : undefined;
+        const device = token ? await storeCall(() => store.deviceByToken(name, token, now)) : undefined;
         if (!device) {
           if (token) await tools.lockout.recordFailure(tools.clientIp);
           throw new HttpError(token ? 'invalid_token' : 'missing_credentials', 'device token unknown or revoked');
         }
-        return json(res, 200, { messages: store.takeOutbox(device.id, 100, now) });
+        return json(res, 200, { messages: await storeCall(() => store.takeOutbox(device.id, 100, now)) });
       }
       throw new HttpError('not_found', 'no channel route at this path');
     },

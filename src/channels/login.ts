@@ -78,14 +78,14 @@ async function pairDevice(ctx: LoginContext, channel: Extract<ChannelConfig, { k
   if (!channel.publicUrl && /\/\/(0\.0\.0\.0|\[::\])[:/]/.test(ctx.webhookBaseUrl)) {
     throw new LoginFailed(`channel ${ctx.name}: the webhook listener binds every address (${ctx.webhookBaseUrl}); set channels.${ctx.name}.publicUrl to the URL devices reach it at`);
   }
-  const code = ctx.store.createPairing(ctx.name, channel.pairingMinutes * 60_000, now());
+  const code = await ctx.store.createPairing(ctx.name, channel.pairingMinutes * 60_000, now());
   if (!code) throw new LoginFailed(`channel ${ctx.name}: 3 pairing codes are already pending; use one, or wait until they expire (${channel.pairingMinutes} minutes)`);
   const url = `${(channel.publicUrl ?? ctx.webhookBaseUrl).replace(/\/$/, '')}/webhook/channels/${ctx.name}/pair/${code}`;
   ctx.io.say(await renderQr(url));
   ctx.io.say(`Scan it with the device, or have it POST {"deviceName": "…"} to\n  ${url}\npairing code: ${code} (valid ${channel.pairingMinutes} minutes)\nwaiting for the device…`);
   const deadline = Math.min(now() + channel.pairingMinutes * 60_000, ctx.timeoutMs === undefined ? Infinity : now() + ctx.timeoutMs);
   for (;;) {
-    const status = ctx.store.pairingStatus(code);
+    const status = await ctx.store.pairingStatus(code);
     if (status?.device) {
       ctx.io.step(true, 'pair', `paired: ${status.device.name} (${status.device.id})`);
       return;
@@ -114,7 +114,7 @@ async function loginBotToken(ctx: LoginContext, channel: Extract<ChannelConfig, 
     return { value: undefined, detail: `updates go to ${webhookUrl} with a new secret token` };
   });
   const sealed: SealedGrant = { kind: 'bot-token', secretToken };
-  ctx.store.saveGrant({ name: ctx.name, kind: channel.kind, sealed: sealSecret(JSON.stringify(sealed), ctx.secretKey, grantContext(ctx.name)), details: { botId: bot.id, username: bot.username, webhookUrl }, expiresAt: null }, now());
+  await ctx.store.saveGrant({ name: ctx.name, kind: channel.kind, sealed: sealSecret(JSON.stringify(sealed), ctx.secretKey, grantContext(ctx.name)), details: { botId: bot.id, username: bot.username, webhookUrl }, expiresAt: null }, now());
   ctx.io.step(true, 'stored', 'secret token stored encrypted');
 }
 
@@ -145,7 +145,7 @@ async function loginOAuthBot(ctx: LoginContext, channel: Extract<ChannelConfig, 
     return { value, detail: `grant for guild ${value.guild?.id ?? response.params.get('guild_id') ?? '?'}, expires in ${Math.round(Number(value.expires_in ?? 0) / 3600)} h` };
   });
   const sealed: SealedGrant = { kind: 'oauth-bot', accessToken: tokens.access_token, refreshToken: tokens.refresh_token };
-  ctx.store.saveGrant({
+  await ctx.store.saveGrant({
     name: ctx.name,
     kind: channel.kind,
     sealed: sealSecret(JSON.stringify(sealed), ctx.secretKey, grantContext(ctx.name)),
@@ -176,7 +176,7 @@ async function loginOAuth(ctx: LoginContext, channel: Extract<ChannelConfig, { k
     return { value, detail: `installed in ${value.team?.name ?? value.team?.id} (${value.team?.id}), bot user ${value.bot_user_id}` };
   });
   const sealed: SealedGrant = { kind: 'oauth', botToken: tokens.access_token };
-  ctx.store.saveGrant({
+  await ctx.store.saveGrant({
     name: ctx.name,
     kind: channel.kind,
     sealed: sealSecret(JSON.stringify(sealed), ctx.secretKey, grantContext(ctx.name)),
@@ -206,11 +206,11 @@ async function receiveCode(
   const timeoutMs = options.timeoutMs ?? 5 * 60_000;
   const { state, codeVerifier, codeChallenge } = newAuthorizationSecrets();
   const redirectUri = `${publicUrl.replace(/\/$/, '')}${oauthCallbackPath(ctx.name)}`;
-  ctx.store.createOAuthRequest(ctx.name, state, timeoutMs, now());
+  await ctx.store.createOAuthRequest(ctx.name, state, timeoutMs, now());
   options.showUrl(options.authorizeUrl({ redirectUri, state, codeChallenge }));
   const deadline = now() + timeoutMs;
   for (;;) {
-    const sealed = ctx.store.takeOAuthAnswer(state, now());
+    const sealed = await ctx.store.takeOAuthAnswer(state, now());
     if (sealed) {
       const params = new URLSearchParams(openSecret(sealed, ctx.secretKey, oauthAnswerContext(ctx.name)));
       if (params.get('error')) throw consentRefused(undefined, params);

@@ -7,6 +7,7 @@ import { readBody } from '../read-body.js';
 import { openSecret } from '../secrets.js';
 import { grantContext, type SealedGrant } from './login.js';
 import { discord, messageTextProblem, PlatformError, slack, telegram } from './platforms.js';
+import { storeCall } from './inbound.js';
 import type { ChannelStore } from './state.js';
 
 /** Gatehouse's own API on the gateway listener, outside the proxied /api/ space. */
@@ -36,8 +37,8 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
     res.end(text);
   };
 
-  function sealedGrant(name: string): SealedGrant {
-    const grant = store.grant(name);
+  async function sealedGrant(name: string): Promise<SealedGrant> {
+    const grant = await storeCall(() => store.grant(name));
     if (!grant) throw new HttpError('channel_not_connected', `channel ${name} has no stored grant: run \`gatehouse channels login ${name}\``);
     try {
       return JSON.parse(openSecret(grant.sealed, deps.secretKey, grantContext(name))) as SealedGrant;
@@ -58,24 +59,24 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
     const now = Date.now();
     switch (channel.kind) {
       case 'qr': {
-        const device = store.devices(name).find((d) => (d.id === to || d.name === to) && d.revokedAt === null);
+        const device = (await storeCall(() => store.devices(name))).find((d) => (d.id === to || d.name === to) && d.revokedAt === null);
         if (!device) throw new HttpError('invalid_message', `no paired device "${to}" on channel ${name}`);
-        return { id: String(store.enqueueForDevice(name, device.id, text, now)), to: device.id, status: 'queued for the device' };
+        return { id: String(await storeCall(() => store.enqueueForDevice(name, device.id, text, now))), to: device.id, status: 'queued for the device' };
       }
       case 'bot-token': {
-        sealedGrant(name); // logged in: the webhook (and so the conversation) exists
+        await sealedGrant(name); // logged in: the webhook (and so the conversation) exists
         refuseText('telegram', text);
         const sent = await telegram.sendMessage(channel.apiBaseUrl, channel.botToken, to, text);
         return { id: String(sent.message_id), to };
       }
       case 'oauth-bot': {
-        sealedGrant(name);
+        await sealedGrant(name);
         refuseText('discord', text);
         const sent = await discord.sendMessage(channel.apiBaseUrl, channel.botToken, to, text);
         return { id: sent.id, to };
       }
       case 'oauth': {
-        const grant = sealedGrant(name);
+        const grant = await sealedGrant(name);
         if (grant.kind !== 'oauth') throw new HttpError('channel_not_connected', 'stored grant is not a workspace grant');
         refuseText('slack', text);
         const sent = await slack.postMessage(channel.apiBaseUrl, grant.botToken, to, text);
@@ -113,7 +114,7 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
           return json(res, 400, { error: { code: 'invalid_message', message: errorCatalogue.invalid_message.message, problem: err.message } });
         }
         if (!(err instanceof PlatformError)) throw err;
-        store.noteError(name, err.message, Date.now());
+        await store.noteError(name, err.message, Date.now()).catch(() => undefined); // for `status` only
         noteError(req, new HttpError('channel_send_failed', err.message));
         // The platform's own words go back to the internal caller: it needs them to fix the request.
         return json(res, 502, { error: { code: 'channel_send_failed', message: errorCatalogue.channel_send_failed.message, platformError: err.message } });

@@ -3,7 +3,7 @@ import type { Config } from '../config/schema.js';
 import { openSecret, sealSecret } from '../secrets.js';
 import { grantContext, type SealedGrant } from './login.js';
 import { refreshGrant } from './platforms.js';
-import type { ChannelStore } from './state.js';
+import type { ChannelGrant, ChannelStore } from './state.js';
 
 /** A grant is refreshed once it has less than this left (Discord's last a week). */
 export const REFRESH_AHEAD_MS = 24 * 60 * 60 * 1000;
@@ -28,20 +28,21 @@ export function startGrantRefresher(initial: Config, deps: { store: ChannelStore
     for (const [name, channel] of Object.entries(config.channels)) {
       if (closed) return;
       if (channel.kind !== 'oauth-bot') continue;
-      const grant = deps.store.grant(name);
-      if (!grant || grant.expiresAt === null || grant.expiresAt - now() > REFRESH_AHEAD_MS) continue;
+      const due = (grant: ChannelGrant) => grant.expiresAt !== null && grant.expiresAt - now() <= REFRESH_AHEAD_MS;
       try {
-        const sealed = JSON.parse(openSecret(grant.sealed, deps.secretKey, grantContext(name))) as SealedGrant;
-        if (sealed.kind !== 'oauth-bot') continue;
-        const tokens = await refreshGrant('discord', channel.tokenUrl, { clientId: channel.clientId, clientSecret: channel.clientSecret, refreshToken: sealed.refreshToken });
-        const next: SealedGrant = { kind: 'oauth-bot', accessToken: tokens.access_token, refreshToken: tokens.refresh_token ?? sealed.refreshToken };
-        const expiresAt = tokens.expires_in ? now() + Number(tokens.expires_in) * 1000 : null;
-        deps.store.replaceSealed(name, sealSecret(JSON.stringify(next), deps.secretKey, grantContext(name)), expiresAt);
-        deps.logger.info({ channel: name, expiresAt: expiresAt && new Date(expiresAt).toISOString() }, 'channel grant refreshed');
+        // Under the grant's lock: of several instances, one asks the platform, the others find its result.
+        const { refreshed, grant } = await deps.store.refreshGrant(name, due, async (current) => {
+          const sealed = JSON.parse(openSecret(current.sealed, deps.secretKey, grantContext(name))) as SealedGrant;
+          if (sealed.kind !== 'oauth-bot') throw new Error('stored grant is not an oauth-bot grant');
+          const tokens = await refreshGrant('discord', channel.tokenUrl, { clientId: channel.clientId, clientSecret: channel.clientSecret, refreshToken: sealed.refreshToken });
+          const next: SealedGrant = { kind: 'oauth-bot', accessToken: tokens.access_token, refreshToken: tokens.refresh_token ?? sealed.refreshToken };
+          return { sealed: sealSecret(JSON.stringify(next), deps.secretKey, grantContext(name)), expiresAt: tokens.expires_in ? now() + Number(tokens.expires_in) * 1000 : null };
+        });
+        if (refreshed) deps.logger.info({ channel: name, expiresAt: grant?.expiresAt && new Date(grant.expiresAt).toISOString() }, 'channel grant refreshed');
       } catch (err) {
         if (closed) return;
         const problem = `grant refresh failed: ${(err as Error).message}`;
-        deps.store.noteError(name, problem, now());
+        await deps.store.noteError(name, problem, now()).catch(() => undefined);
         deps.logger.error({ channel: name, problem }, `CHANNEL GRANT REFRESH FAILED: run \`gatehouse channels login ${name}\` if it keeps failing`);
       }
     }

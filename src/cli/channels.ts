@@ -2,39 +2,41 @@ import type { Command } from 'commander';
 import { platformOf } from '../channels/inbound.js';
 import { loginChannel } from '../channels/login.js';
 import { telegram } from '../channels/platforms.js';
-import { ChannelStore } from '../channels/state.js';
+import type { ChannelStore } from '../channels/state.js';
 import { loadConfig } from '../config/load.js';
 import type { ChannelConfig, Config } from '../config/schema.js';
 import { UsageError } from '../errors.js';
 import { secretKeyFromEnv } from '../secrets.js';
-import { sqliteStoragePath } from '../storage/open.js';
+import { describeStorage, openChannelStore } from '../storage/open.js';
+import { unreachable } from './storage.js';
 import { describeTime, openBrowser } from './terminal.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
 /**
  * `gatehouse channels login|list|status|logout|devices|revoke`: each channel's ceremony and its
- * state, in the same SQLite file the running server reads (a login takes effect without a restart).
+ * state, in the same storage the running servers read (a login takes effect without a restart).
  */
 export function registerChannelsCommands(program: Command): void {
   const channels = program.command('channels').description('messaging channels: log in, see their state, manage paired devices');
   const configOption = ['-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE] as const;
 
-  const open = (file: string, name?: string): { config: Config; store: ChannelStore; channel?: ChannelConfig } => {
+  const open = async (file: string, name?: string): Promise<{ config: Config; store: ChannelStore; channel?: ChannelConfig }> => {
     const { config } = loadConfig(file);
     const channel = name !== undefined && Object.hasOwn(config.channels, name) ? config.channels[name] : undefined;
     if (name !== undefined && !channel) {
       const known = Object.keys(config.channels);
       throw new UsageError(`no channel "${name}" in ${file}${known.length ? ` (configured: ${known.join(', ')})` : ' (no channels configured)'}`);
     }
-    return { config, store: new ChannelStore(sqliteStoragePath(config.storage, 'channels')), channel };
+    const store = await openChannelStore(config.storage, { role: 'cli' }).catch(unreachable(describeStorage(config.storage)));
+    return { config, store, channel };
   };
   /** Runs `work` with the config, the channel (when named) and the store, closing the store after. */
-  const withChannels = async (file: string, name: string | undefined, work: (opened: ReturnType<typeof open>) => unknown): Promise<void> => {
-    const opened = open(file, name);
+  const withChannels = async (file: string, name: string | undefined, work: (opened: Awaited<ReturnType<typeof open>>) => unknown): Promise<void> => {
+    const opened = await open(file, name);
     try {
       await work(opened);
     } finally {
-      opened.store.close();
+      await opened.store.close();
     }
   };
 
@@ -82,7 +84,7 @@ export function registerChannelsCommands(program: Command): void {
     .option('--json', 'one JSON array', false)
     .action((o: { config: string; json: boolean }) => {
       return withChannels(o.config, undefined, async ({ config, store }) => {
-        const rows = Object.entries(config.channels).map(([name, channel]) => describe(name, channel, store));
+        const rows = await Promise.all(Object.entries(config.channels).map(([name, channel]) => describe(name, channel, store)));
         if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         for (const r of rows) process.stdout.write(`${r.name.padEnd(16)} ${r.kind.padEnd(10)} ${String(r.platform).padEnd(9)} ${r.connected ? `connected since ${iso(r.connectedAt)}` : 'NOT CONNECTED'}${r.lastError ? `  last error: ${r.lastError}` : ''}\n`);
@@ -96,7 +98,7 @@ export function registerChannelsCommands(program: Command): void {
     .option('--json', 'one JSON array', false)
     .action((name: string | undefined, o: { config: string; json: boolean }) => {
       return withChannels(o.config, name, async ({ config, store }) => {
-        const rows = Object.entries(config.channels).filter(([n]) => name === undefined || n === name).map(([n, c]) => describe(n, c, store));
+        const rows = await Promise.all(Object.entries(config.channels).filter(([n]) => name === undefined || n === name).map(([n, c]) => describe(n, c, store)));
         if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         const now = Date.now();
@@ -121,7 +123,7 @@ export function registerChannelsCommands(program: Command): void {
         if (channel!.kind === 'bot-token') {
           await telegram.deleteWebhook(channel!.apiBaseUrl, channel!.botToken).catch((err: Error) => process.stderr.write(`warning: deleteWebhook failed (${err.message}); the grant is forgotten anyway\n`));
         }
-        store.forget(name, Date.now());
+        await store.forget(name, Date.now());
         process.stdout.write(`channel ${name}: logged out\n`);
       });
     });
@@ -134,7 +136,7 @@ export function registerChannelsCommands(program: Command): void {
     .action((name: string, o: { config: string; json: boolean }) => {
       return withChannels(o.config, name, async ({ store, channel }) => {
         if (channel!.kind !== 'qr') throw new UsageError(`channel ${name} is ${channel!.kind}: only qr channels have devices`);
-        const devices = store.devices(name);
+        const devices = await store.devices(name);
         if (o.json) return void process.stdout.write(`${JSON.stringify(devices)}\n`);
         if (devices.length === 0) return void process.stdout.write(`no devices: pair one with \`gatehouse channels login ${name}\`\n`);
         for (const d of devices) process.stdout.write(`${d.id}  ${d.name.padEnd(24)} ${d.revokedAt ? `revoked ${iso(d.revokedAt)}` : 'active'}  paired ${iso(d.createdAt)}  last seen ${d.lastSeenAt ? iso(d.lastSeenAt) : 'never'}\n`);
@@ -147,7 +149,7 @@ export function registerChannelsCommands(program: Command): void {
     .option(...configOption)
     .action((name: string, device: string, o: { config: string }) => {
       return withChannels(o.config, name, async ({ store }) => {
-        const revoked = store.revoke(name, device, Date.now());
+        const revoked = await store.revoke(name, device, Date.now());
         if (revoked === 0) throw new UsageError(`no active device "${device}" on channel ${name} (see \`gatehouse channels devices ${name}\`)`);
         process.stdout.write(`revoked ${revoked} device${revoked === 1 ? '' : 's'}\n`);
       });
@@ -168,11 +170,11 @@ interface ChannelStatus {
 }
 
 /** A qr channel is connected once a device is paired; the others once a login stored a grant. */
-function describe(name: string, channel: ChannelConfig, store: ChannelStore): ChannelStatus {
-  const grant = store.grant(name);
+async function describe(name: string, channel: ChannelConfig, store: ChannelStore): Promise<ChannelStatus> {
+  const grant = await store.grant(name);
   const base = { name, kind: channel.kind, platform: platformOf(channel) };
   if (channel.kind === 'qr') {
-    const active = store.devices(name).filter((d) => d.revokedAt === null);
+    const active = (await store.devices(name)).filter((d) => d.revokedAt === null);
     return {
       ...base,
       connected: active.length > 0,

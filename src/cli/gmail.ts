@@ -3,12 +3,12 @@ import { loadConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
 import { MemoryLockoutStore } from '../gateway/lockout.js';
 import { runGmailSetup, formatSection, type SetupStep } from '../integrations/gmail/setup.js';
-import { SqliteGmailState, type GmailAccountState } from '../integrations/gmail/state.js';
+import type { GmailAccountState } from '../integrations/gmail/state.js';
 import { createLogger } from '../log.js';
 import { secretKeyFromEnv } from '../secrets.js';
 import { startWebhooks } from '../server.js';
-import { sqliteStoragePath } from '../storage/open.js';
-import { SqliteEventStore } from '../webhooks/store.js';
+import { describeStorage, openEventStore, openGmailStore } from '../storage/open.js';
+import { unreachable } from './storage.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 import { describeTime, openBrowser } from './terminal.js';
 
@@ -68,7 +68,7 @@ export function registerGmailCommands(webhooks: Command): void {
         reauthorize: o.reauthorize,
         // The flag, else the config's key (an egress proxy is configured once, for setup and run alike).
         googleApiUrl: (o.googleApiUrl as string | undefined) ?? config.webhooks.gmail?.googleApiUrl,
-        storagePath: sqliteStoragePath(config.storage, 'webhooks gmail'),
+        storage: config.storage,
         configFile: file,
         currentSection: config.webhooks.gmail,
       };
@@ -141,19 +141,15 @@ export function registerGmailCommands(webhooks: Command): void {
       const { config } = loadConfig(o.config);
       const account = o.account ?? config.webhooks.gmail?.account;
       if (!account) throw new UsageError('no account: pass --account <email> or configure webhooks.gmail');
-      let store: SqliteEventStore;
-      try {
-        store = new SqliteEventStore(sqliteStoragePath(config.storage, 'webhooks gmail'), { mustExist: true });
-      } catch (err) {
-        throw new UsageError(`cannot open the storage ${sqliteStoragePath(config.storage, 'webhooks gmail')}: ${(err as Error).message}`);
-      }
+      const where = describeStorage(config.storage);
+      const store = await openEventStore(config.storage, { role: 'cli' }).catch(unreachable(where));
       let state: GmailAccountState | undefined;
       try {
-        state = await new SqliteGmailState(store).get(account);
+        state = await openGmailStore(store).get(account);
       } finally {
         await store.close();
       }
-      if (!state) throw new UsageError(`${account} is not set up in ${sqliteStoragePath(config.storage, 'webhooks gmail')}: run \`gatehouse webhooks gmail setup --account ${account}\``);
+      if (!state) throw new UsageError(`${account} is not set up in ${where}: run \`gatehouse webhooks gmail setup --account ${account}\``);
       const { sealedGrant: _sealed, ...visible } = state;
       const now = Date.now();
       const watchOk = state.watchExpiration !== null && state.watchExpiration > now;

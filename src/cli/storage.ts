@@ -1,13 +1,15 @@
 import { existsSync } from 'node:fs';
 import type { Command } from 'commander';
-import { describeChannelState } from '../channels/state.js';
 import { loadConfig } from '../config/load.js';
 import type { PostgresStorageConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
-import { describeGmailState } from '../integrations/gmail/state.js';
 import { describeStorage, openEventStore } from '../storage/open.js';
+import { importChannelState, NotEmpty } from '../storage/postgres/channels.js';
 import { PostgresEventStore } from '../storage/postgres/events.js';
+import { importGmailState } from '../storage/postgres/gmail.js';
+import { exportChannelState } from '../storage/sqlite/channels.js';
 import { SqliteEventStore } from '../storage/sqlite/events.js';
+import { exportGmailState } from '../storage/sqlite/gmail.js';
 import { WriterLockBusyError } from '../storage/sqlite/writer-lock.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
@@ -66,13 +68,13 @@ export function registerStorageCommands(program: Command): void {
 /**
  * `storage copy`: the config's SQLite store into an empty PostgreSQL database, all or nothing.
  * The order makes every refusal change nothing: the SQLite file first (the writer lock, so no
- * server accepts on it meanwhile; then the state postgres cannot hold yet), and only then the
- * target (migrated, then checked empty inside the one transaction that copies).
+ * server accepts on it meanwhile), and only then the target (migrated, then checked empty inside
+ * the one transaction that copies events, Gmail state and channel state together).
  */
 function registerCopyCommand(storage: Command): void {
   storage
     .command('copy')
-    .description('copy the SQLite store (events, attempts, dedupe keys) into an empty PostgreSQL database')
+    .description('copy the SQLite store (events, attempts, dedupe keys, Gmail and channel state) into an empty PostgreSQL database')
     .requiredOption('--to <url>', 'the target: a postgres:// URL (migrated here; it must hold no events)')
     .option('-c, --config <file>', 'config file (its storage is the SQLite source)', DEFAULT_CONFIG_FILE)
     .option('--json', 'the counts as JSON')
@@ -94,22 +96,29 @@ function registerCopyCommand(storage: Command): void {
         throw new UsageError(`cannot open the SQLite store ${settings.path}: ${(err as Error).message}`);
       }
       try {
-        const notCopyable = [...describeGmailState(source.database), ...describeChannelState(source.database, Date.now())];
-        if (notCopyable.length > 0) {
-          throw new UsageError(`${settings.path} holds state the postgres driver cannot hold yet (${notCopyable.join(', ')}): nothing copied (Gmail and channels need storage.driver "sqlite" for now)`);
-        }
+        // Small (a few rows per account, channel and device): read whole, from the file the lock keeps still.
+        const gmail = exportGmailState(source.database);
+        const channels = exportChannelState(source.database);
         const where = describeStorage(target);
         const store = await PostgresEventStore.open(target, { migrate: true }).catch(unreachable(where));
         try {
-          const counts = await store.importAll(source.exportAll()).catch((err: unknown) => {
+          const counts = await store.importAll(source.exportAll(), async (client) => {
+            await importGmailState(client, gmail);
+            await importChannelState(client, channels);
+          }).catch((err: unknown) => {
             if (err instanceof UsageError) throw err;
+            if (err instanceof NotEmpty) throw new UsageError(`the target ${where} is not empty (${err.message}): storage copy only writes into an empty schema`);
             throw new UsageError(`the copy to ${where} failed and was rolled back: ${(err as Error).message}`);
           });
+          const copiedGmail = { accounts: gmail.accounts.length, seenIds: gmail.seen.length };
+          const copiedChannels = { grants: channels.grants.length, devices: channels.devices.length, pairings: channels.pairings.length, outbox: channels.outbox.length, oauthRequests: channels.oauthRequests.length };
           const { schemaVersion } = await store.status(Date.now());
-          if (options.json) return print(JSON.stringify({ from: settings.path, to: where, schemaVersion, ...counts }));
+          if (options.json) return print(JSON.stringify({ from: settings.path, to: where, schemaVersion, ...counts, gmail: copiedGmail, channels: copiedChannels }));
           const { queued, delivered, dead } = counts.byStatus;
           print(`copied ${counts.events} event(s) from ${settings.path} to ${where} (schema version ${schemaVersion})`);
           print(`  ${queued} queued, ${delivered} delivered, ${dead} dead; ${counts.attempts} attempt(s), ${counts.idempotencyKeys} delivery id(s), ${counts.replayKeys} replay key(s)`);
+          print(`  Gmail: ${copiedGmail.accounts} account(s), ${copiedGmail.seenIds} remembered message id(s)`);
+          print(`  channels: ${copiedChannels.grants} login(s), ${copiedChannels.devices} device(s), ${copiedChannels.pairings} pairing code(s), ${copiedChannels.outbox} outbox message(s), ${copiedChannels.oauthRequests} login request(s)`);
           print('next: set storage to { driver: "postgres", url: … } in the config and start the servers; the SQLite file is left as it was');
         } finally {
           await store.close();
@@ -121,7 +130,7 @@ function registerCopyCommand(storage: Command): void {
 }
 
 /** A connection failure is the user's to fix (address, credentials, server down): said plainly, without a stack. */
-function unreachable(where: string) {
+export function unreachable(where: string) {
   return (err: unknown): never => {
     if (err instanceof UsageError) throw err;
     throw new UsageError(`cannot use the storage ${where}: ${(err as Error).message}`);

@@ -435,11 +435,6 @@ export const configSchema = z
     channels: z.record(channelName, channelSchema).default({}),
   })
   .superRefine((config, ctx) => {
-    if (config.storage.driver === 'postgres') {
-      // Their state (cursors, sealed grants) is in the SQLite driver only, for now: refused rather than half-working.
-      if (config.webhooks.gmail) ctx.addIssue({ code: 'custom', path: ['webhooks', 'gmail'], message: 'webhooks.gmail needs storage.driver "sqlite" for now (its state is not in the postgres driver yet)' });
-      if (Object.keys(config.channels).length > 0) ctx.addIssue({ code: 'custom', path: ['channels'], message: 'channels need storage.driver "sqlite" for now (their state is not in the postgres driver yet)' });
-    }
     for (const [name, channel] of Object.entries(config.channels)) {
       if (!config.webhooks.enabled) ctx.addIssue({ code: 'custom', path: ['channels', name], message: 'channels need webhooks.enabled: true (their events arrive on the webhook listener)' });
       else if (!config.webhooks.targets[channel.action]) ctx.addIssue({ code: 'custom', path: ['channels', name, 'action'], message: `action "${channel.action}" has no target: add webhooks.targets["${channel.action}"]` });

@@ -1,21 +1,30 @@
 import type { Logger } from 'pino';
 import type { StorageConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
+import type { ChannelStore } from './channels.js';
 import type { EventStore } from './events.js';
+import type { GmailStore } from './gmail.js';
+import { PostgresChannelStore } from './postgres/channels.js';
 import { PostgresEventStore } from './postgres/events.js';
-import { describeUrl } from './postgres/pool.js';
+import { PostgresGmailStore } from './postgres/gmail.js';
+import { createPool, describeUrl } from './postgres/pool.js';
+import { SqliteChannelStore } from './sqlite/channels.js';
 import { SqliteEventStore } from './sqlite/events.js';
+import { peekSqliteStoredProject, SqliteGmailStore } from './sqlite/gmail.js';
 
 /**
  * The event store a config names. `server`: the one a running gatehouse uses (SQLite: this
  * process becomes the file's single writer; Postgres: migrations applied, LISTEN for other
- * instances). `cli`: an existing store only, beside any running servers.
+ * instances). `cli`: an existing store only, beside any running servers. `setup`: beside any
+ * running servers too, but created (SQLite) or migrated (Postgres) when it is not there yet
+ * (`webhooks gmail setup`, the first command of a new install).
  */
-export async function openEventStore(storage: StorageConfig, options: { role: 'server' | 'cli'; logger?: Logger }): Promise<EventStore> {
+export async function openEventStore(storage: StorageConfig, options: { role: 'server' | 'cli' | 'setup'; logger?: Logger }): Promise<EventStore> {
   if (storage.driver === 'postgres') {
-    return PostgresEventStore.open(storage, { logger: options.logger, migrate: options.role === 'server', listen: options.role === 'server' });
+    return PostgresEventStore.open(storage, { logger: options.logger, migrate: options.role !== 'cli', listen: options.role === 'server' });
   }
   if (options.role === 'server') return new SqliteEventStore(storage.path, { singleWriter: true });
+  if (options.role === 'setup') return new SqliteEventStore(storage.path);
   try {
     return new SqliteEventStore(storage.path, { mustExist: true });
   } catch (err) {
@@ -24,12 +33,41 @@ export async function openEventStore(storage: StorageConfig, options: { role: 's
 }
 
 /**
- * storage.path, for what keeps its state in the SQLite file only for now (Gmail, channels).
- * On another driver, a UsageError saying so (the config check refuses them there already).
+ * The Gmail state beside an event store, on the same engine and connection (its commits include
+ * events): the SQLite file's, or the database's pool.
  */
-export function sqliteStoragePath(storage: StorageConfig, what: string): string {
-  if (storage.driver !== 'sqlite') throw new UsageError(`${what} needs storage.driver "sqlite" for now (this config uses "${storage.driver}")`);
-  return storage.path;
+export function openGmailStore(events: EventStore): GmailStore {
+  if (events instanceof SqliteEventStore) return new SqliteGmailStore(events);
+  if (events instanceof PostgresEventStore) return new PostgresGmailStore(events);
+  throw new Error('webhooks.gmail needs an event store of one of the storage drivers');
+}
+
+/**
+ * The channel state a config names, on a connection of its own (the receiver, each gateway
+ * worker and the CLI open one each). `server`: Postgres migrated first (the SQLite file is
+ * created when missing); `cli`: an existing store only.
+ */
+export async function openChannelStore(storage: StorageConfig, options: { role: 'server' | 'cli'; logger?: Logger }): Promise<ChannelStore> {
+  if (storage.driver === 'postgres') return PostgresChannelStore.open(storage, { migrate: options.role === 'server', logger: options.logger });
+  return new SqliteChannelStore(storage.path);
+}
+
+/**
+ * The project stored with a Gmail account's grant, read without creating or changing anything
+ * (setup reads it before it opens the store, and --dry-run never opens it): undefined when the
+ * storage, its schema or the row is not there, or it cannot be read.
+ */
+export async function peekStoredProject(storage: StorageConfig, account: string): Promise<string | undefined> {
+  if (storage.driver === 'sqlite') return peekSqliteStoredProject(storage.path, account);
+  const pool = createPool({ ...storage, pool: { max: 1 } });
+  try {
+    const { rows } = await pool.query<{ project: string | null }>('SELECT project FROM gmail_accounts WHERE account = $1', [account]);
+    return rows[0]?.project ?? undefined;
+  } catch {
+    return undefined; // unreachable or no schema: as if nothing were kept (opening it for real says why)
+  } finally {
+    await pool.end().catch(() => {});
+  }
 }
 
 /** Where the storage is, for logs and messages (never a password). */

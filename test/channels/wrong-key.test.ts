@@ -15,11 +15,11 @@ import pino from 'pino';
 import { channelRoutes } from '../../src/channels/inbound.js';
 import { grantContext } from '../../src/channels/login.js';
 import { createChannelSender } from '../../src/channels/outbound.js';
-import { ChannelStore } from '../../src/channels/state.js';
+import type { ChannelStore } from '../../src/channels/state.js';
 import { parseConfig } from '../../src/config/load.js';
 import { respondWithError } from '../../src/gateway/request-context.js';
 import { sealSecret } from '../../src/secrets.js';
-import { sqliteStoragePath } from '../../src/storage/open.js';
+import { openChannelStore } from '../../src/storage/open.js';
 import { startFakeTelegram, type FakeTelegram } from '../helpers/fake-chat.js';
 import { request } from '../helpers/http.js';
 
@@ -41,8 +41,8 @@ describe('channels: a grant sealed under another key', () => {
       webhooks: { enabled: true, targets: { message: { url: 'http://127.0.0.1:9' } } },
       channels: { tg: { kind: 'bot-token', platform: 'telegram', botToken: fake.token, publicUrl: 'https://hooks.example.com', apiBaseUrl: fake.url } },
     });
-    store = new ChannelStore(sqliteStoragePath(config.storage, 'channels'));
-    store.saveGrant({ name: 'tg', kind: 'bot-token', sealed: sealSecret(JSON.stringify({ kind: 'bot-token', secretToken: 'the-secret-token-0123456789' }), loginKey, grantContext('tg')), details: {}, expiresAt: null }, Date.now());
+    store = await openChannelStore(config.storage, { role: 'cli' });
+    await store.saveGrant({ name: 'tg', kind: 'bot-token', sealed: sealSecret(JSON.stringify({ kind: 'bot-token', secretToken: 'the-secret-token-0123456789' }), loginKey, grantContext('tg')), details: {}, expiresAt: null }, Date.now());
     const sender = createChannelSender(config, { store, secretKey: serverKey, logger });
     const inbound = channelRoutes(config, { store, secretKey: serverKey, logger }).routes[0]!;
     server = http.createServer((req, res) => {
@@ -56,7 +56,7 @@ describe('channels: a grant sealed under another key', () => {
   });
   after(async () => {
     server.close();
-    store.close();
+    await store.close();
     await fake.close();
     rmSync(dir, { recursive: true, force: true });
   });

@@ -18,7 +18,7 @@ import { after, before, describe, it } from 'node:test';
 import { sign as githubSign } from '@octokit/webhooks-methods';
 import Database from 'better-sqlite3';
 import { exportJWK, generateKeyPair, SignJWT } from 'jose';
-import { ChannelStore } from '../../src/channels/state.js';
+import { SqliteChannelStore } from '../../src/storage/sqlite/channels.js';
 import { errorCatalogue } from '../../src/errors.js';
 import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
 import { request, type Reply } from '../helpers/http.js';
@@ -91,7 +91,7 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
   let target: RecordingServer;
   let gatehouse: TestGatehouse;
   let hooks: string;
-  let channelStore: ChannelStore;
+  let channelStore: SqliteChannelStore;
   let storagePath: string;
 
   before(async () => {
@@ -101,10 +101,10 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
     gatehouse = await startTestGatehouse(config);
     hooks = gatehouse.webhooks!.url;
     // A second connection to the same file, as `gatehouse channels login` would have.
-    channelStore = new ChannelStore(storagePath);
+    channelStore = new SqliteChannelStore(storagePath);
   });
   after(async () => {
-    channelStore?.close();
+    await channelStore?.close();
     await gatehouse?.close();
     await Promise.all([upstream?.close(), target?.close()]);
   });
@@ -291,7 +291,7 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
     });
 
     it('channel routes use the same reader: a deep device message and a deep pairing body are 400 invalid_json', async () => {
-      const code = channelStore.createPairing('phone', 60_000, Date.now())!;
+      const code = (await channelStore.createPairing('phone', 60_000, Date.now()))!;
       await refused(() => post(`/webhook/channels/phone/pair/${code}`, nestedUnder('"deviceName":"deep",', 5_000)), 'deep');
       const paired = await post(`/webhook/channels/phone/pair/${code}`, '{"deviceName":"Hardening phone"}');
       assert.equal(paired.status, 201, 'the refused body did not use up the pairing code');

@@ -6,11 +6,13 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import pg from 'pg';
-import { ChannelStore } from '../../src/channels/state.js';
 import type { PostgresStorageConfig } from '../../src/config/schema.js';
-import { SqliteGmailState } from '../../src/integrations/gmail/state.js';
+import { PostgresChannelStore } from '../../src/storage/postgres/channels.js';
 import { PostgresEventStore } from '../../src/storage/postgres/events.js';
+import { PostgresGmailStore } from '../../src/storage/postgres/gmail.js';
+import { SqliteChannelStore } from '../../src/storage/sqlite/channels.js';
 import { SqliteEventStore } from '../../src/storage/sqlite/events.js';
+import { SqliteGmailStore } from '../../src/storage/sqlite/gmail.js';
 import { request } from '../helpers/http.js';
 import { startTestGatehouse, testConfig } from '../helpers/gatehouse.js';
 import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
@@ -137,7 +139,10 @@ describe('gatehouse storage copy: SQLite into PostgreSQL', { skip, timeout: 180_
     assert.equal(from, dbFile);
     assert.equal(to, url);
     assert.ok(schemaVersion >= 1, `schema version ${schemaVersion}`);
-    assert.deepEqual(counts, { events: 7, byStatus: { queued: 3, delivered: 2, dead: 2 }, attempts: 10, idempotencyKeys: 4, replayKeys: 2 });
+    assert.deepEqual(counts, {
+      events: 7, byStatus: { queued: 3, delivered: 2, dead: 2 }, attempts: 10, idempotencyKeys: 4, replayKeys: 2,
+      gmail: { accounts: 0, seenIds: 0 }, channels: { grants: 0, devices: 0, pairings: 0, outbox: 0, oauthRequests: 0 },
+    });
 
     // Every row as it was: status, attempt counts, next attempt, last error, delivered time, keys, attempts.
     const source = new SqliteEventStore(dbFile, { mustExist: true });
@@ -217,19 +222,79 @@ describe('gatehouse storage copy: SQLite into PostgreSQL', { skip, timeout: 180_
     }
   });
 
-  it('refuses an SQLite file holding Gmail or channel state it cannot copy yet, rather than leave it behind', async () => {
+  it('copies Gmail and channel state with the events: the postgres stores answer as the SQLite ones did', async () => {
+    const { dbFile, configFile } = sqliteSetup();
+    const now = Date.now();
+    const events = new SqliteEventStore(dbFile);
+    const gmail = new SqliteGmailStore(events);
+    await gmail.saveGrant('me@example.com', 'client-id', 'sealed-grant', 'project');
+    await gmail.recordWatch('me@example.com', '100', now + 86_400_000, now);
+    const email = (id: string) => ({ messageId: id, event: { endpoint: 'gmail:me@example.com', action: 'message' as const, idempotencyKey: id, receivedAt: now, envelope: (eventId: string) => JSON.stringify({ id: eventId, m: id }) } });
+    assert.equal(await gmail.commitEmails('me@example.com', [email('m-1'), email('m-2')], '120', now), 2);
+    const gmailBefore = await gmail.get('me@example.com');
+    await events.close();
+    const channels = new SqliteChannelStore(dbFile);
+    await channels.saveGrant({ name: 'tg', kind: 'bot-token', sealed: 'sealed-tg', details: { botId: 7 }, expiresAt: null }, now);
+    const code = (await channels.createPairing('phone', 600_000, now))!;
+    const pending = (await channels.createPairing('phone', 600_000, now))!;
+    const paired = await channels.pair('phone', code, 'Ana phone', now);
+    assert.ok(paired.ok);
+    const first = await channels.enqueueForDevice('phone', paired.device.id, 'one', now);
+    await channels.enqueueForDevice('phone', paired.device.id, 'two', now);
+    assert.deepEqual((await channels.takeOutbox(paired.device.id, 1, now)).map((m) => m.id), [first]);
+    await channels.createOAuthRequest('slack', 'the-state', 600_000, now);
+    const devicesBefore = await channels.devices('phone');
+    await channels.close();
+
+    const url = await pgc().createDatabase();
+    const copy = await runCli(['storage', 'copy', '--to', url, '--config', configFile, '--json']);
+    assert.equal(copy.code, 0, copy.stderr);
+    const report = JSON.parse(copy.stdout);
+    assert.equal(report.events, 2, 'the emails enqueued are events like any other');
+    assert.deepEqual(report.gmail, { accounts: 1, seenIds: 2 });
+    assert.deepEqual(report.channels, { grants: 1, devices: 1, pairings: 2, outbox: 2, oauthRequests: 1 });
+
+    const eventsPg = await PostgresEventStore.open(storage(url));
+    const channelsPg = await PostgresChannelStore.open(storage(url));
+    try {
+      const gmailPg = new PostgresGmailStore(eventsPg);
+      assert.deepEqual(await gmailPg.get('me@example.com'), gmailBefore);
+      assert.deepEqual([...await gmailPg.seen('me@example.com', ['m-1', 'm-2', 'm-3'])].sort(), ['m-1', 'm-2']);
+      assert.equal(await gmailPg.commitEmails('me@example.com', [email('m-2'), email('m-3')], '130', now), 1, 'a remembered message id is not enqueued again');
+
+      assert.deepEqual((await channelsPg.grant('tg'))?.details, { botId: 7 });
+      assert.deepEqual(await channelsPg.devices('phone'), devicesBefore);
+      assert.deepEqual((await channelsPg.deviceByToken('phone', paired.token, now))?.id, paired.device.id, 'the device token still opens');
+      assert.deepEqual((await channelsPg.takeOutbox(paired.device.id, 10, now)).map((m) => m.text), ['two'], 'a message fetched before the copy is not handed over again');
+      assert.ok(await channelsPg.enqueueForDevice('phone', paired.device.id, 'three', now) > first + 1, 'outbox ids go on after the copied ones');
+      assert.deepEqual(await channelsPg.pair('phone', code, 'Again', now), { ok: false, reason: 'used' });
+      assert.equal((await channelsPg.pair('phone', pending, 'Tablet', now)).ok, true, 'a pending code still pairs');
+      assert.equal(await channelsPg.answerOAuthRequest('slack', 'the-state', 'sealed-answer', now), true);
+      assert.equal(await channelsPg.takeOAuthAnswer('the-state', now), 'sealed-answer');
+    } finally {
+      await channelsPg.close();
+      await eventsPg.close();
+    }
+  });
+
+  it('refuses a target already holding channel state, and copies nothing', async () => {
     const { dbFile, configFile } = sqliteSetup();
     await seed(dbFile);
-    const events = new SqliteEventStore(dbFile);
-    await new SqliteGmailState(events).saveGrant('me@example.com', 'client-id', 'sealed', 'project');
-    await events.close();
-    const channels = new ChannelStore(dbFile);
-    channels.saveGrant({ name: 'tg', kind: 'telegram', sealed: 'sealed', details: {}, expiresAt: null }, Date.now());
-    channels.close();
     const url = await pgc().createDatabase();
-    const copy = await runCli(['storage', 'copy', '--to', url, '--config', configFile]);
-    assert.equal(copy.code, 1);
-    assert.match(copy.stderr, /^gatehouse: \S+ holds state the postgres driver cannot hold yet \(1 Gmail account, 1 channel login\): nothing copied \(Gmail and channels need storage.driver "sqlite" for now\)\n$/);
-    assert.equal(await hasSchema(url), false);
+    const existing = await PostgresChannelStore.open(storage(url), { migrate: true });
+    try {
+      await existing.saveGrant({ name: 'tg', kind: 'bot-token', sealed: 'x', details: {}, expiresAt: null }, Date.now());
+      const copy = await runCli(['storage', 'copy', '--to', url, '--config', configFile]);
+      assert.equal(copy.code, 1);
+      assert.match(copy.stderr, /^gatehouse: the target postgres:\/\/\S+ is not empty \(it holds 1 channel row\): storage copy only writes into an empty schema\n$/);
+      const events = await PostgresEventStore.open(storage(url));
+      try {
+        assert.equal((await events.list({ limit: 10 })).length, 0, 'the events copied before the refusal were rolled back');
+      } finally {
+        await events.close();
+      }
+    } finally {
+      await existing.close();
+    }
   });
 });

@@ -349,11 +349,10 @@ describe('gatehouse on storage.driver "postgres"', { skip, timeout: 90_000 }, ()
     }
   });
 
-  it('a config with webhooks.gmail or channels is refused on postgres, saying they need sqlite for now', () => {
+  it('a config with channels is accepted on postgres (their state is in the driver: test/storage/state-stores.test.ts)', () => {
     const base = { gateway: { upstream: { target: 'http://127.0.0.1:1' } }, storage: { driver: 'postgres', url: 'postgres://u@127.0.0.1/db' } };
-    assert.throws(
-      () => parseConfig({ ...base, webhooks: { enabled: true, targets: { message: { url: 'http://127.0.0.1:2' } } }, channels: { tg: { kind: 'qr' } } }),
-      (err: { problems?: string[] }) => err.problems?.some((p) => /^channels: channels need storage.driver "sqlite" for now/.test(p)) === true,
-    );
+    const config = parseConfig({ ...base, webhooks: { enabled: true, targets: { message: { url: 'http://127.0.0.1:2' } } }, channels: { tg: { kind: 'qr' } } });
+    assert.equal(config.storage.driver, 'postgres');
+    assert.deepEqual(Object.keys(config.channels), ['tg']);
   });
 });

@@ -4,7 +4,7 @@ import type { GmailConfig } from '../../config/schema.js';
 import type { NewEvent } from '../../webhooks/store.js';
 import { buildEnvelope, compileTemplate, type CompiledTemplate } from '../../webhooks/translate.js';
 import { isGoogleNotFound } from './google.js';
-import { historyIdAfter, type GmailState } from './state.js';
+import { historyIdAfter, type GmailStore } from './state.js';
 
 /** What the target gets as `payload` for each new email. */
 export interface EmailPayload {
@@ -36,7 +36,8 @@ const HEADERS = ['From', 'To', 'Subject', 'Date'];
  * Turns notifications into events: reads the history since the stored cursor (all pages),
  * fetches each new email, and commits the events and the cursor move in one transaction. Only
  * once that resolves may the notification be acknowledged; if anything throws, it is not, and
- * Pub/Sub delivers it again. Notifications are handled one at a time (the cursor is one).
+ * Pub/Sub delivers it again. Notifications are handled one at a time (the cursor is one), by
+ * one instance at a time when several share the storage.
  */
 export class Mailbox {
   private readonly template: CompiledTemplate;
@@ -45,7 +46,7 @@ export class Mailbox {
 
   constructor(
     private readonly config: GmailConfig,
-    private readonly deps: { gmail: gmail_v1.Gmail; state: GmailState; logger: Logger; onAccepted: () => void; now?: () => number },
+    private readonly deps: { gmail: gmail_v1.Gmail; state: GmailStore; logger: Logger; onAccepted: () => void; now?: () => number },
   ) {
     this.template = compileTemplate(config.template);
     this.endpoint = `gmail:${config.account}`;
@@ -53,7 +54,8 @@ export class Mailbox {
 
   /** Resolves with the number of emails enqueued once they and the cursor are committed. */
   handle(notification: MailboxNotification): Promise<number> {
-    const run = this.queue.then(() => this.process(notification));
+    // In this process one at a time (the queue); across instances sharing the storage, too (exclusively).
+    const run = this.queue.then(() => this.deps.state.exclusively(this.config.account, () => this.process(notification)));
     this.queue = run.catch(() => undefined);
     return run;
   }

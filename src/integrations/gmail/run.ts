@@ -3,11 +3,12 @@ import type { Logger } from 'pino';
 import type { GmailConfig, VerifyConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
 import { openSecret } from '../../secrets.js';
-import type { SqliteEventStore } from '../../webhooks/store.js';
+import { openGmailStore } from '../../storage/open.js';
+import type { EventStore } from '../../webhooks/store.js';
 import type { DirectAnswer } from '../../webhooks/verifiers/types.js';
 import { createGmailClient, createOAuthClient, explainGoogleError, googleEndpoints, PubSubRest, watchRequest, type PulledMessage } from './google.js';
 import { Mailbox, type MailboxNotification } from './mailbox.js';
-import { SqliteGmailState, type GmailState } from './state.js';
+import type { GmailStore } from './state.js';
 
 /** The refresh token and the OAuth client's secret, sealed together in storage. */
 export interface GmailGrant {
@@ -43,11 +44,11 @@ export function grantContext(account: string): string {
  * the receiver, or pulled) into events through the Mailbox. Refuses to start without a
  * stored grant or the key that opens it.
  */
-export async function startGmail(config: GmailConfig, deps: { store: SqliteEventStore; logger: Logger; onAccepted: () => void; secretKey: Buffer; now?: () => number }): Promise<RunningGmail> {
+export async function startGmail(config: GmailConfig, deps: { store: EventStore; logger: Logger; onAccepted: () => void; secretKey: Buffer; now?: () => number }): Promise<RunningGmail> {
   const { account } = config;
   const now = deps.now ?? Date.now;
   const logger = deps.logger.child({ gmail: account });
-  const state: GmailState = new SqliteGmailState(deps.store);
+  const state: GmailStore = openGmailStore(deps.store);
   const stored = await state.get(account);
   if (!stored?.cursor) throw new UsageError(`webhooks.gmail: ${account} is not set up in this storage: run \`gatehouse webhooks gmail setup --account ${account}\` first`);
   const grant = JSON.parse(openSecret(stored.sealedGrant, deps.secretKey, grantContext(account))) as GmailGrant;

@@ -3,14 +3,14 @@ import JSON5 from 'json5';
 import type { GmailConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
 import { openSecret, sealSecret } from '../../secrets.js';
-import { SqliteEventStore } from '../../webhooks/store.js';
+import type { StorageConfig } from '../../config/schema.js';
+import { openEventStore, openGmailStore, peekStoredProject } from '../../storage/open.js';
 import { authorizeWithLoopback } from './authorize.js';
 import {
   createGmailClient, createOAuthClient, explainGoogleError, GMAIL_PUBLISHER, GMAIL_SCOPES, googleEndpoints, PubSubRest, watchRequest,
   type GoogleEndpoints, type PubSubSubscription,
 } from './google.js';
 import { grantContext, type GmailGrant } from './run.js';
-import { peekStoredProject, SqliteGmailState } from './state.js';
 
 /** `gatehouse webhooks gmail setup` options, after the CLI has parsed them. */
 export interface GmailSetupOptions {
@@ -33,8 +33,8 @@ export interface GmailSetupOptions {
   reauthorize: boolean;
   /** One base URL for every Google endpoint: --google-api-url, else the config's webhooks.gmail.googleApiUrl. */
   googleApiUrl?: string;
-  /** storage.path of the config; the config's current webhooks.gmail, if any. */
-  storagePath: string;
+  /** The config's storage; the config's current webhooks.gmail, if any. */
+  storage: StorageConfig;
   configFile: string;
   currentSection?: GmailConfig;
 }
@@ -86,7 +86,7 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
   const endpoints = googleEndpoints({ googleApiUrl: options.googleApiUrl, authUri: client?.authUri, tokenUri: client?.tokenUri });
   // --project, the client file's, the one kept with the stored grant, the config section's.
   const sectionProject = options.currentSection?.account.toLowerCase() === options.account.toLowerCase() ? options.currentSection.project : undefined;
-  const project = options.project ?? client?.projectId ?? peekStoredProject(options.storagePath, options.account) ?? sectionProject;
+  const project = options.project ?? client?.projectId ?? await peekStoredProject(options.storage, options.account) ?? sectionProject;
   if (!project) throw new UsageError('no project: pass --project <id> (or use a client_secret.json that names its project_id)');
   const topicName = `projects/${project}/topics/${options.topic}`;
   const section = gmailSection(options, project);
@@ -99,9 +99,9 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
 
   if (!io.secretKey) throw new UsageError('internal: no secret key');
   const secretKey = io.secretKey;
-  const store = new SqliteEventStore(options.storagePath);
+  const store = await openEventStore(options.storage, { role: 'setup' });
   try {
-    const state = new SqliteGmailState(store);
+    const state = openGmailStore(store);
     const context = grantContext(options.account);
     const stored = await state.get(options.account);
 

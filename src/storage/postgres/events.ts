@@ -488,7 +488,7 @@ export class PostgresEventStore implements EventStore {
    * counts, times, last error, delivery id, replay keys), with no lease. Listening instances are
    * woken after COMMIT.
    */
-  async importAll(batches: AsyncIterable<ExportedEvent[]>): Promise<CopyCounts> {
+  async importAll(batches: AsyncIterable<ExportedEvent[]>, alsoInTransaction?: (client: pg.PoolClient) => Promise<void>): Promise<CopyCounts> {
     const counts = await inTransaction(this.pool, async (client) => {
       await client.query('LOCK TABLE events, attempts, event_replay_keys IN EXCLUSIVE MODE');
       const { rows: [there] } = await client.query<{ events: number; attempts: number; replay_keys: number }>(
@@ -535,11 +535,47 @@ export class PostgresEventStore implements EventStore {
         counts.attempts += attempts.length;
         counts.replayKeys += replayKeys.length;
       }
+      await alsoInTransaction?.(client); // the integrations' state: committed with the events, or not at all
       return counts;
     });
     // Awaited (not notifyDue's fire-and-forget): the CLI closes the pool right after. Polling covers a lost one.
     if (counts.byStatus.queued > 0) await this.pool.query('SELECT pg_notify($1, \'\')', [DUE_CHANNEL]).catch(() => {});
     return counts;
+  }
+
+  /**
+   * Runs `work` in one transaction with an `accept` that stores events in it (deduped as accept
+   * does), so the events and what `work` writes to its own tables (an integration's cursor)
+   * commit together, or not at all. Run again from the start after a deadlock; resolves after
+   * COMMIT, and wakes the other instances' deliverers when an event was stored.
+   */
+  async atomically<T>(work: (tx: { client: pg.PoolClient; accept(events: NewEvent[]): Promise<AcceptResult[]> }) => Promise<T>): Promise<T> {
+    for (let attempt = 1; ; attempt++) {
+      let stored = false;
+      try {
+        const result = await inTransaction(this.pool, (client) => work({
+          client,
+          accept: async (events) => {
+            const pending = events.map((event) => ({ event, id: newEventId(event.receivedAt), resolve: () => {}, reject: () => {} }));
+            return (await this.acceptInTransaction(client, pending)).map((outcome) => {
+              if ('err' in outcome) throw outcome.err;
+              stored ||= !outcome.duplicate;
+              return outcome;
+            });
+          },
+        }));
+        if (stored) this.notifyDue();
+        return result;
+      } catch (err) {
+        if (attempt < BATCH_TRIES && isRetryableTransactionError(err)) continue;
+        throw err;
+      }
+    }
+  }
+
+  /** The pool, for an integration's own tables (created by the migrations). */
+  get database(): pg.Pool {
+    return this.pool;
   }
 
   /** Commits the accepts and attempt records still waiting, then closes every connection. */
