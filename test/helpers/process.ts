@@ -75,7 +75,7 @@ export function startServerProcess(configFile: string, options: { env?: NodeJS.P
   return {
     child,
     lines,
-    waitFor(match, timeoutMs = 20_000) {
+    waitFor(match, timeoutMs = 60_000) { // generous: a loaded CI machine starts tsx processes slowly
       const found = lines.find(match);
       if (found) return Promise.resolve(found);
       return new Promise((resolve, reject) => {

@@ -147,9 +147,16 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     const [a, b] = [await instance(), await instance()];
     const accepted = await Promise.all(Array.from({ length: 200 }, (_, i) => (i % 2 ? a : b).accept(event({ receivedAt: T0 + (i % 5) }))));
     const claimedBy = { a: [] as string[], b: [] as string[] };
+    // Every drainer's first claim is in flight before any drainer goes on, so both instances take
+    // part however the machine schedules them (a loaded one let one instance drain all 200).
+    let firstClaims = 0;
+    let allStarted!: () => void;
+    const started = new Promise<void>((resolve) => (allStarted = resolve));
     const drain = async (store: EventStore, into: string[]) => {
-      for (;;) {
+      for (let round = 0; ; round++) {
         const got = await store.claimDue(T0 + 10, 7, LEASE, 'message');
+        if (round === 0 && ++firstClaims === 4) allStarted();
+        if (round === 0) await started;
         if (got.length === 0) return;
         into.push(...got.map((e) => e.id));
       }
