@@ -194,7 +194,7 @@ const upstreamSettings = (what: string) => z.strictObject({
   timeoutMs: positiveInt.default(30_000),
 });
 const routes = z.array(z.strictObject({
-  prefix: z.string().regex(/^\/api\/[A-Za-z0-9\-._~!$&()*+,=:@/]*\/$/, 'prefix must start with /api/, end with "/" and use only unencoded path characters')
+  prefix: z.string().regex(/^\/api\/(?:[A-Za-z0-9\-._~!$&()*+,=:@/]*\/)?$/, 'prefix must start with /api/, end with "/" and use only unencoded path characters')
     .refine((prefix) => prefix !== '/api/', '"/api/" is gateway.upstream (the default route)')
     .refine((prefix) => !prefix.includes('//') && !prefix.split('/').some((seg) => seg === '.' || seg === '..'), 'prefix must not contain empty, "." or ".." segments'),
   upstream: upstreamSettings('routes[].upstream.target'),

@@ -102,6 +102,10 @@ export interface RateLimiter {
   signatures: ReadonlySet<string>;
 }
 
+/** Tokens are fractions: what is within this of a whole number counts as that number (no 5.000000001 s → 6). */
+const EPSILON = 1e-6;
+const ceilSeconds = (ms: number) => Math.max(0, Math.ceil(ms / 1000 - EPSILON));
+
 const NOT_LIMITED: RateLimitOutcome = { headers: undefined, refused: undefined };
 
 /**
@@ -191,7 +195,7 @@ export function compileRateLimiter(
     for (let i = 0; i < applying.length; i++) {
       const available = applying[i]!.buckets.available(keys[i]!, at);
       availables.push(available);
-      if (available < 1) {
+      if (available < 1 - EPSILON) {
         const wait = (1 - available) / applying[i]!.buckets.shape.refillPerMs;
         if (wait > waitMs) {
           waitMs = wait;
@@ -206,12 +210,12 @@ export function compileRateLimiter(
       const left = refusedBy === -1 ? limit.buckets.take(keys[i]!, at, availables[i]!) : availables[i]!;
       const { capacity, refillPerMs } = limit.buckets.shape;
       policies.push(limit.policy);
-      states.push(`"${limit.name}";r=${Math.max(0, Math.floor(left))};t=${Math.ceil((capacity - left) / refillPerMs / 1000)}`);
+      states.push(`"${limit.name}";r=${Math.max(0, Math.floor(left + EPSILON))};t=${ceilSeconds((capacity - left) / refillPerMs)}`);
     }
     const headers = { 'ratelimit-policy': policies.join(', '), ratelimit: states.join(', ') };
     if (refusedBy === -1) return { headers, refused: undefined };
     const limit = applying[refusedBy]!;
-    const retryAfter = String(Math.max(1, Math.ceil(waitMs / 1000)));
+    const retryAfter = String(Math.max(1, ceilSeconds(waitMs)));
     return {
       headers: undefined,
       refused: new HttpError('rate_limited', `rate limit "${limit.name}" (${keys[refusedBy]}) exhausted`, { ...headers, 'retry-after': retryAfter }),
