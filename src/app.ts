@@ -141,7 +141,8 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
       ?? authorization(req) ?? rateLimit(req, res);
     if (error) return respondWithError(req, res, error, logger);
     continueIfExpected(res);
-    const route = routes.select(req.url!);
+    const route = routes.select(req.url!, req.gatehouse.path!);
+    if (route instanceof HttpError) return respondWithError(req, res, route, logger);
     req.gatehouse.url = req.url;
     routes.aim(req, route);
     await route.proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));

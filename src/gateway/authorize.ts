@@ -1,7 +1,7 @@
 import type { AuthConfig, RuleConfig } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import type { Identity } from './credentials/authenticate.js';
-import { compilePathPatterns, type PathMatcher } from './path-pattern.js';
+import { compileMethodSet, compilePathPatterns, type PathMatcher } from './path-pattern.js';
 
 interface CompiledRule {
   /** Its place in gateway.auth.rules, for the log. */
@@ -49,7 +49,7 @@ function compileRule(rule: RuleConfig, index: number): CompiledRule {
   return {
     index,
     paths: compilePathPatterns(rule.paths),
-    methods: rule.methods ? new Set(rule.methods) : undefined,
+    methods: compileMethodSet(rule.methods),
     scopes,
     claims: Object.entries(rule.claims ?? {}),
     // scope-tokens hold no `"` or `\` (schema), so they go into the quoted string as they are.

@@ -64,3 +64,14 @@ export function matchablePath(url: string): string | HttpError {
     return new HttpError('invalid_path', 'percent-encoding that is not UTF-8');
   }
 }
+
+/**
+ * The methods a rule or limit names, as a set to look up. `GET` brings `HEAD` with it: HEAD is
+ * GET without the body (RFC 9110 §9.3.2), so a rule on GET cannot be sidestepped with HEAD.
+ */
+export function compileMethodSet(methods: readonly string[] | undefined): ReadonlySet<string> | undefined {
+  if (methods === undefined) return undefined;
+  const set = new Set(methods);
+  if (set.has('GET')) set.add('HEAD');
+  return set;
+}

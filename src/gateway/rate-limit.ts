@@ -2,7 +2,7 @@ import type { RateLimitConfig } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import type { Identity } from './credentials/authenticate.js';
 import { clientGroup } from './lockout.js';
-import { compilePathPatterns, type PathMatcher } from './path-pattern.js';
+import { compileMethodSet, compilePathPatterns, type PathMatcher } from './path-pattern.js';
 
 /** A bucket's shape: it holds up to `capacity` tokens and gains `refillPerMs` each millisecond. */
 export interface BucketShape {
@@ -135,7 +135,7 @@ export function compileRateLimiter(
     return {
       by: limit.by,
       paths: limit.paths ? compilePathPatterns(limit.paths) : undefined,
-      methods: limit.methods ? new Set(limit.methods) : undefined,
+      methods: compileMethodSet(limit.methods),
       buckets: state.bucketsFor(signature, { capacity, refillPerMs: limit.requests / (limit.per * 1000) }),
       policy: `"${name}";q=${limit.requests};w=${limit.per}`,
       name,

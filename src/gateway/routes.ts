@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import type { GatewayConfig } from '../config/schema.js';
-import type { HttpError } from '../errors.js';
+import { HttpError } from '../errors.js';
 import { API_PREFIX } from './path-gate.js';
 import { createUpstreamProxy, type UpstreamProxy } from './proxy.js';
 
@@ -13,8 +13,13 @@ export interface UpstreamRoute {
 }
 
 export interface UpstreamRoutes {
-  /** The route of a request target already through the path gate: the longest matching prefix, else `/api/`. */
-  select(url: string): UpstreamRoute;
+  /**
+   * The route of a request: the longest prefix its decoded path (matchablePath, what the rules
+   * saw) starts with, else `/api/`. A target that reaches a prefix only once decoded
+   * (`/api/%62illing/`) is refused (400): the rules judged it as that route's path, so it may
+   * not go to another upstream, and `stripPrefix` works on the raw bytes.
+   */
+  select(url: string, decodedPath: string): UpstreamRoute | HttpError;
   /**
    * Points the request at its route's upstream: strips `stripPrefix` from `req.url` (the
    * upstream of `/api/billing/x` with `stripPrefix: "/api"` gets `/billing/x`, query untouched)
@@ -29,8 +34,7 @@ export interface UpstreamRoutes {
 /**
  * Compiles `gateway.routes` (plus `/api/` → `gateway.upstream`) once per config, each route
  * with its own proxy and keep-alive agent. Selection is O(routes): prefixes longest first, the
- * first that the raw target starts with wins. The raw target is what the path gate checked and
- * what the upstream receives, so the route seen is the route taken.
+ * first that the decoded path starts with wins.
  */
 export function createUpstreamRoutes(gateway: Pick<GatewayConfig, 'upstream' | 'routes'>, onError: (req: IncomingMessage, error: HttpError) => void): UpstreamRoutes {
   const fallback: UpstreamRoute = { prefix: API_PREFIX, stripPrefix: undefined, proxy: createUpstreamProxy(gateway.upstream, onError) };
@@ -39,8 +43,11 @@ export function createUpstreamRoutes(gateway: Pick<GatewayConfig, 'upstream' | '
     .map((route) => ({ prefix: route.prefix, stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError) }));
 
   return {
-    select(url) {
-      for (const route of routes) if (url.startsWith(route.prefix)) return route;
+    select(url, decodedPath) {
+      for (const route of routes) {
+        if (!decodedPath.startsWith(route.prefix)) continue;
+        return url.startsWith(route.prefix) ? route : new HttpError('invalid_path', `percent-encoded characters in the route prefix ${route.prefix}`);
+      }
       return fallback;
     },
     aim(req, route) {

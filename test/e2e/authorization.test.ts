@@ -139,11 +139,17 @@ describe('routes × credentials × methods', () => {
     assert.equal(line!.path, '/api/billing/a%20b/%C3%A9t%C3%A9/c');
   });
 
-  it('percent-encoded letters do not dodge a rule', async () => {
-    const before = orders.received.length + main.received.length;
-    const reply = await request(gatehouse.url, '/api/%6Frders/7', { method: 'POST', headers: credentials.ci });
+  it('percent-encoded letters do not dodge a rule, nor reach another upstream', async () => {
+    const billingBefore = billing.received.length;
+    const before = orders.received.length + main.received.length + billing.received.length;
+    const reply = await request(gatehouse.url, '/api/admin/%75sers', { headers: credentials.ci });
     assert.equal(reply.status, 403);
-    assert.equal(orders.received.length + main.received.length, before);
+    // A route's prefix reached only once decoded: judged as billing's path, so not sent to another upstream.
+    const encodedPrefix = await request(gatehouse.url, '/api/%62illing/invoices', { headers: credentials.billing });
+    assert.equal(encodedPrefix.status, 400);
+    assert.equal(encodedPrefix.json().error.code, 'invalid_path');
+    assert.equal(orders.received.length + main.received.length + billing.received.length, before, 'no upstream reached');
+    assert.equal(billing.received.length, billingBefore);
   });
 });
 

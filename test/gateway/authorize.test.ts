@@ -92,6 +92,8 @@ describe('authorizer', () => {
     assert.equal(authorize('DELETE', '/api/orders', identity(['orders:write'])), undefined);
     assert.equal(authorize('GET', '/api/elsewhere', identity([])), undefined);
     assert.equal(authorize('OPTIONS', '/api/orders/1', identity([])), undefined, 'no rule names OPTIONS');
+    const head = authorizerFor([{ paths: ['/api/orders/**'], methods: ['GET'], scopes: ['orders:read'] }]);
+    assert.equal(head('HEAD', '/api/orders/1', identity([]))?.code, 'insufficient_scope', 'a rule on GET covers HEAD');
   });
 
   it('claims: a string claim must equal, an array claim must contain; missing or other types refuse', () => {
