@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { parseConfig } from '../../src/config/load.js';
+import { configWarnings } from '../../src/config/warnings.js';
 import { ConfigError } from '../../src/errors.js';
 import { compileAuthorizer } from '../../src/gateway/authorize.js';
 import { scopesOfClaims, type Identity } from '../../src/gateway/credentials/authenticate.js';
@@ -70,6 +71,16 @@ describe('path patterns', () => {
     assert.match(problems.join('\n'), /gateway\.routes\[2\]\.prefix.*gateway\.upstream/);
     assert.match(problems.join('\n'), /gateway\.rateLimits\[0\]\.by/);
     assert.match(problems.join('\n'), /gateway\.rateLimits\[1\]\.per.*"1m"/);
+  });
+});
+
+describe('config warnings', () => {
+  it('a claims rule without bearer JWTs, a by-key limit without keys', () => {
+    const config = parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, rateLimits: [{ by: 'key', requests: 1, per: '1s' }], auth: { rules: [{ paths: ['/api/**'], claims: { g: 'a' } }] } } });
+    assert.deepEqual(configWarnings(config), [
+      'gateway.auth.rules[0].claims: no bearer JWT is configured, so no request has claims and this rule refuses every request it matches',
+      'gateway.rateLimits[0]: by "key" with no API key configured limits nothing',
+    ]);
   });
 });
 
