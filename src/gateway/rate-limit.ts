@@ -68,7 +68,8 @@ export class RateLimitState {
   bucketsFor(signature: string, shape: BucketShape): TokenBuckets {
     let buckets = this.limits.get(signature);
     if (buckets === undefined) {
-      buckets = new TokenBuckets({ capacity: shape.capacity * this.share, refillPerMs: shape.refillPerMs * this.share });
+      // At least one token per worker: a bucket smaller than one would refuse every request.
+      buckets = new TokenBuckets({ capacity: Math.max(1, shape.capacity * this.share), refillPerMs: shape.refillPerMs * this.share });
       this.limits.set(signature, buckets);
     }
     return buckets;

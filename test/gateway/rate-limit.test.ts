@@ -130,4 +130,13 @@ describe('rate limiter', () => {
     assert.equal(limiter.check('GET', '/api/x', keyIdentity('k'), '1.1.1.1').refused, undefined);
     assert.equal(limiter.check('GET', '/api/x', keyIdentity('k'), '1.1.1.1').refused?.code, 'rate_limited');
   });
+
+  it('a share never makes a bucket smaller than one request', () => {
+    const clock = manualClock();
+    const { rateLimits, keyQuotas } = limitsOf([{ by: 'key', requests: 1, per: '1m' }]);
+    const limiter = compileRateLimiter(rateLimits, keyQuotas, new RateLimitState(1 / 4), clock.now);
+    assert.equal(limiter.check('GET', '/api/x', keyIdentity('k'), '1.1.1.1').refused, undefined);
+    const refused = limiter.check('GET', '/api/x', keyIdentity('k'), '1.1.1.1').refused!;
+    assert.equal(refused.headers!['retry-after'], '240', 'a quarter of the refill rate: 1 per 4 min in this worker');
+  });
 });
