@@ -5,13 +5,16 @@ import { CHANNEL_SEND_PREFIX, type ChannelSender } from './channels/outbound.js'
 import type { Config, HttpLimits } from './config/schema.js';
 import { HttpError } from './errors.js';
 import { continueIfExpected } from './listener.js';
+import { compileAuthorizer } from './gateway/authorize.js';
 import { createClientIpResolver, type ClientOrigin } from './gateway/client-ip.js';
 import { Authenticator, type AuthOutcome } from './gateway/credentials/authenticate.js';
 import { prepareUpstreamHeaders } from './gateway/forward-headers.js';
 import { compileAddressMatcher, parseAddress } from './gateway/ip-allowlist.js';
 import type { FailureLockout, LockoutSlot } from './gateway/lockout.js';
 import { API_PREFIX, checkApiPath } from './gateway/path-gate.js';
-import { createUpstreamProxy } from './gateway/proxy.js';
+import { matchablePath } from './gateway/path-pattern.js';
+import { compileRateLimiter, type RateLimitState } from './gateway/rate-limit.js';
+import { createUpstreamRoutes } from './gateway/routes.js';
 import { admitRequest, answerHealthy, requestLogger, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
 
 type Next = NextFunction;
@@ -25,15 +28,17 @@ export interface GatewayApp {
   warmUp(): Promise<string | undefined>;
   /** Releases idle upstream connections (after a reload swapped this app out). */
   close(): void;
+  /** The rate limits this app counts with (RateLimitState.retain once it is in force). */
+  rateLimitSignatures: ReadonlySet<string>;
 }
 
 /**
  * Builds the /api/ edge from a Config: framing (src/listener.ts) → the pipeline path gate → client IP → allowedIPs →
- * lockout → credentials → upstream headers → proxy, each a named step.
+ * lockout → credentials → upstream headers → authorization (rules) → rate limits → route → proxy, each a named step.
  * Everything that can be compiled (matchers, keys, verifiers) is compiled here, once.
  * Never listens: server.ts does, so tests can mount it anywhere.
  */
-export async function buildGatewayApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; channels?: ChannelSender; limits: HttpLimits }): Promise<GatewayApp> {
+export async function buildGatewayApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; rateLimits: RateLimitState; channels?: ChannelSender; limits: HttpLimits }): Promise<GatewayApp> {
   const { gateway } = config;
   const { logger, lockout } = deps;
   const resolveClientIp = createClientIpResolver(gateway.trustProxy);
@@ -41,7 +46,9 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   const authenticator = await Authenticator.create(gateway.auth);
   const encrypted = gateway.tls !== undefined;
   const requestLog = requestLogger(logger);
-  const proxy = createUpstreamProxy(gateway.upstream, (req, error) => noteError(req, error));
+  const routes = createUpstreamRoutes(gateway, (req, error) => noteError(req, error));
+  const authorize = compileAuthorizer(gateway.auth);
+  const rateLimiter = compileRateLimiter(gateway.rateLimits, gateway.auth.apiKeys.map((key) => key.rateLimit), deps.rateLimits);
 
   // The /api/ pipeline: each step returns the error to answer with, or undefined to go on.
 
@@ -108,16 +115,36 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     return undefined;
   }
 
+  // After the credentials passed: a refusal here is no guess at a credential (never counted by the lockout).
+  function authorization(req: Req): HttpError | undefined {
+    const path = matchablePath(req.url!);
+    if (typeof path !== 'string') return path;
+    req.gatehouse.path = path;
+    // The request line logs a refusal with its detail: which rule, which scope or claim.
+    return authorize(req.method!, path, req.gatehouse.identity!);
+  }
+
+  function rateLimit(req: Req, res: ServerResponse): HttpError | undefined {
+    const { headers, refused } = rateLimiter.check(req.method!, req.gatehouse.path!, req.gatehouse.identity!, req.gatehouse.clientIp!);
+    if (headers) for (const name in headers) res.setHeader(name, headers[name]!);
+    return refused;
+  }
+
   /*
    * The hot path runs the steps directly rather than through Express's router: profiling showed
    * Express's per-request work (router dispatch, prototype swaps on req/res) was the largest
    * cost gatehouse added on top of proxying. Everything that is not /api/ still goes to Express.
    */
   async function apiPipeline(req: Req, res: ServerResponse): Promise<void> {
-    const error = checkApiPath(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
+    const error = checkApiPath(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req))
+      ?? authorization(req) ?? rateLimit(req, res);
     if (error) return respondWithError(req, res, error, logger);
     continueIfExpected(res);
-    await proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
+    const route = routes.select(req.url!, req.gatehouse.path!);
+    if (route instanceof HttpError) return respondWithError(req, res, route, logger);
+    req.gatehouse.url = req.url;
+    routes.aim(req, route);
+    await route.proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
   }
 
   /** Gatehouse's own channel API: the same checks as /api/, then the channel instead of the proxy. */
@@ -150,6 +177,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     handle,
     authenticator,
     warmUp: async () => authenticator.jwt?.prefetch(),
-    close: proxy.close,
+    close: routes.close,
+    rateLimitSignatures: rateLimiter.signatures,
   };
 }

@@ -12,6 +12,8 @@ export const errorCatalogue = {
   request_header_fields_too_large: { status: 431, message: 'The request has too many header lines, or they are too large.' },
   invalid_client_ip: { status: 400, message: 'The client address could not be determined.' },
   ip_not_allowed: { status: 403, message: 'Requests from this address are not allowed.' },
+  insufficient_scope: { status: 403, message: 'The credentials do not grant access to this path and method.' },
+  rate_limited: { status: 429, message: 'Too many requests; slow down and retry after the time given.' },
   too_many_failures: { status: 429, message: 'Too many failed authentication attempts; try again later.' },
   missing_credentials: { status: 401, message: 'Authentication is required.' },
   invalid_api_key: { status: 401, message: 'The API key is not valid.' },

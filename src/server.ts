@@ -3,6 +3,7 @@ import { buildGatewayApp, type GatewayApp } from './app.js';
 import { isLoopbackHost, type Config } from './config/schema.js';
 import { configWarnings } from './config/warnings.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
+import { RateLimitState } from './gateway/rate-limit.js';
 import { Deliverer } from './webhooks/deliverer.js';
 import { channelRoutes } from './channels/inbound.js';
 import { createChannelSender } from './channels/outbound.js';
@@ -105,13 +106,20 @@ export interface RunningGateway {
   close(graceMs: number): Promise<void>;
 }
 
-export type GatewayStarter = (config: Config, deps: { logger: Logger; lockoutStore: LockoutStore }) => Promise<RunningGateway>;
+export type GatewayStarter = (config: Config, deps: {
+  logger: Logger;
+  lockoutStore: LockoutStore;
+  /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers.ts). */
+  rateLimitShare?: number;
+}) => Promise<RunningGateway>;
 
 /** The /api/ edge in this process (with `gateway.workers` > 1, what each worker runs). */
 export const startGateway: GatewayStarter = async (initial, options) => {
   const { logger } = options;
   let config = initial;
   const lockout = new FailureLockout(options.lockoutStore, config.gateway.auth.failures, 'gateway');
+  // Outlives each app: a reload keeps the buckets of the limits it leaves unchanged.
+  const rateLimits = new RateLimitState(options.rateLimitShare);
   // Channels' outbound API needs their grants (a connection of its own: workers have one each).
   let channelStore: ChannelStore | undefined;
   const channelsOf = async (c: Config) => {
@@ -121,18 +129,19 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   };
   // The parser limits are the listener's: fixed at start, whatever a reload says.
   const limits = config.gateway.limits;
-  let app = await buildGatewayApp(config, { logger, lockout, channels: await channelsOf(config), limits });
+  let app = await buildGatewayApp(config, { logger, lockout, rateLimits, channels: await channelsOf(config), limits });
   const listening = await listen(config.gateway.listen, config.gateway.tls, limits, (req, res) => app.handle(req, res));
   describeGateway(logger, config, app, listening.url, 'gateway listening');
   void warmUp(logger, app);
   return {
     url: listening.url,
     async reload(next) {
-      const nextApp = await buildGatewayApp(next, { logger, lockout, channels: await channelsOf(next), limits });
+      const nextApp = await buildGatewayApp(next, { logger, lockout, rateLimits, channels: await channelsOf(next), limits });
       await warmUp(logger, nextApp);
       const previous = app;
       app = nextApp;
       lockout.configure(next.gateway.auth.failures);
+      rateLimits.retain(app.rateLimitSignatures);
       config = next;
       previous.close();
       describeGateway(logger, config, app, listening.url, 'gateway configuration now in force');
@@ -234,10 +243,13 @@ async function warmUp(logger: Logger, app: GatewayApp): Promise<void> {
 }
 
 function describeGateway(logger: Logger, config: Config, app: GatewayApp, url: string, message: string): void {
-  const { auth, upstream, trustProxy } = config.gateway;
+  const { auth, upstream, trustProxy, routes, rateLimits } = config.gateway;
   logger.info({
     url,
     upstream: upstream.target,
+    routes: routes.length ? routes.map((r) => `${r.prefix} -> ${r.upstream.target}${r.stripPrefix ? ` (strip ${r.stripPrefix})` : ''}`) : undefined,
+    rules: auth.rules.length || undefined,
+    rateLimits: rateLimits.length || undefined,
     auth: auth.enabled ? app.authenticator.methods : 'disabled',
     require: auth.require,
     allowedIPs: auth.allowedIPs ?? 'any',

@@ -215,7 +215,7 @@ export async function runGatewayWorker(): Promise<void> {
             try {
               if (!running) {
                 logger = createLogger({ level: message.config.log.level, bindings: { worker: cluster.worker!.id } });
-                running = await startGateway(message.config, { logger, lockoutStore });
+                running = await startGateway(message.config, { logger, lockoutStore, rateLimitShare: 1 / workerCount });
                 toPrimary({ type: 'listening', url: running.url });
               } else {
                 await running.reload(message.config);

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { API_KEY_PREFIX, hasValidKeyChecksum } from '../gateway/credentials/api-key.js';
 import { isValidAddressRange } from '../gateway/ip-allowlist.js';
+import { pathPatternProblem } from '../gateway/path-pattern.js';
 import { compileTemplate } from '../webhooks/translate.js';
 
 /**
@@ -56,12 +57,32 @@ const httpLimits = (requestTimeoutMs: number) =>
     if (limits.headersTimeoutMs > limits.requestTimeoutMs) ctx.addIssue({ code: 'custom', path: ['headersTimeoutMs'], message: 'headersTimeoutMs must not exceed requestTimeoutMs' });
   });
 
+// Authorization and rate limits (issue 16): the pieces API key entries and the gateway section share.
+
+/** An OAuth scope-token (RFC 6749 §3.3): printable ASCII except space, `"` and `\\`. */
+const scopeToken = z.string().regex(/^[\x21\x23-\x5b\x5d-\x7e]{1,128}$/, 'a scope is 1-128 printable ASCII characters without space, " or \\ (RFC 6749 scope-token)');
+/** A period like "1s", "30s", "1m", "1h", "1d", as seconds. */
+const period = z.string().regex(/^[1-9]\d{0,5}[smhd]$/, 'per must be a whole number followed by s, m, h or d (e.g. "1m")')
+  .transform((text) => Number(text.slice(0, -1)) * { s: 1, m: 60, h: 3600, d: 86_400 }[text.at(-1) as 's' | 'm' | 'h' | 'd']);
+/** `/api/…` patterns: `*` one segment, `**` (last) any rest. */
+const pathPatterns = z.array(z.string().superRefine((pattern, ctx) => {
+  const problem = pathPatternProblem(pattern);
+  if (problem) ctx.addIssue({ code: 'custom', message: problem });
+})).min(1);
+/** Methods as Node reports them: upper case tokens. */
+const methods = z.array(z.string().regex(/^[A-Z]{1,20}$/, 'methods are upper case, e.g. "GET"')).min(1);
+const rateLimitQuota = { requests: positiveInt, per: period };
+
 const KEY_ID = /^[A-Za-z0-9._:-]{1,64}$/;
 const KEY_HASH = /^sha256:[0-9a-f]{64}$/;
 const apiKeyEntry = z.strictObject({
   id: z.string().regex(KEY_ID, 'key id: 1-64 characters of A-Z a-z 0-9 . _ : -'),
   hash: z.string().regex(KEY_HASH, 'hash must be "sha256:" followed by 64 lowercase hex digits'),
   expiresAt: z.iso.datetime({ offset: true, message: 'expiresAt must be an ISO 8601 date-time, e.g. 2027-01-01T00:00:00Z' }).optional(),
+  /** What this key may do (gateway.auth.rules); sent upstream as X-Gatehouse-Scopes. */
+  scopes: z.array(scopeToken).optional(),
+  /** Replaces the `by: "key"` entries of gateway.rateLimits for this key. */
+  rateLimit: z.strictObject(rateLimitQuota).optional(),
 });
 
 type ApiKeyEntry = z.output<typeof apiKeyEntry>;
@@ -155,14 +176,56 @@ const auth = z.strictObject({
   failures: failures.prefault({}),
   /** Forward X-API-Key and the bearer Authorization header upstream (default: stripped). */
   forwardCredentials: z.boolean().default(false),
+  /** Every rule whose paths and methods match a request must be satisfied (src/gateway/authorize.ts). */
+  rules: z.array(z.strictObject({
+    paths: pathPatterns,
+    methods: methods.optional(),
+    scopes: z.array(scopeToken).min(1).optional(),
+    /** Top-level JWT claims: equal to the value, or (an array claim) containing it. */
+    claims: z.record(z.string().min(1), z.string()).optional(),
+  }).refine((rule) => rule.scopes !== undefined || (rule.claims !== undefined && Object.keys(rule.claims).length > 0), 'a rule needs scopes or claims (what it requires)')).default([]),
+  /** A request no rule matches: allowed (true, the default) or refused 403. */
+  defaultAllow: z.boolean().default(true),
 });
+
+/** `gateway.routes`: prefixes under /api/ sent to their own upstream (src/gateway/routes.ts). */
+const upstreamSettings = (what: string) => z.strictObject({
+  target: httpUrl(what),
+  timeoutMs: positiveInt.default(30_000),
+});
+const routes = z.array(z.strictObject({
+  prefix: z.string().regex(/^\/api\/(?:[A-Za-z0-9\-._~!$&()*+,=:@/]*\/)?$/, 'prefix must start with /api/, end with "/" and use only unencoded path characters')
+    .refine((prefix) => prefix !== '/api/', '"/api/" is gateway.upstream (the default route)')
+    .refine((prefix) => !prefix.includes('//') && !prefix.split('/').some((seg) => seg === '.' || seg === '..'), 'prefix must not contain empty, "." or ".." segments'),
+  upstream: upstreamSettings('routes[].upstream.target'),
+  /** Removed from the front of the path on the way up (`/api` turns `/api/billing/x` into `/billing/x`). */
+  stripPrefix: z.string().regex(/^\/[^/]/, 'stripPrefix must start with "/"').refine((strip) => !strip.endsWith('/'), 'stripPrefix must not end with "/" (the upstream path keeps its leading "/")').optional(),
+}).refine((route) => route.stripPrefix === undefined || route.prefix.startsWith(route.stripPrefix + '/'), { path: ['stripPrefix'], message: 'stripPrefix must be a leading part of prefix, ending at a "/"' }))
+  .default([])
+  .superRefine((list, ctx) => {
+    const seen = new Map<string, number>();
+    list.forEach((route, i) => {
+      const first = seen.get(route.prefix);
+      if (first !== undefined) ctx.addIssue({ code: 'custom', path: [i, 'prefix'], message: `duplicate prefix "${route.prefix}" (also at routes[${first}])` });
+      else seen.set(route.prefix, i);
+    });
+  });
+
+/** `gateway.rateLimits`: token buckets per API key, subject or client IP (src/gateway/rate-limit.ts). */
+const rateLimits = z.array(z.strictObject({
+  by: z.enum(['key', 'subject', 'ip']),
+  ...rateLimitQuota,
+  /** Bucket size (requests at once after a quiet spell); default `requests`. */
+  burst: positiveInt.optional(),
+  paths: pathPatterns.optional(),
+  methods: methods.optional(),
+})).default([]);
 
 const gateway = z.strictObject({
   listen: listen(8080).prefault({}),
-  upstream: z.strictObject({
-    target: httpUrl('upstream.target'),
-    timeoutMs: positiveInt.default(30_000),
-  }),
+  upstream: upstreamSettings('upstream.target'),
+  routes,
+  rateLimits,
   trustProxy: z.array(addressRange).default([]),
   tls: z.strictObject({ cert: z.string().min(1), key: z.string().min(1) }).optional(),
   /** Uploads stream through to the upstream, so the whole-request time is generous. */
@@ -459,6 +522,9 @@ export function isLoopbackHost(host: string): boolean {
 export type Config = z.output<typeof configSchema>;
 export type GatewayConfig = Config['gateway'];
 export type AuthConfig = GatewayConfig['auth'];
+export type RouteConfig = GatewayConfig['routes'][number];
+export type RuleConfig = AuthConfig['rules'][number];
+export type RateLimitConfig = GatewayConfig['rateLimits'][number];
 export type HttpLimits = z.output<ReturnType<typeof httpLimits>>;
 export type JwtConfig = z.output<typeof jwtSettings>;
 export type WebhooksConfig = Config['webhooks'];

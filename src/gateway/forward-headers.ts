@@ -104,6 +104,8 @@ export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext
   out['x-gatehouse-auth'] = ctx.identity.methods.length ? ctx.identity.methods.join(',') : 'none';
   if (ctx.identity.subject !== undefined) out['x-gatehouse-subject'] = headerSafe(ctx.identity.subject);
   if (ctx.identity.keyId !== undefined) out['x-gatehouse-key-id'] = ctx.identity.keyId;
+  // scope-tokens only (schema and scopesOfClaims): header-safe as they are.
+  if (ctx.identity.scopes.length > 0) out['x-gatehouse-scopes'] = ctx.identity.scopes.join(' ');
   req.headers = out;
 }
 

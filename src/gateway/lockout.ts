@@ -359,14 +359,19 @@ export class FailureLockout {
     return lockedFor;
   };
 
-  /**
-   * One counter per IPv4 address, and per IPv6 /64: a single IPv6 host usually holds a whole
-   * /64, and counting per address would give it 2^64 fresh starts.
-   */
   private key(ip: string): string {
-    if (!ip.includes(':')) return `${this.namespace}:${ip}`;
-    const address = parseAddress(ip);
-    if (address?.kind() !== 'ipv6') return `${this.namespace}:${ip}`;
-    return `${this.namespace}:${(address as ipaddr.IPv6).parts.slice(0, 4).map((p) => p.toString(16)).join(':')}::/64`;
+    return `${this.namespace}:${clientGroup(ip)}`;
   }
+}
+
+/**
+ * The client an address stands for when counting (lockout, rate limits): an IPv4 address, or an
+ * IPv6 /64 — a single IPv6 host usually holds a whole /64, and counting per address would give
+ * it 2^64 fresh starts.
+ */
+export function clientGroup(ip: string): string {
+  if (!ip.includes(':')) return ip;
+  const address = parseAddress(ip);
+  if (address?.kind() !== 'ipv6') return ip;
+  return `${(address as ipaddr.IPv6).parts.slice(0, 4).map((p) => p.toString(16)).join(':')}::/64`;
 }

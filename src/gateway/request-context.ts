@@ -14,6 +14,10 @@ export interface RequestContext {
   clientIp?: string;
   origin?: ClientOrigin;
   identity?: Identity;
+  /** The decoded path gateway.auth.rules and gateway.rateLimits match (path-pattern.ts). */
+  path?: string;
+  /** The request target as received, kept for the log when a route's stripPrefix rewrote req.url. */
+  url?: string;
   /** Catalogue code of the error sent, if any. */
   errorCode?: string;
   /** Internal reason for the log (never sent to the client). */
@@ -89,7 +93,7 @@ export function beginRequest(req: IncomingMessage, res: ServerResponse, log: Req
 }
 
 function logRequest(log: RequestLog, req: IncomingMessage, res: ServerResponse, ctx: RequestContext): void {
-  const url = req.url ?? '';
+  const url = ctx.url ?? req.url ?? '';
   const queryAt = url.indexOf('?');
   // The query string is left out: clients put credentials there despite being told not to.
   const path = queryAt === -1 ? url : url.slice(0, queryAt);

@@ -75,15 +75,15 @@ describe('api key verification: ApiKeyVerifier', () => {
   });
 
   it('the plain gateway.auth.apiKey is reported as id "default"', () => {
-    assert.deepEqual(verifier.verify(plainKey, now), { ok: true, id: 'default' });
+    assert.deepEqual(verifier.verify(plainKey, now), { ok: true, id: 'default', grant: { id: 'default', scopes: [], rateLimit: undefined } });
   });
 
   it('a hashed key is reported under its id', () => {
-    assert.deepEqual(verifier.verify(current, now), { ok: true, id: 'ci' });
+    assert.deepEqual(verifier.verify(current, now), { ok: true, id: 'ci', grant: { id: 'ci', scopes: [], rateLimit: undefined } });
   });
 
   it('a key is valid until just before expiresAt and expired from then on', () => {
-    assert.deepEqual(verifier.verify(expiring, now - 1), { ok: true, id: 'old' });
+    assert.deepEqual(verifier.verify(expiring, now - 1), { ok: true, id: 'old', grant: { id: 'old', scopes: [], rateLimit: undefined } });
     assert.deepEqual(verifier.verify(expiring, now), { ok: false, reason: 'expired' });
     assert.deepEqual(verifier.verify(expiring, now + 86_400_000), { ok: false, reason: 'expired' });
   });

@@ -55,7 +55,14 @@ export function hashApiKey(key: string): string {
   return 'sha256:' + createHash('sha256').update(key, 'utf8').digest('hex');
 }
 
-export type ApiKeyCheck = { ok: true; id: string } | { ok: false; reason: 'malformed' | 'unknown' | 'expired' };
+/** What a configured key grants: its scopes and its own rate limit, if any. */
+export interface ApiKeyGrant {
+  id: string;
+  scopes: readonly string[];
+  rateLimit: { requests: number; per: number } | undefined;
+}
+
+export type ApiKeyCheck = { ok: true; id: string; grant: ApiKeyGrant } | { ok: false; reason: 'malformed' | 'unknown' | 'expired' };
 
 /** The id under which the single plain `gateway.auth.apiKey` is reported upstream and in logs. */
 export const PLAIN_API_KEY_ID = 'default';
@@ -65,12 +72,13 @@ export const PLAIN_API_KEY_ID = 'default';
  * hashed once at build time, so no request compares secrets byte by byte.
  */
 export class ApiKeyVerifier {
-  private readonly byHash = new Map<string, { id: string; expiresAt: number }>();
+  private readonly byHash = new Map<string, { grant: ApiKeyGrant; expiresAt: number }>();
 
   constructor(auth: Pick<AuthConfig, 'apiKey' | 'apiKeys'>) {
-    if (auth.apiKey !== undefined) this.byHash.set(hashApiKey(auth.apiKey), { id: PLAIN_API_KEY_ID, expiresAt: Infinity });
+    if (auth.apiKey !== undefined) this.byHash.set(hashApiKey(auth.apiKey), { grant: { id: PLAIN_API_KEY_ID, scopes: [], rateLimit: undefined }, expiresAt: Infinity });
     for (const entry of auth.apiKeys) {
-      this.byHash.set(entry.hash, { id: entry.id, expiresAt: entry.expiresAt ? Date.parse(entry.expiresAt) : Infinity });
+      const grant = { id: entry.id, scopes: entry.scopes ?? [], rateLimit: entry.rateLimit };
+      this.byHash.set(entry.hash, { grant, expiresAt: entry.expiresAt ? Date.parse(entry.expiresAt) : Infinity });
     }
   }
 
@@ -85,6 +93,6 @@ export class ApiKeyVerifier {
     const entry = this.byHash.get(hashApiKey(key));
     if (!entry) return { ok: false, reason: 'unknown' };
     if (entry.expiresAt <= now) return { ok: false, reason: 'expired' };
-    return { ok: true, id: entry.id };
+    return { ok: true, id: entry.grant.id, grant: entry.grant };
   }
 }

@@ -1,7 +1,8 @@
 import type { IncomingMessage } from 'node:http';
 import type { AuthConfig } from '../../config/schema.js';
 import { HttpError } from '../../errors.js';
-import { ApiKeyVerifier, hashApiKey } from './api-key.js';
+import type { JWTPayload } from 'jose';
+import { ApiKeyVerifier, hashApiKey, type ApiKeyGrant } from './api-key.js';
 import { JwtVerifier } from './jwt.js';
 
 export type AuthMethod = 'api-key' | 'bearer';
@@ -12,6 +13,34 @@ export interface Identity {
   /** JWT `sub` when a token passed, else the API key id. */
   subject: string | undefined;
   keyId: string | undefined;
+  /** What the credentials grant: the API key's `scopes` and the JWT's `scope`/`scp`, together. */
+  scopes: readonly string[];
+  /** The verified JWT's claims (rules' `claims` are checked against them); undefined without a token. */
+  claims: Readonly<JWTPayload> | undefined;
+  /** The API key's own rate limit (`apiKeys[].rateLimit`), replacing the `by: "key"` limits. */
+  keyRateLimit: ApiKeyGrant['rateLimit'];
+}
+
+const NO_SCOPES: readonly string[] = Object.freeze([]);
+/** RFC 6749 §3.3 scope-token: what a scope may be (anything else in a token is ignored). */
+const SCOPE_TOKEN = /^[\x21\x23-\x5b\x5d-\x7e]{1,128}$/;
+
+/**
+ * A token's scopes: `scope` (RFC 8693 §4.2, space-separated) and `scp` (an array, as Okta; or a
+ * space-separated string, as Entra ID), together. Values that are not scope-tokens are dropped:
+ * no configured scope can equal them, and they never reach X-Gatehouse-Scopes.
+ */
+export function scopesOfClaims(claims: Readonly<JWTPayload>): string[] {
+  const found: string[] = [];
+  const add = (value: unknown) => {
+    if (typeof value === 'string') {
+      for (const part of value.split(' ')) if (SCOPE_TOKEN.test(part) && !found.includes(part)) found.push(part);
+    }
+  };
+  add(claims.scope);
+  if (Array.isArray(claims.scp)) for (const item of claims.scp) add(typeof item === 'string' && !item.includes(' ') ? item : undefined);
+  else add(claims.scp);
+  return found;
 }
 
 export type AuthOutcome =
@@ -47,7 +76,7 @@ export class Authenticator {
   }
 
   async authenticate(req: IncomingMessage): Promise<AuthOutcome> {
-    if (!this.auth.enabled) return { ok: true, identity: { methods: [], subject: undefined, keyId: undefined } };
+    if (!this.auth.enabled) return { ok: true, identity: { methods: [], subject: undefined, keyId: undefined, scopes: NO_SCOPES, claims: undefined, keyRateLimit: undefined } };
 
     const wantKey = this.apiKeys.size > 0;
     const wantBearer = this.jwt !== undefined;
@@ -56,12 +85,16 @@ export class Authenticator {
 
     let keyFailure: string | undefined;
     let keyId: string | undefined;
+    let grant: ApiKeyGrant | undefined;
     if (rawKey !== undefined) {
       // Several X-API-Key headers arrive joined by ", "; keys never contain a comma or blank.
       if (typeof rawKey !== 'string' || rawKey.trim() === '' || /[\s,]/.test(rawKey)) keyFailure = 'empty, blank or several X-API-Key values';
       else {
         const check = this.apiKeys.verify(rawKey);
-        if (check.ok) keyId = check.id;
+        if (check.ok) {
+          keyId = check.id;
+          grant = check.grant;
+        }
         else keyFailure = `api key ${check.reason}`;
       }
     } else {
@@ -72,6 +105,7 @@ export class Authenticator {
     let keysUnavailable = false;
     let subject: string | undefined;
     let tokenOk = false;
+    let claims: Readonly<JWTPayload> | undefined;
     if (token !== undefined) {
       if (token === null) tokenFailure = 'malformed or repeated Authorization header';
       else {
@@ -79,6 +113,7 @@ export class Authenticator {
         if (check.ok) {
           tokenOk = true;
           subject = check.subject;
+          claims = check.claims;
         } else {
           tokenFailure = check.reason;
           keysUnavailable = check.unavailable === true;
@@ -101,7 +136,10 @@ export class Authenticator {
     if (!complete) {
       return { ok: false, error: new HttpError('missing_credentials', `require ${this.auth.require}: got ${methods.join(', ') || 'none'}`, { 'www-authenticate': CHALLENGE }), presentedBadCredential: false };
     }
-    return { ok: true, identity: { methods, subject: subject ?? keyId, keyId } };
+    const tokenScopes = claims ? scopesOfClaims(claims) : NO_SCOPES;
+    const keyScopes = grant?.scopes ?? NO_SCOPES;
+    const scopes = tokenScopes.length === 0 ? keyScopes : keyScopes.length === 0 ? tokenScopes : [...new Set([...keyScopes, ...tokenScopes])];
+    return { ok: true, identity: { methods, subject: subject ?? keyId, keyId, scopes, claims, keyRateLimit: grant?.rateLimit } };
   }
 }
 

@@ -1,9 +1,9 @@
 import { createHash } from 'node:crypto';
-import { createRemoteJWKSet, errors, importSPKI, jwtVerify, type JWTVerifyGetKey, type CryptoKey } from 'jose';
+import { createRemoteJWKSet, errors, importSPKI, jwtVerify, type JWTPayload, type JWTVerifyGetKey, type CryptoKey } from 'jose';
 import type { JwtConfig } from '../../config/schema.js';
 
 /** `unavailable`: the keys could not be fetched (the identity provider is down), not a bad token. */
-export type JwtCheck = { ok: true; subject: string | undefined } | { ok: false; reason: string; unavailable?: boolean };
+export type JwtCheck = { ok: true; subject: string | undefined; claims: Readonly<JWTPayload> } | { ok: false; reason: string; unavailable?: boolean };
 
 /**
  * A JWKS that could not be reached or read, as opposed to a token that failed: jose throws a
@@ -14,6 +14,7 @@ export function isKeySetOutage(err: unknown): boolean {
 }
 
 type KeySource = Uint8Array | JWTVerifyGetKey;
+type CachedToken = { subject: string | undefined; claims: Readonly<JWTPayload>; until: number; kid: string | undefined };
 const MAX_CACHED_TOKENS = 10_000;
 
 /**
@@ -23,7 +24,7 @@ const MAX_CACHED_TOKENS = 10_000;
  */
 export class JwtVerifier {
   /** sha256(token) → what its verification found, reused until `until` (bounded, oldest evicted first). */
-  private readonly verified = new Map<string, { subject: string | undefined; until: number; kid: string | undefined }>();
+  private readonly verified = new Map<string, CachedToken>();
 
   private constructor(
     private readonly settings: JwtConfig,
@@ -92,7 +93,7 @@ export class JwtVerifier {
     const cacheKey = this.settings.cacheSeconds > 0 ? createHash('sha256').update(token).digest('base64') : undefined;
     if (cacheKey !== undefined) {
       const hit = this.verified.get(cacheKey);
-      if (hit && hit.until > now && (this.hasKid === undefined || this.hasKid(hit.kid!))) return { ok: true, subject: hit.subject };
+      if (hit && hit.until > now && (this.hasKid === undefined || this.hasKid(hit.kid!))) return { ok: true, subject: hit.subject, claims: hit.claims };
       if (hit) this.verified.delete(cacheKey);
     }
     try {
@@ -112,16 +113,16 @@ export class JwtVerifier {
       if (subject === undefined && this.settings.requireSubject) return { ok: false, reason: 'token has no "sub" (gateway.auth.bearer.jwt.requireSubject)' };
       // From a JWKS, only tokens naming their key are remembered: the hit re-checks that key is still published.
       if (cacheKey !== undefined && (this.hasKid === undefined || protectedHeader.kid !== undefined)) {
-        this.remember(cacheKey, { subject, until: 0, kid: protectedHeader.kid }, payload.exp!, now);
+        this.remember(cacheKey, { subject, claims: payload, until: 0, kid: protectedHeader.kid }, payload.exp!, now);
       }
-      return { ok: true, subject };
+      return { ok: true, subject, claims: payload };
     } catch (err) {
       const reason = err instanceof errors.JOSEError ? `${err.code}: ${err.message}` : `key set unreachable: ${(err as Error).message}`;
       return { ok: false, reason, unavailable: this.source === 'jwksUri' && isKeySetOutage(err) };
     }
   }
 
-  private remember(cacheKey: string, entry: { subject: string | undefined; until: number; kid: string | undefined }, exp: number, now: number): void {
+  private remember(cacheKey: string, entry: CachedToken, exp: number, now: number): void {
     entry.until = Math.min(exp * 1000 + this.settings.clockToleranceSeconds * 1000, now + this.settings.cacheSeconds * 1000);
     if (entry.until <= now) return;
     if (this.verified.size >= MAX_CACHED_TOKENS) this.verified.delete(this.verified.keys().next().value!);

@@ -1,0 +1,77 @@
+import { HttpError } from '../errors.js';
+
+/** A segment of a pattern: literal text, `*` (one segment), or `**` (any rest, last only). */
+const LITERAL_SEGMENT = /^[A-Za-z0-9\-._~!$&()+,=:@%]+$/;
+
+/**
+ * Why `pattern` is not a usable path pattern, or undefined when it is. A pattern starts with
+ * `/api/`; each segment is literal, `*` (exactly one non-empty segment) or, last only, `**`
+ * (the rest, possibly nothing: `/api/orders/**` also covers `/api/orders`).
+ */
+export function pathPatternProblem(pattern: string): string | undefined {
+  if (!pattern.startsWith('/api/')) return `path pattern "${pattern}" must start with /api/`;
+  const segments = pattern.slice(1).split('/');
+  for (const [i, segment] of segments.entries()) {
+    if (segment === '**') {
+      if (i !== segments.length - 1) return `"**" must be the last segment of "${pattern}"`;
+    } else if (segment === '*') {
+      continue;
+    } else if (segment === '') {
+      if (i !== segments.length - 1) return `path pattern "${pattern}" has an empty segment`;
+    } else if (!LITERAL_SEGMENT.test(segment) || segment.includes('*')) {
+      return `segment "${segment}" of "${pattern}": "*" and "**" stand alone as whole segments; other characters must be unencoded path characters`;
+    } else if (segment === '.' || segment === '..') {
+      return `path pattern "${pattern}" has a dot segment`;
+    } else if (segment.includes('%')) {
+      return `path pattern "${pattern}" is matched against the decoded path: write it without percent-encoding`;
+    }
+  }
+  return undefined;
+}
+
+/** A compiled set of path patterns: one anchored regular expression. */
+export type PathMatcher = (path: string) => boolean;
+
+/** Compiles patterns (already validated by pathPatternProblem) into one matcher, once per config. */
+export function compilePathPatterns(patterns: readonly string[]): PathMatcher {
+  const alternatives = patterns.map((pattern) => {
+    const segments = pattern.slice(1).split('/');
+    let source = '';
+    for (const segment of segments) {
+      if (segment === '**') source += '(?:/.*)?';
+      else if (segment === '*') source += '/[^/]+';
+      else source += '/' + segment.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+    }
+    return source;
+  });
+  const regex = new RegExp(`^(?:${alternatives.join('|')})$`);
+  return (path) => regex.test(path);
+}
+
+/**
+ * The path rules and rate limits are matched against: the raw target without its query,
+ * percent-decoded (the path gate already refused encodings that change structure: `%2F`, `%2E`,
+ * `%25`…), so `/api/%6Frders` cannot slip past a rule written for `/api/orders`. A sequence that
+ * is not UTF-8 cannot be matched reliably: refused (400).
+ */
+export function matchablePath(url: string): string | HttpError {
+  const queryAt = url.indexOf('?');
+  const path = queryAt === -1 ? url : url.slice(0, queryAt);
+  if (!path.includes('%')) return path;
+  try {
+    return decodeURIComponent(path);
+  } catch {
+    return new HttpError('invalid_path', 'percent-encoding that is not UTF-8');
+  }
+}
+
+/**
+ * The methods a rule or limit names, as a set to look up. `GET` brings `HEAD` with it: HEAD is
+ * GET without the body (RFC 9110 §9.3.2), so a rule on GET cannot be sidestepped with HEAD.
+ */
+export function compileMethodSet(methods: readonly string[] | undefined): ReadonlySet<string> | undefined {
+  if (methods === undefined) return undefined;
+  const set = new Set(methods);
+  if (set.has('GET')) set.add('HEAD');
+  return set;
+}

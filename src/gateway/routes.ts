@@ -1,0 +1,63 @@
+import type { IncomingMessage } from 'node:http';
+import type { GatewayConfig } from '../config/schema.js';
+import { HttpError } from '../errors.js';
+import { API_PREFIX } from './path-gate.js';
+import { createUpstreamProxy, type UpstreamProxy } from './proxy.js';
+
+/** One upstream and the prefix that leads to it. */
+export interface UpstreamRoute {
+  prefix: string;
+  /** Removed from the front of the request target before proxying. */
+  stripPrefix: string | undefined;
+  proxy: UpstreamProxy;
+}
+
+export interface UpstreamRoutes {
+  /**
+   * The route of a request: the longest prefix its decoded path (matchablePath, what the rules
+   * saw) starts with, else `/api/`. A target that reaches a prefix only once decoded
+   * (`/api/%62illing/`) is refused (400): the rules judged it as that route's path, so it may
+   * not go to another upstream, and `stripPrefix` works on the raw bytes.
+   */
+  select(url: string, decodedPath: string): UpstreamRoute | HttpError;
+  /**
+   * Points the request at its route's upstream: strips `stripPrefix` from `req.url` (the
+   * upstream of `/api/billing/x` with `stripPrefix: "/api"` gets `/billing/x`, query untouched)
+   * and tells it what was removed in `X-Forwarded-Prefix` (as Traefik's StripPrefix does).
+   * Call after prepareUpstreamHeaders (which stripped any client-sent X-Forwarded-Prefix).
+   */
+  aim(req: IncomingMessage, route: UpstreamRoute): void;
+  /** Releases every route's idle upstream connections. */
+  close(): void;
+}
+
+/**
+ * Compiles `gateway.routes` (plus `/api/` → `gateway.upstream`) once per config, each route
+ * with its own proxy and keep-alive agent. Selection is O(routes): prefixes longest first, the
+ * first that the decoded path starts with wins.
+ */
+export function createUpstreamRoutes(gateway: Pick<GatewayConfig, 'upstream' | 'routes'>, onError: (req: IncomingMessage, error: HttpError) => void): UpstreamRoutes {
+  const fallback: UpstreamRoute = { prefix: API_PREFIX, stripPrefix: undefined, proxy: createUpstreamProxy(gateway.upstream, onError) };
+  const routes: UpstreamRoute[] = [...gateway.routes]
+    .sort((a, b) => b.prefix.length - a.prefix.length)
+    .map((route) => ({ prefix: route.prefix, stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError) }));
+
+  return {
+    select(url, decodedPath) {
+      for (const route of routes) {
+        if (!decodedPath.startsWith(route.prefix)) continue;
+        return url.startsWith(route.prefix) ? route : new HttpError('invalid_path', `percent-encoded characters in the route prefix ${route.prefix}`);
+      }
+      return fallback;
+    },
+    aim(req, route) {
+      if (route.stripPrefix === undefined) return;
+      req.url = req.url!.slice(route.stripPrefix.length);
+      req.headers['x-forwarded-prefix'] = route.stripPrefix;
+    },
+    close() {
+      fallback.proxy.close();
+      for (const route of routes) route.proxy.close();
+    },
+  };
+}
