@@ -3,6 +3,7 @@ import os from 'node:os';
 import type { Logger } from 'pino';
 import type { Config } from './config/schema.js';
 import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from './gateway/lockout.js';
+import { UsageError } from './errors.js';
 import { createLogger } from './log.js';
 import { startGateway, type RunningGateway } from './server.js';
 
@@ -81,7 +82,8 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
             resolve(message.url);
             break;
           case 'failed':
-            if (!listening) reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
+            // Said as the worker said it (e.g. "gateway.listen … is already in use"): one line, exit 1.
+            if (!listening) reject(new UsageError(message.error));
             break;
           case 'failure':
             countFailure(message);

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { loadConfig } from '../config/load.js';
+import { loadStorageConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
 import { openEventStore } from '../storage/open.js';
 import { DELIVERY_STATUSES as STATUSES, type DeliveryStatus, type EventStore, type StoredEvent } from '../storage/events.js';
@@ -21,7 +21,7 @@ export function registerWebhooksCommands(program: Command): void {
     .description('inspect and manage stored webhook events and their deliveries');
 
   const withStore = async <T>(configFile: string, work: (store: EventStore) => Promise<T>): Promise<T> => {
-    const store = await openEventStore(loadConfig(configFile).config.storage, { role: 'cli' });
+    const store = await openEventStore(loadStorageConfig(configFile), { role: 'cli' });
     try {
       return await work(store);
     } finally {

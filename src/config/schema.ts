@@ -16,6 +16,11 @@ const addressRange = z.string().superRefine((value, ctx) => {
 const httpUrl = (what: string) =>
   z.string().superRefine((value, ctx) => {
     let url: URL;
+    // "localhost:3000" parses as a URL with scheme "localhost:": say what is actually wrong.
+    if (!/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(value)) {
+      ctx.addIssue({ code: 'custom', message: `${what} must be an absolute http(s) URL: the scheme is missing in "${value}" (e.g. "http://${value}")` });
+      return;
+    }
     try {
       url = new URL(value);
     } catch {
@@ -445,6 +450,11 @@ export const configSchema = z
       else if (!config.webhooks.targets[channel.action]) ctx.addIssue({ code: 'custom', path: ['channels', name, 'action'], message: `action "${channel.action}" has no target: add webhooks.targets["${channel.action}"]` });
     }
     const { auth, listen: at } = config.gateway;
+    const hooksAt = config.webhooks.listen;
+    const wildcard = (host: string) => host === '0.0.0.0' || host === '::';
+    if (config.webhooks.enabled && at.port !== 0 && at.port === hooksAt.port && (at.host === hooksAt.host || wildcard(at.host) || wildcard(hooksAt.host))) {
+      ctx.addIssue({ code: 'custom', path: ['webhooks', 'listen', 'port'], message: `the webhook receiver and the gateway cannot both listen on ${hooksAt.host}:${hooksAt.port}; give webhooks.listen another port` });
+    }
     const hasCredential = auth.apiKey !== undefined || auth.apiKeys.length > 0 || auth.bearer !== undefined;
     // Secure by default: an open edge on a reachable address needs an explicit opt-in.
     if ((!auth.enabled || !hasCredential) && !isLoopbackHost(at.host) && !auth.allowInsecure) {
