@@ -8,7 +8,7 @@ import type { ChannelConfig, Config } from '../config/schema.js';
 import { UsageError } from '../errors.js';
 import { secretKeyFromEnv } from '../secrets.js';
 import { sqliteStoragePath } from '../storage/open.js';
-import { describeTime, openBrowser } from './terminal.js';
+import { describeTime, openBrowser, toJsonWithIsoDates } from './terminal.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
 /**
@@ -83,7 +83,7 @@ export function registerChannelsCommands(program: Command): void {
     .action((o: { config: string; json: boolean }) => {
       return withChannels(o.config, undefined, async ({ config, store }) => {
         const rows = Object.entries(config.channels).map(([name, channel]) => describe(name, channel, store));
-        if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
+        if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         for (const r of rows) process.stdout.write(`${r.name.padEnd(16)} ${r.kind.padEnd(10)} ${String(r.platform).padEnd(9)} ${r.connected ? `connected since ${iso(r.connectedAt)}` : 'NOT CONNECTED'}${r.lastError ? `  last error: ${r.lastError}` : ''}\n`);
       });
@@ -97,7 +97,7 @@ export function registerChannelsCommands(program: Command): void {
     .action((name: string | undefined, o: { config: string; json: boolean }) => {
       return withChannels(o.config, name, async ({ config, store }) => {
         const rows = Object.entries(config.channels).filter(([n]) => name === undefined || n === name).map(([n, c]) => describe(n, c, store));
-        if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
+        if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         const now = Date.now();
         for (const r of rows) {
@@ -135,7 +135,7 @@ export function registerChannelsCommands(program: Command): void {
       return withChannels(o.config, name, async ({ store, channel }) => {
         if (channel!.kind !== 'qr') throw new UsageError(`channel ${name} is ${channel!.kind}: only qr channels have devices`);
         const devices = store.devices(name);
-        if (o.json) return void process.stdout.write(`${JSON.stringify(devices)}\n`);
+        if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(devices)}\n`);
         if (devices.length === 0) return void process.stdout.write(`no devices: pair one with \`gatehouse channels login ${name}\`\n`);
         for (const d of devices) process.stdout.write(`${d.id}  ${d.name.padEnd(24)} ${d.revokedAt ? `revoked ${iso(d.revokedAt)}` : 'active'}  paired ${iso(d.createdAt)}  last seen ${d.lastSeenAt ? iso(d.lastSeenAt) : 'never'}\n`);
       });

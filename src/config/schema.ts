@@ -302,6 +302,16 @@ const gmail = z
 const CHANNEL_PATHS = '/webhook/channels/';
 const isChannelPath = (path: string) => path === CHANNEL_PATHS.slice(0, -1) || path.startsWith(CHANNEL_PATHS);
 
+const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+const RETRY_FOR_DEFAULT = '72h';
+/** A duration as text (`72h`, `30m`, `7d`, `90s`), parsed to milliseconds. */
+const retryBudget = z.string()
+  .regex(/^[1-9]\d*(ms|s|m|h|d)$/, 'a duration like "72h", "30m", "7d" or "90s"')
+  .transform((text) => {
+    const [, amount, unit] = /^(\d+)(ms|s|m|h|d)$/.exec(text)!;
+    return Number(amount) * DURATION_UNIT_MS[unit as keyof typeof DURATION_UNIT_MS];
+  });
+
 const webhooks = z
   .strictObject({
     enabled: z.boolean().default(false),
@@ -323,7 +333,10 @@ const webhooks = z
       agent: webhookTarget.optional(),
     }).prefault({}),
     delivery: z.strictObject({
-      maxAttempts: positiveInt.default(12),
+      /** How long after acceptance an event is retried before it goes dead (Stripe: 3 days): "72h", "30m", "7d". In ms once parsed. */
+      retryFor: retryBudget.prefault(RETRY_FOR_DEFAULT),
+      /** An optional cap on attempts per round (acceptance, or a `deliveries retry`); unset: only retryFor limits them. */
+      maxAttempts: positiveInt.optional(),
       initialBackoffMs: positiveInt.default(1_000),
       maxBackoffMs: positiveInt.default(3_600_000),
       timeoutMs: positiveInt.default(10_000),

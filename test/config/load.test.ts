@@ -284,7 +284,8 @@ describe('config: webhooks', () => {
     const config = parseConfig(withWebhooks({ enabled: true, endpoints: [endpoint], targets: { message: target } }));
     assert.equal(config.webhooks.listen.port, 8081);
     assert.equal(config.webhooks.endpoints[0]?.path, '/webhook/github');
-    assert.equal(config.webhooks.delivery.maxAttempts, 12);
+    assert.equal(config.webhooks.delivery.retryFor, 72 * 3_600_000);
+    assert.equal(config.webhooks.delivery.maxAttempts, undefined);
   });
 
   it('an endpoint path not under /webhook/', () => {
