@@ -33,7 +33,8 @@ export async function runCli(argv: readonly string[]): Promise<number> {
 
   try {
     await program.parseAsync(argv);
-    return 0;
+    // A command that printed its own failure (e.g. `config check --json`) sets process.exitCode.
+    return Number(process.exitCode ?? 0);
   } catch (err) {
     if (err instanceof CommanderError) {
       if (err.exitCode === 0) return 0;
