@@ -446,6 +446,8 @@ const channelSchema = z.discriminatedUnion('kind', [
 
 export const configSchema = z
   .strictObject({
+    /** For editors: the JSON Schema this file follows (`gatehouse config schema`); gatehouse ignores it. */
+    $schema: z.string().optional(),
     storage,
     log: z.strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info') }).prefault({}),
     gateway,
