@@ -420,7 +420,7 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     assert.match(failed.problem, /watch renewal failed: .*User not authorized/);
     const shown = await status(ws);
     assert.match(shown.lastError, /^watch renewal failed: /);
-    assert.ok(Date.now() - shown.lastErrorAt < 30_000);
+    assert.ok(Date.now() - Date.parse(shown.lastErrorAt) < 30_000);
     assert.equal(shown.emailsEnqueued, mails.length);
   });
 
