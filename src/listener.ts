@@ -3,7 +3,7 @@ import http from 'node:http';
 import https from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
 import type { HttpLimits } from './config/schema.js';
-import { errorCatalogue, HttpError, type ErrorCode } from './errors.js';
+import { errorCatalogue, HttpError, UsageError, type ErrorCode } from './errors.js';
 
 export interface Listening {
   server: http.Server;
@@ -18,6 +18,7 @@ export interface Listening {
  * and refuse the latter (its body framing may have come from a line nobody else can see).
  */
 export async function listen(
+  name: string,
   at: { host: string; port: number },
   tls: { cert: string; key: string } | undefined,
   limits: HttpLimits,
@@ -50,7 +51,7 @@ export async function listen(
   // gatehouse tunnels nothing: CONNECT gets an answer instead of a silently dropped socket.
   server.on('connect', (_req: http.IncomingMessage, socket: Socket) => writeRawError(socket, 'method_not_allowed'));
   await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
+    server.once('error', (err: NodeJS.ErrnoException) => reject(describeListenError(name, at, err)));
     server.listen(at.port, at.host, () => {
       server.off('error', reject);
       resolve();
@@ -59,6 +60,17 @@ export async function listen(
   const address = server.address() as AddressInfo;
   const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
   return { server, url: `${tls ? 'https' : 'http'}://${host}:${address.port}` };
+}
+
+/** A bind failure a user can fix, as one line naming the listener (`webhooks.listen 127.0.0.1:7081 is already in use`). */
+function describeListenError(name: string, at: { host: string; port: number }, err: NodeJS.ErrnoException): Error {
+  const address = `${at.host.includes(':') ? `[${at.host}]` : at.host}:${at.port}`;
+  const why = err.code === 'EADDRINUSE' ? 'is already in use'
+    : err.code === 'EACCES' ? 'is not permitted (a port below 1024 needs privileges)'
+    : err.code === 'EADDRNOTAVAIL' ? 'is not an address of this machine'
+    : err.code === 'ENOTFOUND' || err.code === 'EAI_AGAIN' ? 'names a host that does not resolve'
+    : undefined;
+  return why ? new UsageError(`${name} ${address} ${why}`) : err;
 }
 
 /** Drain: stop accepting, close idle keep-alive sockets, wait for in-flight requests, then cut the rest. */

@@ -8,9 +8,13 @@ import { registerWebhooksCommands } from './cli/webhooks.js';
 import { ConfigError, UsageError } from './errors.js';
 import { VERSION } from './version.js';
 
+/** Commander's codes for a command or flag it does not know: exit 2. */
+const UNKNOWN_COMMAND_LINE = new Set(['commander.unknownCommand', 'commander.unknownOption']);
+
 /**
  * The CLI: one module per command group, one error funnel.
- * Returns the exit code: 0 ok, 1 a config or usage problem (printed), 2 a bad command line.
+ * Returns the exit code: 0 ok, 2 an unknown command or flag, 1 every other problem (a config
+ * or usage problem: a missing argument or command, a bad flag value), printed to stderr.
  * `start` resolves only when the server has stopped.
  */
 export async function runCli(argv: readonly string[]): Promise<number> {
@@ -29,9 +33,13 @@ export async function runCli(argv: readonly string[]): Promise<number> {
 
   try {
     await program.parseAsync(argv);
-    return 0;
+    // A command that printed its own failure (e.g. `config check --json`) sets process.exitCode.
+    return Number(process.exitCode ?? 0);
   } catch (err) {
-    if (err instanceof CommanderError) return err.exitCode === 0 ? 0 : 2;
+    if (err instanceof CommanderError) {
+      if (err.exitCode === 0) return 0;
+      return UNKNOWN_COMMAND_LINE.has(err.code) ? 2 : 1;
+    }
     if (err instanceof ConfigError) {
       process.stderr.write(`gatehouse: invalid configuration\n${err.problems.map((p) => `  - ${p}`).join('\n')}\n`);
       return 1;

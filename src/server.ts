@@ -130,7 +130,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   // The parser limits are the listener's: fixed at start, whatever a reload says.
   const limits = config.gateway.limits;
   let app = await buildGatewayApp(config, { logger, lockout, rateLimits, channels: await channelsOf(config), limits });
-  const listening = await listen(config.gateway.listen, config.gateway.tls, limits, (req, res) => app.handle(req, res));
+  const listening = await listen('gateway.listen', config.gateway.listen, config.gateway.tls, limits, (req, res) => app.handle(req, res));
   describeGateway(logger, config, app, listening.url, 'gateway listening');
   void warmUp(logger, app);
   return {
@@ -196,7 +196,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   let app = build(config);
   let opened: Listening | undefined;
   try {
-    opened = await listen(config.webhooks.listen, undefined, limits, (req, res) => app.handle(req, res));
+    opened = await listen('webhooks.listen', config.webhooks.listen, undefined, limits, (req, res) => app.handle(req, res));
     await deliverer.start();
   } catch (err) {
     // Nothing half-started may keep the process alive (a port in use must exit 1, not hang).
@@ -257,9 +257,6 @@ function describeGateway(logger: Logger, config: Config, app: GatewayApp, url: s
   }, message);
   if (auth.allowInsecure && (!auth.enabled || app.authenticator.methods.length === 0) && !isLoopbackHost(config.gateway.listen.host)) {
     logger.warn(`INSECURE: /api/ on ${url} is open to anyone who can reach it (gateway.auth.allowInsecure is true)`);
-  }
-  if (auth.enabled && app.authenticator.methods.length === 0) {
-    logger.warn('no credential is configured: every /api/ request will be refused with 401');
   }
   for (const warning of configWarnings(config)) logger.warn(warning);
 }

@@ -3,6 +3,7 @@ import os from 'node:os';
 import type { Logger } from 'pino';
 import type { Config } from './config/schema.js';
 import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from './gateway/lockout.js';
+import { UsageError } from './errors.js';
 import { createLogger } from './log.js';
 import { startGateway, type RunningGateway } from './server.js';
 
@@ -33,7 +34,8 @@ type ToPrimary =
   | { type: 'listening'; url: string }
   | { type: 'configured' }
   | { type: 'failed'; error: string }
-  | { type: 'failure'; key: string; now: number; settings: LockoutSettings };
+  /** `lockedFor`: seconds of lockout this failure triggered in the worker's own share (0: none). */
+  | { type: 'failure'; key: string; now: number; settings: LockoutSettings; lockedFor: number };
 
 const STARTUP_TIMEOUT_MS = 30_000;
 const FIRST_RESTART_DELAY_MS = 500;
@@ -81,7 +83,8 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
             resolve(message.url);
             break;
           case 'failed':
-            if (!listening) reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
+            // Said as the worker said it (e.g. "gateway.listen … is already in use"): one line, exit 1.
+            if (!listening) reject(new UsageError(message.error));
             break;
           case 'failure':
             countFailure(message);
@@ -104,11 +107,20 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
     });
   }
 
-  function countFailure({ key, now, settings }: Extract<ToPrimary, { type: 'failure' }>): void {
-    lockoutStore.recordFailure(key, now, settings);
+  // Lockouts already logged, until they end: one line per lockout for the cluster, as one process logs it.
+  const loggedLocks = new Map<string, number>();
+  function countFailure({ key, now, settings, lockedFor }: Extract<ToPrimary, { type: 'failure' }>): void {
+    const triggered = lockoutStore.recordFailure(key, now, settings);
     // Locked now, or already (a worker that had not heard yet): every worker is told.
     const seconds = lockoutStore.refusedFor(key, now, settings);
     if (seconds > 0) for (const worker of workers) send(worker, { type: 'locked', key, until: now + seconds * 1000 });
+    // Either the whole count or one worker's share locked the client: said once, by the primary.
+    const lockSeconds = triggered || lockedFor;
+    if (lockSeconds > 0 && (loggedLocks.get(key) ?? 0) <= now) {
+      if (loggedLocks.size >= 10_000) for (const [k, until] of loggedLocks) if (until <= now) loggedLocks.delete(k);
+      loggedLocks.set(key, now + lockSeconds * 1000);
+      logger.warn({ ip: key.slice(key.indexOf(':') + 1), seconds: lockSeconds }, 'client locked out after repeated authentication failures');
+    }
   }
 
   // A shared store (postgres) also learns locks from other instances: every worker is told those too.
@@ -184,8 +196,10 @@ export async function runGatewayWorker(): Promise<void> {
     refusedFor: (key, now, settings) => locks.refusedFor(key, now, share(settings)),
     room: (key, now, settings) => locks.room(key, now, share(settings)),
     recordFailure(key, now, settings) {
-      toPrimary({ type: 'failure', key, now, settings });
-      return locks.recordFailure(key, now, share(settings));
+      const lockedFor = locks.recordFailure(key, now, share(settings));
+      toPrimary({ type: 'failure', key, now, settings, lockedFor });
+      // 0: the primary logs the lockout (once for the cluster, not once per worker's share).
+      return 0;
     },
   };
   // Signals go to the primary, which drains the workers in order; a terminal's Ctrl-C reaches

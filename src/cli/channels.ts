@@ -9,7 +9,7 @@ import { UsageError } from '../errors.js';
 import { secretKeyFromEnv } from '../secrets.js';
 import { describeStorage, openChannelStore } from '../storage/open.js';
 import { unreachable } from './storage.js';
-import { describeTime, openBrowser } from './terminal.js';
+import { describeTime, openBrowser, toJsonWithIsoDates } from './terminal.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
 /**
@@ -85,7 +85,7 @@ export function registerChannelsCommands(program: Command): void {
     .action((o: { config: string; json: boolean }) => {
       return withChannels(o.config, undefined, async ({ config, store }) => {
         const rows = await Promise.all(Object.entries(config.channels).map(([name, channel]) => describe(name, channel, store)));
-        if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
+        if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         for (const r of rows) process.stdout.write(`${r.name.padEnd(16)} ${r.kind.padEnd(10)} ${String(r.platform).padEnd(9)} ${r.connected ? `connected since ${iso(r.connectedAt)}` : 'NOT CONNECTED'}${r.lastError ? `  last error: ${r.lastError}` : ''}\n`);
       });
@@ -99,7 +99,7 @@ export function registerChannelsCommands(program: Command): void {
     .action((name: string | undefined, o: { config: string; json: boolean }) => {
       return withChannels(o.config, name, async ({ config, store }) => {
         const rows = await Promise.all(Object.entries(config.channels).filter(([n]) => name === undefined || n === name).map(([n, c]) => describe(n, c, store)));
-        if (o.json) return void process.stdout.write(`${JSON.stringify(rows)}\n`);
+        if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         const now = Date.now();
         for (const r of rows) {
@@ -137,7 +137,7 @@ export function registerChannelsCommands(program: Command): void {
       return withChannels(o.config, name, async ({ store, channel }) => {
         if (channel!.kind !== 'qr') throw new UsageError(`channel ${name} is ${channel!.kind}: only qr channels have devices`);
         const devices = await store.devices(name);
-        if (o.json) return void process.stdout.write(`${JSON.stringify(devices)}\n`);
+        if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(devices)}\n`);
         if (devices.length === 0) return void process.stdout.write(`no devices: pair one with \`gatehouse channels login ${name}\`\n`);
         for (const d of devices) process.stdout.write(`${d.id}  ${d.name.padEnd(24)} ${d.revokedAt ? `revoked ${iso(d.revokedAt)}` : 'active'}  paired ${iso(d.createdAt)}  last seen ${d.lastSeenAt ? iso(d.lastSeenAt) : 'never'}\n`);
       });

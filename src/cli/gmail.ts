@@ -10,7 +10,7 @@ import { startWebhooks } from '../server.js';
 import { describeStorage, openEventStore, openGmailStore } from '../storage/open.js';
 import { unreachable } from './storage.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
-import { describeTime, openBrowser } from './terminal.js';
+import { describeTime, openBrowser, toJsonWithIsoDates } from './terminal.js';
 
 const MARK: Record<SetupStep['status'], string> = { done: '✓', unchanged: '✓', planned: '·', failed: '✗' };
 
@@ -154,7 +154,7 @@ export function registerGmailCommands(webhooks: Command): void {
       const now = Date.now();
       const watchOk = state.watchExpiration !== null && state.watchExpiration > now;
       if (o.json) {
-        process.stdout.write(`${JSON.stringify({ ...visible, watchActive: watchOk, mode: config.webhooks.gmail?.mode })}\n`);
+        process.stdout.write(`${toJsonWithIsoDates({ ...visible, watchActive: watchOk, mode: config.webhooks.gmail?.mode })}\n`);
         return;
       }
       const when = (t: number | null) => describeTime(t, now);

@@ -27,7 +27,8 @@ export function registerStartCommand(program: Command): void {
         logger,
         startGateway: workers > 1 ? (c, deps) => startGatewayWorkers(c, workers, deps) : undefined,
       });
-      logger.info({ config: file, pid: process.pid }, 'gatehouse started');
+      // The pid is in the text too: pretty (terminal) output drops the pid field, and the README says to signal it.
+      logger.info({ config: file, pid: process.pid }, `gatehouse started (pid ${process.pid})`);
 
       let reloading = Promise.resolve();
       const reload = () => {

@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs';
 import type { Command } from 'commander';
-import { loadConfig } from '../config/load.js';
+import { loadStorageConfig } from '../config/load.js';
 import type { PostgresStorageConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
 import { describeStorage, openEventStore } from '../storage/open.js';
@@ -27,7 +27,7 @@ export function registerStorageCommands(program: Command): void {
     .description('create or bring up to date the storage schema')
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .action(async (options: { config: string }) => {
-      const { storage: settings } = loadConfig(options.config).config;
+      const settings = loadStorageConfig(options.config);
       // Opening migrates: SQLite creates its tables, Postgres applies what schema_migrations lacks.
       const store = settings.driver === 'postgres'
         ? await PostgresEventStore.open(settings, { migrate: true }).catch(unreachable(describeStorage(settings)))
@@ -46,7 +46,7 @@ export function registerStorageCommands(program: Command): void {
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .option('--json', 'as JSON')
     .action(async (options: { config: string; json?: boolean }) => {
-      const { storage: settings } = loadConfig(options.config).config;
+      const settings = loadStorageConfig(options.config);
       const store = await openEventStore(settings, { role: 'cli' }).catch(unreachable(describeStorage(settings)));
       try {
         const status = await store.status(Date.now());
@@ -79,7 +79,7 @@ function registerCopyCommand(storage: Command): void {
     .option('-c, --config <file>', 'config file (its storage is the SQLite source)', DEFAULT_CONFIG_FILE)
     .option('--json', 'the counts as JSON')
     .action(async (options: { to: string; config: string; json?: boolean }) => {
-      const { storage: settings } = loadConfig(options.config).config;
+      const settings = loadStorageConfig(options.config);
       if (settings.driver !== 'sqlite') throw new UsageError(`storage copy reads the SQLite store the config names, and this config's storage.driver is "${settings.driver}"`);
       if (!/^postgres(ql)?:\/\/./.test(options.to)) throw new UsageError('--to must be a postgres:// (or postgresql://) URL');
       if (!existsSync(settings.path)) throw new UsageError(`no SQLite store at ${settings.path} (storage.path)`);

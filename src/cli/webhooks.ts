@@ -1,10 +1,11 @@
 import type { Command } from 'commander';
-import { loadConfig } from '../config/load.js';
+import { loadStorageConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
 import { openEventStore } from '../storage/open.js';
 import { DELIVERY_STATUSES as STATUSES, type DeliveryStatus, type EventStore, type StoredEvent } from '../storage/events.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 import { registerGmailCommands } from './gmail.js';
+import { toJsonWithIsoDates } from './terminal.js';
 import { parseDuration } from './gateway.js';
 
 
@@ -21,7 +22,7 @@ export function registerWebhooksCommands(program: Command): void {
     .description('inspect and manage stored webhook events and their deliveries');
 
   const withStore = async <T>(configFile: string, work: (store: EventStore) => Promise<T>): Promise<T> => {
-    const store = await openEventStore(loadConfig(configFile).config.storage, { role: 'cli' });
+    const store = await openEventStore(loadStorageConfig(configFile), { role: 'cli' });
     try {
       return await work(store);
     } finally {
@@ -44,7 +45,7 @@ export function registerWebhooksCommands(program: Command): void {
       const limit = Number(options.limit);
       if (!Number.isInteger(limit) || limit < 1) throw new UsageError(`--limit must be a positive integer (got "${options.limit}")`);
       const events = await withStore(options.config, (store) => store.list({ status: options.status as DeliveryStatus | undefined, endpoint: options.endpoint, limit }));
-      if (options.json) return print(JSON.stringify(events.map(summary)));
+      if (options.json) return print(toJsonWithIsoDates(events.map(summary)));
       if (events.length === 0) return print('no events');
       print(['id', 'status', 'attempts', 'endpoint', 'action', 'received', 'last error'].join('\t'));
       for (const e of events) {
@@ -60,7 +61,7 @@ export function registerWebhooksCommands(program: Command): void {
     .action(async (id: string, options: { config: string; json?: boolean }) => {
       const found = await withStore(options.config, (store) => store.get(id));
       if (!found) throw new UsageError(`no event ${id}`);
-      if (options.json) return print(JSON.stringify({ event: { ...summary(found.event), envelope: JSON.parse(found.event.envelope) }, attempts: found.attempts }));
+      if (options.json) return print(toJsonWithIsoDates({ event: { ...summary(found.event), envelope: JSON.parse(found.event.envelope) }, attempts: found.attempts }));
       const e = found.event;
       print(`${e.id}  ${e.status}  ${e.endpoint} -> ${e.action}  received ${new Date(e.receivedAt).toISOString()}`);
       if (e.status === 'queued') print(`next attempt ${new Date(e.nextAttemptAt).toISOString()}`);

@@ -6,8 +6,25 @@ import { ConfigError } from '../errors.js';
 import { configSchema, type Config } from './schema.js';
 
 /** Keys whose value may be `{ file: "path" }`: the secret is read from that file (trailing newline dropped). */
-const FILE_REFERENCE_KEYS = new Set(['secret', 'apiKey', 'publicKey', 'signingSecret', 'secretToken', 'appSecret', 'verifyToken', 'botToken', 'clientSecret']);
-const ENV_REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)\}/g;
+export const FILE_REFERENCE_KEYS = new Set(['secret', 'apiKey', 'publicKey', 'signingSecret', 'secretToken', 'appSecret', 'verifyToken', 'botToken', 'clientSecret']);
+/** `${VAR}`, `${VAR:-default}`, `${VAR-default}`, `${VAR:?message}`, `${VAR?message}` (POSIX sh, docker compose). */
+const ENV_REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])([^}]*))?\}/g;
+const WHOLE_ENV_REFERENCE = new RegExp(`^${ENV_REFERENCE.source}$`);
+/** Where the config file is looked for when `--config` is absent and GATEHOUSE_CONFIG is unset. */
+export const DEFAULT_CONFIG_FILE = 'gateway.json5';
+
+/** The config file a command uses: `--config`, else GATEHOUSE_CONFIG, else ./gateway.json5. */
+export function resolveConfigFile(option: string | undefined, env: NodeJS.ProcessEnv = process.env): string {
+  return option ?? (env.GATEHOUSE_CONFIG || DEFAULT_CONFIG_FILE);
+}
+
+interface ExpandContext {
+  env: NodeJS.ProcessEnv;
+  baseDir: string;
+  problems: string[];
+  /** Paths whose whole value was one `${VAR}`: a schema expecting a number or boolean there gets one. */
+  wholeReferences: Map<string, (string | number)[]>;
+}
 
 export interface LoadedConfig {
   config: Config;
@@ -22,21 +39,24 @@ export interface LoadedConfig {
  */
 export function loadConfig(file: string, env: NodeJS.ProcessEnv = process.env): LoadedConfig {
   const absolute = path.resolve(file);
+  const raw = readConfigFile(file, absolute);
+  return { config: parseConfig(raw, { env, baseDir: path.dirname(absolute) }), file: absolute };
+}
+
+function readConfigFile(file: string, absolute: string): unknown {
   let text: string;
   try {
     text = readFileSync(absolute, 'utf8');
   } catch (err) {
-    throw new ConfigError([`${file}: cannot read config file (${(err as NodeJS.ErrnoException).code ?? String(err)})`]);
+    throw new ConfigError([`${absolute}: cannot read config file: it ${describeFileError(err)} (name another with --config <file> or GATEHOUSE_CONFIG)`]);
   }
-  let raw: unknown;
   try {
     // Plain JSON first: JSON5.parse is ~40x slower and allocates far more (100,000 API keys:
     // 2.3 s and 180 MB against 0.1 s), and a generated key list is usually plain JSON.
-    raw = parseJsonFast(text) ?? JSON5.parse(text);
+    return parseJsonFast(text) ?? JSON5.parse(text);
   } catch (err) {
     throw new ConfigError([`${file}: invalid JSON5: ${(err as Error).message}`]);
   }
-  return { config: parseConfig(raw, { env, baseDir: path.dirname(absolute) }), file: absolute };
 }
 
 /** JSON.parse when the text is plain JSON (same result as JSON5 then); undefined otherwise. */
@@ -50,36 +70,151 @@ function parseJsonFast(text: string): unknown {
 
 /** Validates an already-parsed config object (used by loadConfig and by tests). */
 export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string } = {}): Config {
-  const env = options.env ?? process.env;
-  const baseDir = options.baseDir ?? process.cwd();
-  const problems: string[] = [];
-  const expanded = expandReferences(raw, [], { env, baseDir, problems });
-  const result = configSchema.safeParse(expanded);
-  // A value whose variable or file is missing has already been reported: its schema complaint
-  // ("must be at least 16 characters" about the empty stand-in) would only mislead.
-  const unresolved = new Set(problems.map((p) => p.slice(0, p.indexOf(': '))));
-  if (!result.success) problems.push(...formatIssues(result.error.issues).filter((p) => !unresolved.has(p.slice(0, p.indexOf(': ')))));
-  if (problems.length > 0) throw new ConfigError(problems);
-  const config = result.data!;
-  if (config.storage.driver === 'sqlite') config.storage.path = path.resolve(baseDir, config.storage.path);
+  const config = validate(configSchema, raw, options);
+  if (config.storage.driver === 'sqlite') config.storage.path = path.resolve(options.baseDir ?? process.cwd(), config.storage.path);
   if (config.gateway.tls) {
-    config.gateway.tls.cert = path.resolve(baseDir, config.gateway.tls.cert);
-    config.gateway.tls.key = path.resolve(baseDir, config.gateway.tls.key);
+    config.gateway.tls.cert = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.cert);
+    config.gateway.tls.key = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.key);
   }
   return deepFreeze(config);
 }
 
+/**
+ * Only the `storage` section of a config file, expanded and validated (what the read-only CLI
+ * commands need): other sections' variables and secret files need not be present.
+ */
+export function loadStorageConfig(file: string, env: NodeJS.ProcessEnv = process.env): Config['storage'] {
+  const absolute = path.resolve(file);
+  const raw = readConfigFile(file, absolute);
+  const section = raw !== null && typeof raw === 'object' && !Array.isArray(raw) ? (raw as Record<string, unknown>).storage : undefined;
+  const baseDir = path.dirname(absolute);
+  const storage = validate(configSchema.shape.storage, section, { env, baseDir }, ['storage']);
+  if (storage.driver === 'sqlite') storage.path = path.resolve(baseDir, storage.path);
+  return deepFreeze(storage);
+}
+
+/**
+ * Expands references, coerces whole-string `${VAR}` values where the schema expects a number or
+ * boolean, and parses. On failure every problem is reported at once: the values that failed are
+ * set aside (defaults fill in) and the input parsed again, so the cross-field checks that zod
+ * skips after a type error still run. `at` prefixes the paths (a section parsed alone).
+ */
+function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string }, at: (string | number)[] = []): z.output<S> {
+  const ctx: ExpandContext = { env: options.env ?? process.env, baseDir: options.baseDir ?? process.cwd(), problems: [], wholeReferences: new Map() };
+  let input = expandReferences(raw, at, ctx);
+  const problems = ctx.problems;
+  // A value whose variable or file is missing has already been reported: its schema complaint
+  // ("must be at least 16 characters" about the empty stand-in) would only mislead.
+  const reported = new Set(problems.map((p) => p.slice(0, p.indexOf(': '))));
+  let result = schema.safeParse(input);
+  for (let round = 0; !result.success && round < 5; round++) {
+    const coerced = coerceWholeReferences(input, result.error.issues, ctx.wholeReferences, at);
+    if (coerced === input) break;
+    input = coerced;
+    result = schema.safeParse(input);
+  }
+  if (result.success && problems.length === 0) return result.data;
+  for (let round = 0; !result.success && round < 5; round++) {
+    const fresh = formatIssues(result.error.issues, schema, input, at).filter((p) => !reported.has(p.slice(0, p.indexOf(': '))));
+    problems.push(...fresh);
+    for (const p of fresh) reported.add(p.slice(0, p.indexOf(': ')));
+    const repaired = setAsideFailures(input, result.error.issues);
+    if (repaired === input) break;
+    input = repaired;
+    result = schema.safeParse(input);
+  }
+  throw new ConfigError(problems);
+}
+
+/** Where a number or boolean was expected and a whole-string `${VAR}` gave its text, that text converted. */
+function coerceWholeReferences(input: unknown, issues: readonly z.core.$ZodIssue[], wholeReferences: Map<string, (string | number)[]>, prefix: (string | number)[]): unknown {
+  let out = input;
+  for (const issue of issues) {
+    const at = issue.path as (string | number)[];
+    if (!wholeReferences.has(JSON.stringify([...prefix, ...at]))) continue;
+    const text = getAt(out, at);
+    if (typeof text !== 'string') continue;
+    const expected = expectedTypes(issue);
+    let value: unknown;
+    if (expected.has('number') && /^\s*-?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?\s*$/i.test(text)) value = Number(text);
+    else if (expected.has('boolean') && /^(true|false)$/i.test(text.trim())) value = text.trim().toLowerCase() === 'true';
+    if (value !== undefined) out = setAt(out, at, value);
+  }
+  return out;
+}
+
+/** The types an issue says were expected, looking into a union's alternatives. */
+function expectedTypes(issue: z.core.$ZodIssue): Set<string> {
+  const found = new Set<string>();
+  if (issue.code === 'invalid_type') found.add(issue.expected);
+  if (issue.code === 'invalid_union') {
+    for (const alternative of issue.errors) for (const inner of alternative) if (inner.path.length === 0) for (const t of expectedTypes(inner)) found.add(t);
+  }
+  return found;
+}
+
+/** The input with each failing value removed (an unknown key dropped), so defaults fill in and the rest can be checked. */
+function setAsideFailures(input: unknown, issues: readonly z.core.$ZodIssue[]): unknown {
+  let out = input;
+  for (const issue of issues) {
+    const at = issue.path as (string | number)[];
+    if (issue.code === 'unrecognized_keys') {
+      for (const key of issue.keys) out = removeAt(out, [...at, key]);
+    } else if (at.length > 0 && getAt(out, at) !== undefined) {
+      out = removeAt(out, at);
+    }
+  }
+  return out;
+}
+
+function getAt(value: unknown, at: readonly (string | number)[]): unknown {
+  let here = value;
+  for (const part of at) {
+    if (here === null || typeof here !== 'object') return undefined;
+    here = (here as Record<string | number, unknown>)[part];
+  }
+  return here;
+}
+
+/** Copy-on-write along the path. */
+function setAt(value: unknown, at: readonly (string | number)[], replacement: unknown): unknown {
+  if (at.length === 0) return replacement;
+  if (value === null || typeof value !== 'object') return value;
+  const head = at[0]!;
+  const copy = (Array.isArray(value) ? [...value] : { ...value }) as Record<string | number, unknown>;
+  copy[head] = setAt(copy[head], at.slice(1), replacement);
+  return copy;
+}
+
+/** Copy-on-write; an array item becomes undefined (indices of the others keep their meaning). */
+function removeAt(value: unknown, at: readonly (string | number)[]): unknown {
+  if (value === null || typeof value !== 'object' || at.length === 0) return value;
+  const head = at[0]!;
+  if (at.length > 1) return setAt(value, [head], removeAt((value as Record<string | number, unknown>)[head], at.slice(1)));
+  if (Array.isArray(value)) return setAt(value, [head], undefined);
+  const others = { ...value } as Record<string | number, unknown>;
+  delete others[head];
+  return others;
+}
+
 /** Copy-on-write: a subtree without references comes back as the same object (100,000 API keys are not copied). */
-function expandReferences(value: unknown, at: (string | number)[], ctx: { env: NodeJS.ProcessEnv; baseDir: string; problems: string[] }): unknown {
+function expandReferences(value: unknown, at: (string | number)[], ctx: ExpandContext): unknown {
   if (typeof value === 'string') {
     if (!value.includes('${')) return value;
-    return value.replace(ENV_REFERENCE, (_match, name: string) => {
+    if (WHOLE_ENV_REFERENCE.test(value)) ctx.wholeReferences.set(JSON.stringify(at), at);
+    return value.replace(ENV_REFERENCE, (_match, name: string, colon: string | undefined, operator: string | undefined, word: string | undefined) => {
       const found = Object.hasOwn(ctx.env, name) ? ctx.env[name] : undefined; // `${constructor}` is not a variable
-      if (found === undefined) {
-        ctx.problems.push(`${formatPath(at)}: environment variable ${name} is not set`);
+      // POSIX: with the colon, an empty value counts as unset.
+      const missing = found === undefined || (colon === ':' && found === '');
+      if (!missing) return found;
+      if (operator === '-') return word!;
+      if (operator === '?') {
+        ctx.problems.push(`${formatPath(at)}: environment variable ${name} is ${found === undefined ? 'not set' : 'empty'}${word ? `: ${word}` : ''}`);
         return '';
       }
-      return found;
+      if (found === '') return found;
+      ctx.problems.push(`${formatPath(at)}: environment variable ${name} is not set`);
+      return '';
     });
   }
   if (Array.isArray(value)) {
@@ -110,11 +245,23 @@ function isFileReference(value: unknown): value is { file: string } {
 }
 
 function readSecretFile(file: string, at: (string | number)[], ctx: { baseDir: string; problems: string[] }): string | undefined {
+  const resolved = path.resolve(ctx.baseDir, file);
   try {
-    return readFileSync(path.resolve(ctx.baseDir, file), 'utf8').replace(/\r?\n$/, '');
+    return readFileSync(resolved, 'utf8').replace(/\r?\n$/, '');
   } catch (err) {
-    ctx.problems.push(`${formatPath(at)}: cannot read secret file "${file}" (${(err as NodeJS.ErrnoException).code ?? String(err)})`);
+    ctx.problems.push(`${formatPath(at)}: secret file ${resolved} ${describeFileError(err)}`);
     return undefined;
+  }
+}
+
+/** An fs error in words (`does not exist`, `is not readable`, `is a directory`) rather than its errno code. */
+function describeFileError(err: unknown): string {
+  switch ((err as NodeJS.ErrnoException).code) {
+    case 'ENOENT': return 'does not exist';
+    case 'EACCES': case 'EPERM': return 'is not readable (permission denied)';
+    case 'EISDIR': return 'is a directory';
+    case 'ENOTDIR': return 'has a path component that is not a directory';
+    default: return `cannot be read (${(err as Error).message})`;
   }
 }
 
@@ -129,13 +276,79 @@ export function formatPath(at: readonly PropertyKey[]): string {
   return out || '(root)';
 }
 
-function formatIssues(issues: readonly z.core.$ZodIssue[]): string[] {
+function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, input: unknown, at: (string | number)[]): string[] {
   return issues.flatMap((issue) => {
+    const where = [...at, ...(issue.path as (string | number)[])];
     if (issue.code === 'unrecognized_keys') {
-      return issue.keys.map((key) => `${formatPath([...issue.path, key])}: unknown key`);
+      const known = knownKeys(schema, input, issue.path as (string | number)[]);
+      return issue.keys.map((key) => {
+        const nearest = nearestKey(key, known);
+        return `${formatPath([...where, key])}: unknown key${nearest ? ` (did you mean "${nearest}"?)` : ''}`;
+      });
     }
-    return [`${formatPath(issue.path)}: ${issue.message}`];
+    return [`${formatPath(where)}: ${issue.message}`];
   });
+}
+
+/**
+ * The keys the schema allows for the object at `at` (read from the schema itself, so every
+ * section is covered): wrappers are unwrapped, a discriminated union picks the input's branch.
+ */
+function knownKeys(schema: z.ZodType, input: unknown, at: readonly (string | number)[]): string[] {
+  let here: z.core.$ZodType | undefined = unwrap(schema as unknown as z.core.$ZodType, input);
+  for (let i = 0; i < at.length; i++) {
+    if (!here) return [];
+    const def = here._zod.def as unknown as Record<string, any>;
+    if (def.type === 'object') here = def.shape[at[i]!];
+    else if (def.type === 'array') here = def.element;
+    else if (def.type === 'record') here = def.valueType;
+    else return [];
+    here = here && unwrap(here, getAt(input, at.slice(0, i + 1)));
+  }
+  const def = here?._zod.def as unknown as Record<string, any> | undefined;
+  return def?.type === 'object' ? Object.keys(def.shape) : [];
+}
+
+function unwrap(schema: z.core.$ZodType, value: unknown): z.core.$ZodType | undefined {
+  let here: z.core.$ZodType | undefined = schema;
+  for (let i = 0; here && i < 20; i++) {
+    const def = here._zod.def as unknown as Record<string, any>;
+    if (['optional', 'default', 'prefault', 'nullable', 'readonly', 'catch', 'nonoptional'].includes(def.type)) here = def.innerType;
+    else if (def.type === 'pipe') here = (def.in._zod.def.type === 'transform' ? def.out : def.in);
+    else if (def.type === 'union') {
+      const options = def.options as z.core.$ZodType[];
+      const discriminator = def.discriminator as string | undefined;
+      const chosen = discriminator && value !== null && typeof value === 'object'
+        ? options.find((o) => { const shape = (unwrap(o, undefined)?._zod.def as any)?.shape; return shape?.[discriminator]?._zod.def.values?.includes((value as Record<string, unknown>)[discriminator]); })
+        : undefined;
+      here = chosen ?? options.find((o) => (unwrap(o, undefined)?._zod.def as any)?.type === 'object');
+      if (here === undefined) return undefined;
+    } else return here;
+  }
+  return here;
+}
+
+/** The closest known key within edit distance 2 (or a third of the longer name) of `key`, if one is that close. */
+function nearestKey(key: string, known: readonly string[]): string | undefined {
+  let best: string | undefined;
+  let bestScore = Infinity;
+  for (const candidate of known) {
+    const distance = editDistance(key.toLowerCase(), candidate.toLowerCase());
+    // Relative to the longer name: "timout" → "timeoutMs" (3 edits in 9) is close, "foo" → "host" is not.
+    const allowed = Math.max(2, Math.floor(Math.max(key.length, candidate.length) / 3));
+    if (distance <= allowed && distance < bestScore) [best, bestScore] = [candidate, distance];
+  }
+  return best;
+}
+
+function editDistance(a: string, b: string): number {
+  let row = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const next = [i];
+    for (let j = 1; j <= b.length; j++) next[j] = Math.min(row[j]! + 1, next[j - 1]! + 1, row[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    row = next;
+  }
+  return row[b.length]!;
 }
 
 function deepFreeze<T>(value: T): T {

@@ -17,6 +17,11 @@ const addressRange = z.string().superRefine((value, ctx) => {
 const httpUrl = (what: string) =>
   z.string().superRefine((value, ctx) => {
     let url: URL;
+    // "localhost:3000" parses as a URL with scheme "localhost:": say what is actually wrong.
+    if (!/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(value)) {
+      ctx.addIssue({ code: 'custom', message: `${what} must be an absolute http(s) URL: the scheme is missing in "${value}" (e.g. "http://${value}")` });
+      return;
+    }
     try {
       url = new URL(value);
     } catch {
@@ -360,6 +365,16 @@ const gmail = z
 const CHANNEL_PATHS = '/webhook/channels/';
 const isChannelPath = (path: string) => path === CHANNEL_PATHS.slice(0, -1) || path.startsWith(CHANNEL_PATHS);
 
+const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+const RETRY_FOR_DEFAULT = '72h';
+/** A duration as text (`72h`, `30m`, `7d`, `90s`), parsed to milliseconds. */
+const retryBudget = z.string()
+  .regex(/^[1-9]\d*(ms|s|m|h|d)$/, 'a duration like "72h", "30m", "7d" or "90s"')
+  .transform((text) => {
+    const [, amount, unit] = /^(\d+)(ms|s|m|h|d)$/.exec(text)!;
+    return Number(amount) * DURATION_UNIT_MS[unit as keyof typeof DURATION_UNIT_MS];
+  });
+
 const webhooks = z
   .strictObject({
     enabled: z.boolean().default(false),
@@ -381,7 +396,10 @@ const webhooks = z
       agent: webhookTarget.optional(),
     }).prefault({}),
     delivery: z.strictObject({
-      maxAttempts: positiveInt.default(12),
+      /** How long after acceptance an event is retried before it goes dead (Stripe: 3 days): "72h", "30m", "7d". In ms once parsed. */
+      retryFor: retryBudget.prefault(RETRY_FOR_DEFAULT),
+      /** An optional cap on attempts per round (acceptance, or a `deliveries retry`); unset: only retryFor limits them. */
+      maxAttempts: positiveInt.optional(),
       initialBackoffMs: positiveInt.default(1_000),
       maxBackoffMs: positiveInt.default(3_600_000),
       timeoutMs: positiveInt.default(10_000),
@@ -491,6 +509,8 @@ const channelSchema = z.discriminatedUnion('kind', [
 
 export const configSchema = z
   .strictObject({
+    /** For editors: the JSON Schema this file follows (`gatehouse config schema`); gatehouse ignores it. */
+    $schema: z.string().optional(),
     storage,
     log: z.strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info') }).prefault({}),
     gateway,
@@ -503,6 +523,11 @@ export const configSchema = z
       else if (!config.webhooks.targets[channel.action]) ctx.addIssue({ code: 'custom', path: ['channels', name, 'action'], message: `action "${channel.action}" has no target: add webhooks.targets["${channel.action}"]` });
     }
     const { auth, listen: at } = config.gateway;
+    const hooksAt = config.webhooks.listen;
+    const wildcard = (host: string) => host === '0.0.0.0' || host === '::';
+    if (config.webhooks.enabled && at.port !== 0 && at.port === hooksAt.port && (at.host === hooksAt.host || wildcard(at.host) || wildcard(hooksAt.host))) {
+      ctx.addIssue({ code: 'custom', path: ['webhooks', 'listen', 'port'], message: `the webhook receiver and the gateway cannot both listen on ${hooksAt.host}:${hooksAt.port}; give webhooks.listen another port` });
+    }
     const hasCredential = auth.apiKey !== undefined || auth.apiKeys.length > 0 || auth.bearer !== undefined;
     // Secure by default: an open edge on a reachable address needs an explicit opt-in.
     if ((!auth.enabled || !hasCredential) && !isLoopbackHost(at.host) && !auth.allowInsecure) {

@@ -1,19 +1,48 @@
-import type { Config } from './schema.js';
+import { formatPath } from './load.js';
+import { isLoopbackHost, type Config } from './schema.js';
+
+const EXPIRY_NOTICE_MS = 7 * 86_400_000;
 
 /**
  * Likely mistakes in a valid config: `config check` prints them and the server logs them at
  * start (and after a reload); neither refuses to run. One line each, `path: what and why`.
  */
-export function configWarnings(config: Config): string[] {
+export function configWarnings(config: Config, now: number = Date.now()): string[] {
   const warnings: string[] = [];
-  const jwt = config.gateway.auth.bearer?.jwt;
+  const { auth } = config.gateway;
+  const jwt = auth.bearer?.jwt;
   // An identity provider signs tokens for every client it serves with the same keys: without an
   // audience, a token issued to any other application of that provider is accepted here.
   if (jwt?.jwksUri !== undefined && jwt.audience === undefined) {
     warnings.push('gateway.auth.bearer.jwt.audience: not set, so tokens the identity provider issued for any other client or API are accepted; set it to this API\'s audience');
   }
+  const hasCredential = auth.apiKey !== undefined || auth.apiKeys.length > 0 || auth.bearer !== undefined;
+  if (auth.enabled && !hasCredential) {
+    warnings.push(`gateway.auth: no credential is configured (apiKey, apiKeys or bearer), so every /api/ request is refused with 401${isLoopbackHost(config.gateway.listen.host) ? '' : ' (allowInsecure is set)'}`);
+  }
+  auth.apiKeys.forEach((key, i) => {
+    if (key.expiresAt === undefined) return;
+    const left = Date.parse(key.expiresAt) - now;
+    if (left <= 0) warnings.push(`gateway.auth.apiKeys[${i}].expiresAt: key "${key.id}" expired at ${key.expiresAt}; it is refused`);
+    else if (left <= EXPIRY_NOTICE_MS) warnings.push(`gateway.auth.apiKeys[${i}].expiresAt: key "${key.id}" expires in ${Math.ceil(left / 3_600_000)} h (${key.expiresAt}); issue its successor`);
+  });
+  const { webhooks } = config;
+  if (!webhooks.enabled && webhooks.endpoints.length > 0) {
+    warnings.push(`webhooks.enabled: false, so the ${webhooks.endpoints.length} configured endpoint(s) receive nothing; set it to true`);
+  }
+  const templates: [(string | number)[], string | undefined][] = [
+    ...webhooks.endpoints.map((e, i): [(string | number)[], string | undefined] => [['webhooks', 'endpoints', i, 'template'], e.template]),
+    [['webhooks', 'gmail', 'template'], webhooks.gmail?.template],
+  ];
+  for (const [at, template] of templates) {
+    if (template === undefined) continue;
+    const opened = template.split('{{').length - 1;
+    const closed = template.split('}}').length - 1;
+    // A lone "{{" or "}}" is kept as literal text, so the placeholder it was meant to be never fills in.
+    if (opened !== closed) warnings.push(`${formatPath(at)}: unbalanced {{ }} (${opened} "{{" against ${closed} "}}"): the unmatched part is sent as literal text`);
+  }
   // Rules and limits that can never apply as written (issue 16): valid, but surely not what was meant.
-  const { auth, rateLimits } = config.gateway;
+  const { rateLimits } = config.gateway;
   auth.rules.forEach((rule, i) => {
     if (rule.claims !== undefined && Object.keys(rule.claims).length > 0 && auth.bearer === undefined) {
       warnings.push(`gateway.auth.rules[${i}].claims: no bearer JWT is configured, so no request has claims and this rule refuses every request it matches`);

@@ -38,7 +38,7 @@ export interface StoredEvent {
   status: DeliveryStatus;
   /** Attempts ever made (numbering of the attempt records). */
   attempts: number;
-  /** Attempts since accepted or last requeued: what maxAttempts counts. */
+  /** Attempts since accepted or last requeued: what delivery.maxAttempts counts. */
   roundAttempts: number;
   nextAttemptAt: number;
   lastError: string | null;

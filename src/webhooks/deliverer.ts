@@ -4,7 +4,7 @@ import https from 'node:https';
 import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction, type WebhooksConfig } from '../config/schema.js';
 import { VERSION } from '../version.js';
-import type { AttemptOutcome, ClaimedEvent, EventStore } from '../storage/events.js';
+import type { AttemptOutcome, ClaimedEvent, EventStore, StoredEvent } from '../storage/events.js';
 import { standardWebhooksKey } from './verifiers/standard-webhooks.js';
 
 /** Idle poll: picks up events requeued by the CLI, or due retries, at least this often. */
@@ -27,6 +27,50 @@ export function retryDelayMs(
   if (retryAfterMs !== undefined) return Math.min(retryAfterMs, settings.maxBackoffMs);
   const cap = Math.min(settings.initialBackoffMs * 2 ** Math.min(attempt - 1, 52), settings.maxBackoffMs);
   return Math.floor(random() * cap);
+}
+
+/** What bounds an event's retries: a time budget from acceptance, the backoff, and an optional attempt cap. */
+export interface RetryPolicy {
+  retryFor: number;
+  maxAttempts?: number;
+  initialBackoffMs: number;
+  maxBackoffMs: number;
+}
+
+/**
+ * The outcome of a failed attempt: queued for the next one (backoff, or the target's Retry-After),
+ * or dead when the failure is final (a 4xx), the attempt cap is reached, or the next attempt would
+ * fall past the budget. The budget runs from acceptance; a round started by `deliveries retry`
+ * (attempts > roundAttempts; its start is not stored) gets the attempts an average round fits in
+ * `retryFor`, so a requeued old event is retried again rather than dying at once.
+ */
+export function afterFailure(
+  event: Pick<StoredEvent, 'receivedAt' | 'attempts' | 'roundAttempts'>,
+  result: { status: number | null; retryAfterMs?: number },
+  now: number,
+  policy: RetryPolicy,
+  random: () => number = Math.random,
+): AttemptOutcome {
+  const roundAttempt = event.roundAttempts + 1;
+  if (!isRetryable(result.status)) return { status: 'dead' };
+  if (policy.maxAttempts !== undefined && roundAttempt >= policy.maxAttempts) return { status: 'dead' };
+  const nextAttemptAt = now + retryDelayMs(roundAttempt, policy, result.retryAfterMs, random);
+  const requeued = event.attempts > event.roundAttempts;
+  if (requeued ? roundAttempt >= attemptsInBudget(policy) : nextAttemptAt > event.receivedAt + policy.retryFor) return { status: 'dead' };
+  return { status: 'queued', nextAttemptAt };
+}
+
+/** How many attempts a round of average (half-cap, full jitter) delays fits in `retryFor`. */
+export function attemptsInBudget(policy: RetryPolicy): number {
+  let elapsed = 0;
+  let attempts = 1;
+  while (attempts < 100_000) {
+    const mean = Math.min(policy.initialBackoffMs * 2 ** Math.min(attempts - 1, 52), policy.maxBackoffMs) / 2;
+    if (elapsed + mean > policy.retryFor) break;
+    elapsed += mean;
+    attempts++;
+  }
+  return attempts;
 }
 
 /** `Retry-After`: delta-seconds or an HTTP date; undefined when absent or unreadable. */
@@ -254,12 +298,8 @@ export class Deliverer {
       result = { status: null, error: (err as Error).message };
     }
     const durationMs = performance.now() - started;
-    const { maxAttempts, initialBackoffMs, maxBackoffMs } = this.config.delivery;
-    const roundAttempt = event.roundAttempts + 1;
-    let outcome: AttemptOutcome;
-    if (result.status !== null && result.status >= 200 && result.status < 300) outcome = { status: 'delivered' };
-    else if (!isRetryable(result.status) || roundAttempt >= maxAttempts) outcome = { status: 'dead' };
-    else outcome = { status: 'queued', nextAttemptAt: this.now() + retryDelayMs(roundAttempt, { initialBackoffMs, maxBackoffMs }, result.retryAfterMs) };
+    const delivered = result.status !== null && result.status >= 200 && result.status < 300;
+    const outcome: AttemptOutcome = delivered ? { status: 'delivered' } : afterFailure(event, result, this.now(), this.config.delivery);
 
     try {
       const recorded = await this.store.recordAttempt(event.id, { attempt: event.attempts + 1, at: startedAt, status: result.status, error: result.error, durationMs }, outcome, event.claimId);

@@ -80,7 +80,7 @@ describe('channels CLI', () => {
     const rows = new Map<string, any>(JSON.parse(listJson.stdout).map((r: any) => [r.name, r]));
     assert.deepEqual([...rows.keys()].sort(), ['discord', 'phone', 'slack', 'tg']);
     assert.equal(rows.get('tg').connected, true);
-    assert.ok(Math.abs(rows.get('tg').connectedAt - since) < 10_000);
+    assert.ok(Math.abs(Date.parse(rows.get('tg').connectedAt) - since) < 10_000, 'connectedAt is an ISO 8601 date');
     assert.equal(rows.get('tg').lastError, null);
     for (const name of ['phone', 'discord', 'slack']) assert.equal(rows.get(name).connected, false, name);
     assert.deepEqual(JSON.parse(statusJson.stdout), JSON.parse(listJson.stdout));

@@ -112,7 +112,12 @@ export function channelsCli(ws: Workspace, args: string[], env: NodeJS.ProcessEn
 export async function statusJson(ws: Workspace, name?: string): Promise<Record<string, any>[]> {
   const run = await channelsCli(ws, ['status', ...(name ? [name] : []), '--json']);
   assert.equal(run.code, 0, run.stderr);
-  return JSON.parse(run.stdout);
+  // The CLI prints times as ISO 8601; the tests compare them as epoch ms.
+  return JSON.parse(run.stdout, (key, value: unknown) => {
+    if (!/At$/.test(key) || value === null) return value;
+    assert.equal(typeof value, 'string', `${key} is an ISO 8601 string`);
+    return Date.parse(value as string);
+  });
 }
 
 export interface RunningLogin {

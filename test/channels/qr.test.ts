@@ -190,7 +190,7 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
     const [devices, twice] = await Promise.all([channelsCli(ws, ['devices', 'phone', '--json']), channelsCli(ws, ['revoke', 'phone', 'Old tablet'])]);
     assert.equal(devices.code, 0, devices.stderr);
     const byName = new Map(JSON.parse(devices.stdout).map((d: any) => [d.name, d]));
-    assert.equal(typeof (byName.get('Old tablet') as any)?.revokedAt, 'number');
+    assert.match((byName.get('Old tablet') as any)?.revokedAt, /^\d{4}-\d\d-\d\dT/, 'revokedAt is an ISO 8601 date');
     assert.equal((byName.get('Cy phone') as any)?.revokedAt, null);
     assert.equal(twice.code, 1);
     assert.match(twice.stderr, /no active device "Old tablet" on channel phone/);

@@ -28,7 +28,7 @@ interface Summary {
 
 interface Shown {
   event: Summary & { envelope: { id: string; action: string; endpoint: string; payload: Record<string, unknown> } };
-  attempts: { attempt: number; at: number; status: number | null; error: string | null; durationMs: number }[];
+  attempts: { attempt: number; at: string; status: number | null; error: string | null; durationMs: number }[];
 }
 
 /**
@@ -167,6 +167,9 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     assert.equal(shown.event.envelope.action, 'system-event');
     assert.deepEqual(shown.event.envelope.payload, bodies[ids.a2]);
     assert.deepEqual(shown.attempts.map((a) => [a.attempt, a.status, a.error]), [[1, 400, null]]);
+    // Every date in --json output is ISO 8601, the attempts' too.
+    assert.match(shown.attempts[0]!.at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+    assert.ok(Date.parse(shown.attempts[0]!.at) >= Date.parse(shown.event.receivedAt));
     const got = receivedFor(ids.a2);
     assert.equal(got.length, 1, 'a 4xx is not retried');
     assert.deepEqual(JSON.parse(got[0]!.body), shown.event.envelope);
@@ -212,8 +215,16 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
   });
 
   it('purge --delivered: nothing recent; events delivered over 7 days ago go, with their attempts; dead ones never', async () => {
-    // 1 d, not minutes: on a loaded machine this file's earlier tests can take longer than that.
-    const recent = await cli('purge', '--delivered', '--older-than', '1d');
+    // "Recent" made so here, not assumed: the delivered events are stamped as delivered just now,
+    // so however long this file's earlier tests took (minutes on a loaded machine), none is older than 1 h.
+    const fresh = new Database(dbFile, { fileMustExist: true });
+    try {
+      fresh.pragma('busy_timeout = 5000');
+      assert.ok(fresh.prepare('UPDATE events SET delivered_at = ? WHERE status = \'delivered\'').run(Date.now()).changes >= 2);
+    } finally {
+      fresh.close();
+    }
+    const recent = await cli('purge', '--delivered', '--older-than', '1h');
     assert.equal(recent.code, 0, recent.stderr);
     assert.match(recent.stdout, /\b0\b/);
     assert.equal((await list()).length, 5);

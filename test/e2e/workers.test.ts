@@ -92,6 +92,11 @@ describe('gateway.workers: 2', () => {
         assert.equal(reply.json().error.code, 'too_many_failures');
       }
       assert.equal(upstream.received.length, before, 'the upstream received nothing once locked out');
+      // Logged as one process logs it: one line for the lockout (not one per worker's share, nor none).
+      const locked = (l: Record<string, any>) => l.msg === 'client locked out after repeated authentication failures';
+      await server.waitFor(locked);
+      await new Promise((r) => setTimeout(r, 500)); // any second line (a worker's) would be flushed by now
+      assert.deepEqual(server.lines.filter(locked).map((l) => [l.ip, l.seconds, l.level]), [['127.0.0.1', 60, 40]]);
     } finally {
       await server.stop();
     }

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { describe, it } from 'node:test';
 import { Webhook } from 'standardwebhooks';
-import { isRetryable, parseRetryAfter, retryDelayMs, signStandardWebhook } from '../../src/webhooks/deliverer.js';
+import { afterFailure, attemptsInBudget, isRetryable, parseRetryAfter, retryDelayMs, signStandardWebhook } from '../../src/webhooks/deliverer.js';
 
 const settings = { initialBackoffMs: 1_000, maxBackoffMs: 60_000 };
 /** The largest value Math.random can return. */
@@ -167,5 +167,54 @@ describe('signStandardWebhook', () => {
   it('a signature with an old timestamp is refused by the verifier (replay window)', () => {
     const secret = 'whsec_' + randomBytes(24).toString('base64');
     assert.throws(() => new Webhook(secret).verify(body, headers(secret, Math.floor(Date.now() / 1000) - 600)), /too old/);
+  });
+});
+
+describe('afterFailure (a time budget from acceptance, an optional attempt cap)', () => {
+  const HOUR = 3_600_000;
+  const policy = { retryFor: 72 * HOUR, initialBackoffMs: 1_000, maxBackoffMs: HOUR };
+  const accepted = 1_000_000_000_000;
+  const fresh = { receivedAt: accepted, attempts: 0, roundAttempts: 0 };
+
+  it('queued within the budget, at the backoff or the Retry-After', () => {
+    assert.deepEqual(afterFailure(fresh, { status: 503 }, accepted + 10, policy, () => 0.5), { status: 'queued', nextAttemptAt: accepted + 10 + 500 });
+    assert.deepEqual(afterFailure(fresh, { status: 429, retryAfterMs: 120_000 }, accepted, policy, never), { status: 'queued', nextAttemptAt: accepted + 120_000 });
+  });
+
+  it('dead when the next attempt would fall past receivedAt + retryFor, not before', () => {
+    const late = { receivedAt: accepted, attempts: 40, roundAttempts: 40 };
+    const deadline = accepted + policy.retryFor;
+    // The window is capped at 1 h: a draw of 0.5 puts the next attempt 30 min out.
+    assert.equal(afterFailure(late, { status: 503 }, deadline - 31 * 60_000, policy, () => 0.5).status, 'queued');
+    assert.equal(afterFailure(late, { status: 503 }, deadline - 29 * 60_000, policy, () => 0.5).status, 'dead');
+    assert.equal(afterFailure(late, { status: null, retryAfterMs: 10 * 60_000 }, deadline - 5 * 60_000, policy, never).status, 'dead', 'a Retry-After past the budget too');
+  });
+
+  it('a 4xx is dead at once; maxAttempts, when set, caps the round', () => {
+    assert.equal(afterFailure(fresh, { status: 404 }, accepted, policy).status, 'dead');
+    const capped = { ...policy, maxAttempts: 3 };
+    assert.equal(afterFailure({ ...fresh, attempts: 1, roundAttempts: 1 }, { status: 503 }, accepted, capped).status, 'queued');
+    assert.equal(afterFailure({ ...fresh, attempts: 2, roundAttempts: 2 }, { status: 503 }, accepted, capped).status, 'dead');
+  });
+
+  it('the default schedule keeps an event for days, not half an hour (the old 12 attempts)', () => {
+    // With every draw at the top of the window, attempts continue until ~72 h have passed.
+    let now = accepted;
+    let event = { ...fresh };
+    for (;;) {
+      const outcome = afterFailure(event, { status: 503 }, now, policy, () => ALMOST_ONE);
+      if (outcome.status !== 'queued') break;
+      now = outcome.nextAttemptAt;
+      event = { ...event, attempts: event.attempts + 1, roundAttempts: event.roundAttempts + 1 };
+    }
+    assert.ok(now - accepted > 71 * HOUR && now - accepted <= 72 * HOUR, `last attempt ${(now - accepted) / HOUR} h after acceptance`);
+  });
+
+  it('a round started by `deliveries retry` (old event) gets the attempts an average round fits in the budget', () => {
+    const old = { receivedAt: accepted - 30 * 24 * HOUR, attempts: 80, roundAttempts: 0 };
+    const fits = attemptsInBudget(policy);
+    assert.ok(fits > 140 && fits < 160, `${fits} attempts`);
+    assert.equal(afterFailure(old, { status: 503 }, accepted, policy, () => 0.5).status, 'queued');
+    assert.equal(afterFailure({ ...old, attempts: 80 + fits - 1, roundAttempts: fits - 1 }, { status: 503 }, accepted, policy, () => 0.5).status, 'dead');
   });
 });

@@ -1,0 +1,170 @@
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { after, describe, it } from 'node:test';
+import { hashApiKey } from '../../src/gateway/credentials/api-key.js';
+import { ROOT, runCli, startServerProcess } from '../helpers/process.js';
+
+// The CLI as a new team meets it: one exit-code rule, quiet pipes, the pid to signal, warnings,
+// machine-readable checks, the effective config without its secrets.
+const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-cli-contract-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+function writeConfig(name: string, text: string): string {
+  const file = path.join(dir, name);
+  writeFileSync(file, text);
+  return file;
+}
+const TARGET = 'http://127.0.0.1:3999';
+
+describe('exit codes: 0 ok, 2 an unknown command or flag, 1 every other problem', () => {
+  it('holds for every kind of mistake', async () => {
+    const config = writeConfig('ok.json5', `{ gateway: { upstream: { target: "${TARGET}" } } }`);
+    const cases: [string[], number][] = [
+      [['frobnicate'], 2],
+      [['config', 'frob'], 2],
+      [['start', '--bogus'], 2],
+      [['webhooks', 'deliveries', 'list', '--nope', '--config', config], 2],
+      [['webhooks', 'deliveries', 'show', '--config', config], 1], // missing argument
+      [['webhooks', 'deliveries', 'purge', '--delivered', '--config', config], 1], // missing required option
+      [['config', 'check', '--config'], 1], // option without its value
+      [['webhooks', 'deliveries', 'list', '--limit', 'x', '--config', config], 1], // bad flag value
+      [['gateway', 'api-key', 'generate', '--expires', 'soon'], 1],
+      [['config', 'check', '--config', path.join(dir, 'absent.json5')], 1],
+      [[], 1], // no command at all
+      [['config', 'check', '--config', config], 0],
+      [['--version'], 0],
+    ];
+    // Three at a time: each is a tsx start, and the machine is shared.
+    const results = [];
+    for (let i = 0; i < cases.length; i += 3) results.push(...await Promise.all(cases.slice(i, i + 3).map(([args]) => runCli(args))));
+    results.forEach((result, i) => assert.equal(result.code, cases[i]![1], `gatehouse ${cases[i]![0].join(' ')}: ${result.stderr}`));
+  });
+});
+
+describe('output piped into a reader that stops early', () => {
+  it('`… | head -1` prints no EPIPE stack and ends cleanly', async () => {
+    // 70 kB of schema: more than a pipe holds, so writes continue after head has gone.
+    const child = spawn('bash', ['-c', `set -o pipefail; "${process.execPath}" --import tsx "${ROOT}src/bin.ts" config schema | head -1`], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const code = await new Promise<number | null>((resolve) => child.on('exit', resolve));
+    assert.equal(stdout, '{\n');
+    assert.equal(stderr, '', 'no stack');
+    assert.equal(code, 0);
+  });
+});
+
+describe('config check: warnings, --json; config print', () => {
+  const soon = new Date(Date.now() + 2 * 86_400_000).toISOString();
+  const past = new Date(Date.now() - 86_400_000).toISOString();
+  const warned = () => writeConfig('warned.json5', `{
+    gateway: { upstream: { target: "${TARGET}" }, auth: { apiKeys: [
+      { id: "old", hash: "${hashApiKey('a'.repeat(40))}", expiresAt: "${past}" },
+      { id: "soon", hash: "${hashApiKey('b'.repeat(40))}", expiresAt: "${soon}" },
+    ] } },
+    webhooks: {
+      enabled: false,
+      endpoints: [{ path: "/webhook/a", secret: "0123456789abcdef0123", action: "message", template: "hello {{name" }],
+      targets: { message: { url: "http://127.0.0.1:5100" } },
+    },
+  }`);
+
+  it('likely mistakes are warnings (exit 0): expired and expiring keys, endpoints while webhooks are off, an unbalanced template', async () => {
+    const file = warned();
+    const [text, json] = await Promise.all([runCli(['config', 'check', '--config', file]), runCli(['config', 'check', '--json', '--config', file])]);
+    assert.equal(text.code, 0, text.stderr);
+    assert.match(text.stderr, /^warning: gateway\.auth\.apiKeys\[0\]\.expiresAt: key "old" expired/m);
+    assert.match(text.stderr, /^warning: gateway\.auth\.apiKeys\[1\]\.expiresAt: key "soon" expires in \d+ h/m);
+    assert.match(text.stderr, /^warning: webhooks\.enabled: false, so the 1 configured endpoint\(s\) receive nothing/m);
+    assert.match(text.stderr, /^warning: webhooks\.endpoints\[0\]\.template: unbalanced \{\{ \}\}/m);
+    assert.equal(json.code, 0, json.stderr);
+    const report = JSON.parse(json.stdout);
+    assert.equal(report.ok, true);
+    assert.deepEqual(report.problems, []);
+    assert.deepEqual(report.warnings.map((w: { path: string }) => w.path),
+      ['gateway.auth.apiKeys[0].expiresAt', 'gateway.auth.apiKeys[1].expiresAt', 'webhooks.enabled', 'webhooks.endpoints[0].template']);
+  });
+
+  it('no credential configured is a warning; gateway and webhooks on one address and port is an error', async () => {
+    const none = writeConfig('no-credential.json5', `{ gateway: { upstream: { target: "${TARGET}" } } }`);
+    const clash = writeConfig('clash.json5', `{ gateway: { listen: { port: 7080 }, upstream: { target: "${TARGET}" } },
+      webhooks: { enabled: true, listen: { port: 7080 } } }`);
+    const [warning, error] = await Promise.all([runCli(['config', 'check', '--config', none]), runCli(['config', 'check', '--json', '--config', clash])]);
+    assert.equal(warning.code, 0);
+    assert.match(warning.stderr, /^warning: gateway\.auth: no credential is configured/m);
+    assert.equal(error.code, 1);
+    const report = JSON.parse(error.stdout);
+    assert.equal(report.ok, false);
+    assert.deepEqual(report.problems.map((p: { path: string }) => p.path), ['webhooks.listen.port']);
+    assert.match(report.problems[0].message, /cannot both listen on 127\.0\.0\.1:7080/);
+  });
+
+  it('config print: the effective config with defaults, every secret redacted (keys, secrets, tokens, database passwords)', async () => {
+    const file = writeConfig('secrets.json5', `{
+      storage: { driver: "postgres", url: "postgres://gatehouse:db-pass-w0rd@db.internal:5432/gatehouse" },
+      gateway: { upstream: { target: "${TARGET}" }, auth: { apiKey: "plain-api-key-0123456789abcdefghijkl", bearer: { jwt: { secret: "${'j'.repeat(40)}" } } } },
+      webhooks: {
+        enabled: true,
+        endpoints: [
+          { path: "/webhook/a", secret: "endpoint-secret-0123456789", action: "message" },
+          { path: "/webhook/gh", verify: { type: "github", secrets: ["github-secret-one-0123", "github-secret-two-0123"] }, action: "message" },
+          { path: "/webhook/tg", verify: { type: "telegram", secretToken: "telegram-token-0123456789" }, action: "message" },
+        ],
+        targets: { message: { url: "http://127.0.0.1:5100", secret: "target-secret-0123456789" } },
+      },
+    }`);
+    const result = await runCli(['config', 'print', '--config', file]);
+    assert.equal(result.code, 0, result.stderr);
+    for (const secret of ['db-pass-w0rd', 'plain-api-key', 'j'.repeat(40), 'endpoint-secret', 'github-secret', 'telegram-token', 'target-secret']) {
+      assert.ok(!result.stdout.includes(secret), `${secret} printed`);
+    }
+    const config = JSON.parse(result.stdout);
+    assert.equal(config.storage.url, 'postgres://gatehouse:[redacted]@db.internal:5432/gatehouse');
+    assert.equal(config.gateway.auth.apiKey, '[redacted]');
+    assert.deepEqual(config.webhooks.endpoints[1].verify.secrets, ['[redacted]', '[redacted]']);
+    // Defaults are filled in.
+    assert.equal(config.gateway.listen.port, 8080);
+    assert.equal(config.webhooks.delivery.retryFor, 72 * 3_600_000);
+    assert.equal(config.gateway.auth.failures.max, 10);
+  });
+});
+
+describe('read-only commands need only what they read', () => {
+  it('storage migrate and deliveries list work without the JWT or GitHub secrets in the environment; config check still needs them', async () => {
+    const file = writeConfig('partial-env.json5', `{
+      storage: { path: "${path.join(dir, 'partial.db')}" },
+      gateway: { upstream: { target: "${TARGET}" }, auth: { bearer: { jwt: { secret: "\${JWT_SECRET}" } } } },
+      webhooks: { enabled: true, endpoints: [{ path: "/webhook/gh", verify: { type: "github", secret: "\${GITHUB_WEBHOOK_SECRET}" }, action: "message" }],
+        targets: { message: { url: "http://127.0.0.1:5100" } } },
+    }`);
+    const env = { JWT_SECRET: undefined, GITHUB_WEBHOOK_SECRET: undefined } as unknown as NodeJS.ProcessEnv;
+    const migrate = await runCli(['storage', 'migrate', '--config', file], { env });
+    assert.equal(migrate.code, 0, migrate.stderr);
+    const [list, check] = await Promise.all([
+      runCli(['webhooks', 'deliveries', 'list', '--config', file], { env }),
+      runCli(['config', 'check', '--config', file], { env }),
+    ]);
+    assert.equal(list.code, 0, list.stderr);
+    assert.equal(list.stdout, 'no events\n');
+    assert.equal(check.code, 1);
+    assert.match(check.stderr, /gateway\.auth\.bearer\.jwt\.secret: environment variable JWT_SECRET is not set/);
+    assert.match(check.stderr, /webhooks\.endpoints\[0\]\.verify\.secret: environment variable GITHUB_WEBHOOK_SECRET is not set/);
+  });
+});
+
+describe('gatehouse start', () => {
+  it('the start line carries the pid in its text (pretty terminal output drops the pid field)', async () => {
+    const file = writeConfig('start.json5', `{ storage: { path: "${path.join(dir, 'start.db')}" }, gateway: { listen: { port: 0 }, upstream: { target: "${TARGET}" }, auth: { apiKey: "start-line-key-0123456789abcdefghijklm" } } }`);
+    const server = startServerProcess(file);
+    try {
+      const line = await server.waitFor((l) => typeof l.msg === 'string' && l.msg.startsWith('gatehouse started'));
+      assert.equal(line.msg, `gatehouse started (pid ${server.child.pid})`);
+    } finally {
+      assert.equal(await server.stop(), 0);
+    }
+  });
+});
