@@ -12,6 +12,7 @@ import { compileAddressMatcher, parseAddress } from './gateway/ip-allowlist.js';
 import type { FailureLockout, LockoutSlot } from './gateway/lockout.js';
 import { API_PREFIX, checkApiPath } from './gateway/path-gate.js';
 import { createUpstreamProxy } from './gateway/proxy.js';
+import { countAuthFailure, countRequests, metricsEnabled, observeUpstream } from './metrics.js';
 import { admitRequest, answerHealthy, requestLogger, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
 
 type Next = NextFunction;
@@ -40,8 +41,20 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   const allowed = gateway.auth.allowedIPs ? compileAddressMatcher(gateway.auth.allowedIPs) : undefined;
   const authenticator = await Authenticator.create(gateway.auth);
   const encrypted = gateway.tls !== undefined;
-  const requestLog = requestLogger(logger);
-  const proxy = createUpstreamProxy(gateway.upstream, (req, error) => noteError(req, error));
+  const requestLog = countRequests('gateway', requestLogger(logger));
+  // Once per request: the answer's headers or the error, whichever comes first.
+  const timeUpstream = metricsEnabled()
+    ? (req: IncomingMessage) => {
+      const startedAt = req.gatehouse?.upstreamStartedAt;
+      if (startedAt === undefined) return;
+      req.gatehouse!.upstreamStartedAt = undefined;
+      observeUpstream(startedAt);
+    }
+    : undefined;
+  const proxy = createUpstreamProxy(gateway.upstream, (req, error) => {
+    noteError(req, error);
+    timeUpstream?.(req);
+  }, timeUpstream);
 
   // The /api/ pipeline: each step returns the error to answer with, or undefined to go on.
 
@@ -70,10 +83,15 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   // that always follows it: concurrent requests cannot all pass the check before one fails.
   const lockoutSlots = new WeakMap<Req, LockoutSlot>();
 
+  function refuseAuth(error: HttpError): HttpError {
+    countAuthFailure(error.code);
+    return error;
+  }
+
   async function failureLockout(req: Req): Promise<HttpError | undefined> {
     let admission = lockout.acquire(req.gatehouse.clientIp!);
     if (admission instanceof Promise) admission = await admission;
-    if (typeof admission === 'number') return new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) });
+    if (typeof admission === 'number') return refuseAuth(new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) }));
     lockoutSlots.set(req, admission);
     return undefined;
   }
@@ -94,7 +112,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
       } else {
         slot.succeeded();
       }
-      return outcome.error;
+      return refuseAuth(outcome.error);
     }
     slot.succeeded();
     req.gatehouse.identity = outcome.identity;
@@ -117,6 +135,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     const error = checkApiPath(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
     if (error) return respondWithError(req, res, error, logger);
     continueIfExpected(res);
+    req.gatehouse.upstreamStartedAt = performance.now();
     await proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
   }
 

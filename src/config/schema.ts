@@ -426,6 +426,19 @@ const channelSchema = z.discriminatedUnion('kind', [
   }),
 ], { error: (issue) => (issue.code === 'invalid_union' ? 'kind must be one of qr, bot-token, oauth-bot, oauth (with platform telegram, discord, slack respectively)' : undefined) });
 
+/**
+ * `admin`: the operator's listener (src/admin.ts): /metrics, /readyz, /healthz. Off unless
+ * configured. Anywhere but loopback it needs `token` (checked in the superRefine below): the
+ * metrics name endpoints, actions and error rates, which is for operators only.
+ */
+const admin = z.strictObject({
+  listen: listen(9090).prefault({}),
+  /** Required as `Authorization: Bearer <token>` on /metrics when set. */
+  token: z.string().min(16, 'admin token must be at least 16 characters').regex(/^[\x21-\x7e]+$/, 'admin token must be printable ASCII without blanks').optional(),
+  /** Scrapes and probes are small and quick: short timeouts. */
+  limits: httpLimits(30_000).prefault({}),
+});
+
 export const configSchema = z
   .strictObject({
     storage,
@@ -433,8 +446,12 @@ export const configSchema = z
     gateway,
     webhooks: webhooks.prefault({}),
     channels: z.record(channelName, channelSchema).default({}),
+    admin: admin.optional(),
   })
   .superRefine((config, ctx) => {
+    if (config.admin && config.admin.token === undefined && !isLoopbackHost(config.admin.listen.host)) {
+      ctx.addIssue({ code: 'custom', path: ['admin', 'token'], message: `required when admin.listen.host is not loopback (${config.admin.listen.host}): set token, e.g. "\${ADMIN_TOKEN}"` });
+    }
     if (config.storage.driver === 'postgres') {
       // Their state (cursors, sealed grants) is in the SQLite driver only, for now: refused rather than half-working.
       if (config.webhooks.gmail) ctx.addIssue({ code: 'custom', path: ['webhooks', 'gmail'], message: 'webhooks.gmail needs storage.driver "sqlite" for now (its state is not in the postgres driver yet)' });
@@ -470,4 +487,5 @@ export type WebhooksConfig = Config['webhooks'];
 export type GmailConfig = NonNullable<WebhooksConfig['gmail']>;
 export type ChannelConfig = Config['channels'][string];
 export type StorageConfig = Config['storage'];
+export type AdminConfig = NonNullable<Config['admin']>;
 export type PostgresStorageConfig = Extract<StorageConfig, { driver: 'postgres' }>;
