@@ -77,12 +77,13 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   }
 
   async function readiness(res: ServerResponse): Promise<void> {
+    // While draining the store is being closed: probing it would only add a second failure.
     const [store, keys] = await Promise.all([
-      storeCheck(sources.store, logger),
+      draining ? 'skipped' : storeCheck(sources.store, logger),
       sources.probeGateway({ metrics: false }).then((p) => (p.keysLoaded ? 'ok' : 'the JWKS has not been loaded yet'), (err: Error) => `the gateway did not answer: ${err.message}`),
     ]);
     const checks = { store, jwks: keys, draining: draining ? 'the process is shutting down' : 'ok' };
-    const failing = Object.entries(checks).filter(([, v]) => v !== 'ok' && v !== 'not used').map(([k]) => k);
+    const failing = Object.entries(checks).filter(([, v]) => v !== 'ok' && v !== 'skipped').map(([k]) => k);
     const body = JSON.stringify({ status: failing.length === 0 ? 'ready' : 'not_ready', failing, checks });
     res.writeHead(failing.length === 0 ? 200 : 503, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
     res.end(body);
@@ -104,7 +105,7 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     if (!admitRequest(req, res, log, limits, logger)) return;
     route(req, res).catch((err: unknown) => respondWithError(req, res, err, logger));
   });
-  logger.info({ url: listening.url, token: tokenDigest !== undefined }, 'admin listener on /metrics, /readyz, /healthz');
+  logger.info({ url: listening.url, tokenRequired: tokenDigest !== undefined }, 'admin listener on /metrics, /readyz, /healthz');
   return {
     url: listening.url,
     startDraining() {
@@ -127,9 +128,9 @@ function digest(text: string): Buffer {
   return createHash('sha256').update(text).digest();
 }
 
-/** 'ok', 'not used' (no event store: webhooks off), or why the store does not take writes now. */
+/** 'ok', 'skipped' (no event store: webhooks off), or why the store does not take writes now. */
 async function storeCheck(store: EventStore | undefined, logger: Logger): Promise<string> {
-  if (!store) return 'not used';
+  if (!store) return 'skipped';
   let timer: NodeJS.Timeout | undefined;
   try {
     await Promise.race([
