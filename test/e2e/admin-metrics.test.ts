@@ -65,6 +65,20 @@ describe('admin listener, one process', () => {
     assert.equal(m.value('gatehouse_config_reloads_total{outcome="ok"}'), 1);
   });
 
+  it('shows a lockout while it lasts, and the requests it refused', async () => {
+    // The first test already spent 3 of the 10 failures (2 wrong keys, 1 foreign token).
+    const statuses: number[] = [];
+    for (let i = 0; i < 12 && statuses.at(-1) !== 429; i++) {
+      statuses.push((await request(s.gateway, '/api/guess', { headers: { 'x-api-key': WRONG_KEY } })).status);
+    }
+    assert.deepEqual(statuses, [401, 401, 401, 401, 401, 401, 401, 429]);
+    const m = await scrape(s.admin);
+    assert.equal(m.value('gatehouse_lockouts_active'), 1);
+    assert.equal(m.value('gatehouse_auth_failures_total{method="lockout",reason="too_many_failures"}'), 1);
+    assert.equal(m.value('gatehouse_auth_failures_total{method="api-key",reason="invalid_api_key"}'), 9);
+    assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="429",auth="none"}'), 1);
+  });
+
   it('/metrics needs the token: none or a wrong one is 401 JSON, compared whatever its length', async () => {
     for (const headers of [{}, { authorization: 'Bearer wrong' }, { authorization: `Bearer ${TOKEN}x` }, { authorization: `Basic ${TOKEN}` }, { authorization: TOKEN }]) {
       const reply = await request(s.admin, '/metrics', { headers });
