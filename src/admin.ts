@@ -60,6 +60,9 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   const limits = admin.limits; // the listener's, fixed at start
   // Scrapes and probes come every few seconds: their lines are debug, not info.
   const log: RequestLog = (fields) => logger.debug(fields, 'admin request');
+  // Opened at the first scrape that needs it (its constructor runs the schema), then kept.
+  let gmailState: SqliteGmailState | undefined;
+  const gmailStateOf = (store: SqliteEventStore) => (gmailState ??= new SqliteGmailState(store));
 
   function authorized(req: IncomingMessage): boolean {
     if (tokenDigest === undefined) return true;
@@ -70,7 +73,7 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   }
 
   async function metrics(res: ServerResponse): Promise<void> {
-    const [probe] = await Promise.all([sources.probeGateway({ metrics: true }), refreshGauges(config, sources, logger)]);
+    const [probe] = await Promise.all([sources.probeGateway({ metrics: true }), refreshGauges(config, sources, gmailStateOf, logger)]);
     const body = await renderMetrics(probe.snapshots);
     res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
     res.end(body);
@@ -150,7 +153,7 @@ async function storeCheck(store: EventStore | undefined, logger: Logger): Promis
 }
 
 /** Sets the gauges read from the stores; a store that cannot answer leaves its gauges out of this scrape. */
-async function refreshGauges(config: Config, sources: AdminSources, logger: Logger): Promise<void> {
+async function refreshGauges(config: Config, sources: AdminSources, gmailStateOf: (store: SqliteEventStore) => SqliteGmailState, logger: Logger): Promise<void> {
   const now = Date.now();
   const g = scrapeGauges;
   g.lockoutsActive.set(sources.lockoutStore.activeLocks?.(now).length ?? 0);
@@ -176,7 +179,7 @@ async function refreshGauges(config: Config, sources: AdminSources, logger: Logg
   g.gmailLastNotificationAt.reset();
   const gmail = config.webhooks.gmail;
   if (gmail && sources.store instanceof SqliteEventStore) {
-    const state = await new SqliteGmailState(sources.store).get(gmail.account);
+    const state = await gmailStateOf(sources.store).get(gmail.account);
     const labels = { account: gmail.account };
     if (state?.watchExpiration != null) g.gmailWatchExpiresIn.set(labels, (state.watchExpiration - now) / 1000);
     g.gmailLastErrorAt.set(labels, (state?.lastErrorAt ?? 0) / 1000);

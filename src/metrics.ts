@@ -21,6 +21,7 @@ export function enableMetrics(): void {
   collectDefaultMetrics({ register: registry });
 }
 
+/** Whether this process records (what app builders ask before binding per-request hooks). */
 export function metricsEnabled(): boolean {
   return enabled;
 }
@@ -178,7 +179,6 @@ export const scrapeGauges = {
   }),
 };
 
-// Two request counts per process need no lock: prom-client's children are plain objects.
 type CounterChild = { inc(value?: number): void };
 
 /**
