@@ -15,6 +15,7 @@ import { API_PREFIX, checkApiPath } from './gateway/path-gate.js';
 import { matchablePath } from './gateway/path-pattern.js';
 import { compileRateLimiter, type RateLimitState } from './gateway/rate-limit.js';
 import { createUpstreamRoutes } from './gateway/routes.js';
+import { countAuthFailure, countRequests, metricsEnabled, observeUpstream } from './metrics.js';
 import { admitRequest, answerHealthy, requestLogger, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
 
 type Next = NextFunction;
@@ -45,8 +46,20 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   const allowed = gateway.auth.allowedIPs ? compileAddressMatcher(gateway.auth.allowedIPs) : undefined;
   const authenticator = await Authenticator.create(gateway.auth);
   const encrypted = gateway.tls !== undefined;
-  const requestLog = requestLogger(logger);
-  const routes = createUpstreamRoutes(gateway, (req, error) => noteError(req, error));
+  const requestLog = countRequests('gateway', requestLogger(logger));
+  // Once per request: the answer's headers or the error, whichever comes first.
+  const timeUpstream = metricsEnabled()
+    ? (req: IncomingMessage) => {
+      const startedAt = req.gatehouse?.upstreamStartedAt;
+      if (startedAt === undefined) return;
+      req.gatehouse!.upstreamStartedAt = undefined;
+      observeUpstream(startedAt);
+    }
+    : undefined;
+  const routes = createUpstreamRoutes(gateway, (req, error) => {
+    noteError(req, error);
+    timeUpstream?.(req);
+  }, timeUpstream);
   const authorize = compileAuthorizer(gateway.auth);
   const rateLimiter = compileRateLimiter(gateway.rateLimits, gateway.auth.apiKeys.map((key) => key.rateLimit), deps.rateLimits);
 
@@ -77,10 +90,15 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   // that always follows it: concurrent requests cannot all pass the check before one fails.
   const lockoutSlots = new WeakMap<Req, LockoutSlot>();
 
+  function refuseAuth(error: HttpError): HttpError {
+    countAuthFailure(error.code);
+    return error;
+  }
+
   async function failureLockout(req: Req): Promise<HttpError | undefined> {
     let admission = lockout.acquire(req.gatehouse.clientIp!);
     if (admission instanceof Promise) admission = await admission;
-    if (typeof admission === 'number') return new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) });
+    if (typeof admission === 'number') return refuseAuth(new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) }));
     lockoutSlots.set(req, admission);
     return undefined;
   }
@@ -101,7 +119,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
       } else {
         slot.succeeded();
       }
-      return outcome.error;
+      return refuseAuth(outcome.error);
     }
     slot.succeeded();
     req.gatehouse.identity = outcome.identity;
@@ -144,6 +162,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     if (route instanceof HttpError) return respondWithError(req, res, route, logger);
     req.gatehouse.url = req.url;
     routes.aim(req, route);
+    req.gatehouse.upstreamStartedAt = performance.now();
     await route.proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
   }
 

@@ -39,6 +39,7 @@ export const errorCatalogue = {
   pairing_not_found: { status: 404, message: 'No such pairing code.' },
   pairing_gone: { status: 410, message: 'This pairing code was already used or has expired.' },
   integration_unavailable: { status: 503, message: 'The notification could not be processed now; retry later.' },
+  invalid_admin_token: { status: 401, message: 'The admin token is missing or wrong (Authorization: Bearer <admin.token>).' },
   internal_error: { status: 500, message: 'Internal error.' },
 } as const satisfies Record<string, { status: number; message: string }>;
 

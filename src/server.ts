@@ -1,4 +1,5 @@
 import type { Logger } from 'pino';
+import { startAdmin, type GatewayProbe, type RunningAdmin } from './admin.js';
 import { buildGatewayApp, type GatewayApp } from './app.js';
 import { isLoopbackHost, type Config } from './config/schema.js';
 import { configWarnings } from './config/warnings.js';
@@ -10,6 +11,7 @@ import { createChannelSender } from './channels/outbound.js';
 import { startGrantRefresher } from './channels/refresh.js';
 import type { ChannelStore } from './channels/state.js';
 import { closeServer, listen, type Listening } from './listener.js';
+import { enableMetrics } from './metrics.js';
 import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
 import { secretKeyFromEnv } from './secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from './webhooks/receiver.js';
@@ -22,6 +24,8 @@ export interface RunningGatehouse {
   gateway: { url: string };
   /** The webhook receiver, when `webhooks.enabled`. */
   webhooks?: Listening & { store: EventStore; deliverer: Deliverer };
+  /** The admin listener (/metrics, /readyz), when `admin` is configured. */
+  admin?: { url: string };
   /** Swaps in a new config without dropping in-flight requests. Listen address and TLS need a restart. */
   reload(config: Config): Promise<void>;
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes. */
@@ -42,6 +46,8 @@ export async function startGatehouse(
 ): Promise<RunningGatehouse> {
   const { logger } = options;
   let config = initial;
+  // Before any app is built: they bind their instruments when built (src/metrics.ts).
+  if (config.admin) enableMetrics();
   // On postgres every instance shares the lockout (counted there, checked here in memory).
   const sharedLockout = options.lockoutStore === undefined && config.storage.driver === 'postgres'
     ? await PostgresLockoutStore.open(config.storage, { logger })
@@ -62,20 +68,35 @@ export async function startGatehouse(
     await sharedLockout?.close();
     throw err;
   }
+  let admin: RunningAdmin | undefined;
+  try {
+    admin = config.admin
+      ? await startAdmin(config, { probeGateway: gateway.probe, lockoutStore, store: webhooks?.listening.store, channelStore: webhooks?.channelStore }, logger)
+      : undefined;
+  } catch (err) {
+    await Promise.all([gateway.close(0), webhooks?.close(0)]);
+    await sharedLockout?.close();
+    throw err;
+  }
 
   return {
     gateway: { url: gateway.url },
     webhooks: webhooks?.listening,
+    admin: admin && { url: admin.url },
     async reload(next) {
       warnAboutRestartOnlyChanges(logger, config, next);
       await gateway.reload(next);
       webhooks?.reload(next);
+      admin?.reload(next);
       config = next;
       logger.info('configuration reloaded');
     },
     async close(graceMs = 10_000) {
+      // /readyz turns 503 at once and the admin listener closes last: a load balancer sees the drain.
+      admin?.startDraining();
       await Promise.all([gateway.close(graceMs), webhooks?.close(graceMs)]);
       await sharedLockout?.close();
+      await admin?.close(1_000);
     },
   };
 }
@@ -88,6 +109,9 @@ export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next
     ['webhooks.limits', config.webhooks.limits, next.webhooks.limits],
     ['gateway.workers', config.gateway.workers, next.gateway.workers],
     ['webhooks.enabled', config.webhooks.enabled, next.webhooks.enabled],
+    ['admin (whether it is configured)', config.admin !== undefined, next.admin !== undefined],
+    ['admin.listen', config.admin?.listen, next.admin?.listen],
+    ['admin.limits', config.admin?.limits, next.admin?.limits],
     ['webhooks.listen', config.webhooks.listen, next.webhooks.listen],
     ['webhooks.gmail', config.webhooks.gmail, next.webhooks.gmail],
     ['storage', config.storage, next.storage],
@@ -103,6 +127,8 @@ export interface RunningGateway {
   url: string;
   /** Puts the new config in force (apps are built, and keys prefetched, before the swap). */
   reload(next: Config): Promise<void>;
+  /** For the admin listener: whether the keys are loaded, and (with `metrics`) the workers' metrics. */
+  probe(options: { metrics: boolean }): Promise<GatewayProbe>;
   close(graceMs: number): Promise<void>;
 }
 
@@ -146,6 +172,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
       previous.close();
       describeGateway(logger, config, app, listening.url, 'gateway configuration now in force');
     },
+    probe: async () => ({ keysLoaded: app.authenticator.jwt?.keysLoaded ?? true, snapshots: [] }),
     async close(graceMs) {
       await closeServer(listening.server, graceMs);
       app.close();
@@ -220,6 +247,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   }, 'webhook receiver listening');
   return {
     listening: { ...listening, store, deliverer },
+    channelStore,
     reload(next: Config) {
       app = build(next);
       refresher?.reconfigure(next);

@@ -5,6 +5,7 @@ import type { Config } from './config/schema.js';
 import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from './gateway/lockout.js';
 import { UsageError } from './errors.js';
 import { createLogger } from './log.js';
+import { enableMetrics, metricsSnapshot, type MetricsSnapshot } from './metrics.js';
 import { startGateway, type RunningGateway } from './server.js';
 
 /**
@@ -26,7 +27,8 @@ import { startGateway, type RunningGateway } from './server.js';
 type ToWorker =
   | { type: 'config'; config: Config; workers: number }
   | { type: 'locked'; key: string; until: number }
-  | { type: 'shutdown'; graceMs: number };
+  | { type: 'shutdown'; graceMs: number }
+  | { type: 'probe'; id: number; metrics: boolean };
 
 /** Messages from a worker to the primary. */
 type ToPrimary =
@@ -35,12 +37,15 @@ type ToPrimary =
   | { type: 'configured' }
   | { type: 'failed'; error: string }
   /** `lockedFor`: seconds of lockout this failure triggered in the worker's own share (0: none). */
-  | { type: 'failure'; key: string; now: number; settings: LockoutSettings; lockedFor: number };
+  | { type: 'failure'; key: string; now: number; settings: LockoutSettings; lockedFor: number }
+  | { type: 'probed'; id: number; keysLoaded: boolean; metrics?: MetricsSnapshot };
 
 const STARTUP_TIMEOUT_MS = 30_000;
 const FIRST_RESTART_DELAY_MS = 500;
 const MAX_RESTART_DELAY_MS = 30_000;
 const STABLE_AFTER_MS = 30_000;
+/** A worker that has not answered a scrape or probe in this long is left out of it (metrics) or not ready. */
+const PROBE_TIMEOUT_MS = 5_000;
 
 /** The number of gateway processes `gateway.workers` asks for ("auto": one per CPU the process may use). */
 export function resolveWorkerCount(setting: Config['gateway']['workers']): number {
@@ -130,6 +135,7 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
 
   let urls: string[];
   let started = false;
+  let probeIds = 0;
   try {
     urls = await withTimeout(Promise.all(Array.from({ length: count }, fork)), STARTUP_TIMEOUT_MS, 'gateway workers did not start');
     started = true;
@@ -157,6 +163,34 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
         worker.on('message', onMessage);
         send(worker, { type: 'config', config: next, workers: count });
       }))), STARTUP_TIMEOUT_MS, 'gateway workers did not take the new configuration');
+    },
+    /**
+     * Asks every worker (IPC) for its key state and, with `metrics`, its metrics snapshot: one
+     * scrape of the primary covers them all. A worker that does not answer in time is not ready,
+     * and its metrics are missing from that scrape (never made up).
+     */
+    async probe({ metrics }) {
+      const answers = await Promise.all([...workers].map((worker) => new Promise<Extract<ToPrimary, { type: 'probed' }> | undefined>((resolve) => {
+        const id = ++probeIds;
+        const timer = setTimeout(() => done(undefined), PROBE_TIMEOUT_MS);
+        const onMessage = (message: ToPrimary) => {
+          if (message.type === 'probed' && message.id === id) done(message);
+        };
+        const onExit = () => done(undefined);
+        function done(answer: Extract<ToPrimary, { type: 'probed' }> | undefined) {
+          clearTimeout(timer);
+          worker.off('message', onMessage);
+          worker.off('exit', onExit);
+          resolve(answer);
+        }
+        worker.on('message', onMessage);
+        worker.once('exit', onExit);
+        send(worker, { type: 'probe', id, metrics });
+      })));
+      return {
+        keysLoaded: answers.length > 0 && answers.every((a) => a?.keysLoaded === true),
+        snapshots: answers.flatMap((a) => (a?.metrics ? [a.metrics] : [])),
+      };
     },
     /** Asks every worker to drain (up to `graceMs`) and waits for them to exit. */
     async close(graceMs) {
@@ -228,6 +262,8 @@ export async function runGatewayWorker(): Promise<void> {
           configuring = configuring.then(async () => {
             try {
               if (!running) {
+                // Before the app is built, which binds its instruments (src/metrics.ts).
+                if (message.config.admin) enableMetrics();
                 logger = createLogger({ level: message.config.log.level, bindings: { worker: cluster.worker!.id } });
                 running = await startGateway(message.config, { logger, lockoutStore, rateLimitShare: 1 / workerCount });
                 toPrimary({ type: 'listening', url: running.url });
@@ -246,6 +282,12 @@ export async function runGatewayWorker(): Promise<void> {
           break;
         case 'shutdown':
           void configuring.then(() => stop(message.graceMs));
+          break;
+        case 'probe':
+          void (async () => {
+            const probe = await running?.probe({ metrics: false });
+            toPrimary({ type: 'probed', id: message.id, keysLoaded: probe?.keysLoaded ?? false, metrics: message.metrics ? await metricsSnapshot() : undefined });
+          })();
           break;
       }
     });

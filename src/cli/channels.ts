@@ -84,7 +84,7 @@ export function registerChannelsCommands(program: Command): void {
     .option('--json', 'one JSON array', false)
     .action((o: { config: string; json: boolean }) => {
       return withChannels(o.config, undefined, async ({ config, store }) => {
-        const rows = await Promise.all(Object.entries(config.channels).map(([name, channel]) => describe(name, channel, store)));
+        const rows = await Promise.all(Object.entries(config.channels).map(([name, channel]) => describeChannel(name, channel, store)));
         if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         for (const r of rows) process.stdout.write(`${r.name.padEnd(16)} ${r.kind.padEnd(10)} ${String(r.platform).padEnd(9)} ${r.connected ? `connected since ${iso(r.connectedAt)}` : 'NOT CONNECTED'}${r.lastError ? `  last error: ${r.lastError}` : ''}\n`);
@@ -98,7 +98,7 @@ export function registerChannelsCommands(program: Command): void {
     .option('--json', 'one JSON array', false)
     .action((name: string | undefined, o: { config: string; json: boolean }) => {
       return withChannels(o.config, name, async ({ config, store }) => {
-        const rows = await Promise.all(Object.entries(config.channels).filter(([n]) => name === undefined || n === name).map(([n, c]) => describe(n, c, store)));
+        const rows = await Promise.all(Object.entries(config.channels).filter(([n]) => name === undefined || n === name).map(([n, c]) => describeChannel(n, c, store)));
         if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         const now = Date.now();
@@ -170,7 +170,7 @@ interface ChannelStatus {
 }
 
 /** A qr channel is connected once a device is paired; the others once a login stored a grant. */
-async function describe(name: string, channel: ChannelConfig, store: ChannelStore): Promise<ChannelStatus> {
+export async function describeChannel(name: string, channel: ChannelConfig, store: ChannelStore): Promise<ChannelStatus> {
   const grant = await store.grant(name);
   const base = { name, kind: channel.kind, platform: platformOf(channel) };
   if (channel.kind === 'qr') {

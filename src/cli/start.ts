@@ -4,6 +4,7 @@ import type { Command } from 'commander';
 import { loadConfig } from '../config/load.js';
 import { ConfigError } from '../errors.js';
 import { createLogger } from '../log.js';
+import { countConfigReload } from '../metrics.js';
 import { startGatehouse } from '../server.js';
 import { resolveWorkerCount, runGatewayWorker, startGatewayWorkers } from '../workers.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
@@ -35,7 +36,9 @@ export function registerStartCommand(program: Command): void {
         reloading = reloading.then(async () => {
           try {
             await running.reload(loadConfig(file).config);
+            countConfigReload('ok');
           } catch (err) {
+            countConfigReload('rejected');
             const problems = err instanceof ConfigError ? err.problems : [String(err)];
             logger.error({ problems }, 'reload rejected: the previous configuration stays in force');
           }

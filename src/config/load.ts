@@ -6,7 +6,7 @@ import { ConfigError } from '../errors.js';
 import { configSchema, type Config } from './schema.js';
 
 /** Keys whose value may be `{ file: "path" }`: the secret is read from that file (trailing newline dropped). */
-export const FILE_REFERENCE_KEYS = new Set(['secret', 'apiKey', 'publicKey', 'signingSecret', 'secretToken', 'appSecret', 'verifyToken', 'botToken', 'clientSecret']);
+export const FILE_REFERENCE_KEYS = new Set(['secret', 'apiKey', 'publicKey', 'signingSecret', 'secretToken', 'appSecret', 'verifyToken', 'botToken', 'clientSecret', 'token']);
 /** `${VAR}`, `${VAR:-default}`, `${VAR-default}`, `${VAR:?message}`, `${VAR?message}` (POSIX sh, docker compose). */
 const ENV_REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])([^}]*))?\}/g;
 const WHOLE_ENV_REFERENCE = new RegExp(`^${ENV_REFERENCE.source}$`);

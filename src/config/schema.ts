@@ -507,6 +507,19 @@ const channelSchema = z.discriminatedUnion('kind', [
   }),
 ], { error: (issue) => (issue.code === 'invalid_union' ? 'kind must be one of qr, bot-token, oauth-bot, oauth (with platform telegram, discord, slack respectively)' : undefined) });
 
+/**
+ * `admin`: the operator's listener (src/admin.ts): /metrics, /readyz, /healthz. Off unless
+ * configured. Anywhere but loopback it needs `token` (checked in the superRefine below): the
+ * metrics name endpoints, actions and error rates, which is for operators only.
+ */
+const admin = z.strictObject({
+  listen: listen(9090).prefault({}),
+  /** Required as `Authorization: Bearer <token>` on /metrics when set. */
+  token: z.string().min(16, 'admin token must be at least 16 characters').regex(/^[\x21-\x7e]+$/, 'admin token must be printable ASCII without blanks').optional(),
+  /** Scrapes and probes are small and quick: short timeouts. */
+  limits: httpLimits(30_000).prefault({}),
+});
+
 export const configSchema = z
   .strictObject({
     /** For editors: the JSON Schema this file follows (`gatehouse config schema`); gatehouse ignores it. */
@@ -516,8 +529,12 @@ export const configSchema = z
     gateway,
     webhooks: webhooks.prefault({}),
     channels: z.record(channelName, channelSchema).default({}),
+    admin: admin.optional(),
   })
   .superRefine((config, ctx) => {
+    if (config.admin && config.admin.token === undefined && !isLoopbackHost(config.admin.listen.host)) {
+      ctx.addIssue({ code: 'custom', path: ['admin', 'token'], message: `required when admin.listen.host is not loopback (${config.admin.listen.host}): set token, e.g. "\${ADMIN_TOKEN}"` });
+    }
     for (const [name, channel] of Object.entries(config.channels)) {
       if (!config.webhooks.enabled) ctx.addIssue({ code: 'custom', path: ['channels', name], message: 'channels need webhooks.enabled: true (their events arrive on the webhook listener)' });
       else if (!config.webhooks.targets[channel.action]) ctx.addIssue({ code: 'custom', path: ['channels', name, 'action'], message: `action "${channel.action}" has no target: add webhooks.targets["${channel.action}"]` });
@@ -556,4 +573,5 @@ export type WebhooksConfig = Config['webhooks'];
 export type GmailConfig = NonNullable<WebhooksConfig['gmail']>;
 export type ChannelConfig = Config['channels'][string];
 export type StorageConfig = Config['storage'];
+export type AdminConfig = NonNullable<Config['admin']>;
 export type PostgresStorageConfig = Extract<StorageConfig, { driver: 'postgres' }>;

@@ -30,7 +30,12 @@ export interface UpstreamProxy {
  * (their logging and error pages are replaced by ours) and a keep-alive agent.
  * Bodies stream both ways; the path goes up byte for byte (`toProxy` skips url.parse).
  */
-export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError: (req: IncomingMessage, error: HttpError) => void): UpstreamProxy {
+export function createUpstreamProxy(
+  upstream: GatewayConfig['upstream'],
+  onError: (req: IncomingMessage, error: HttpError) => void,
+  /** Called when the upstream's response headers arrive (the upstream timing). */
+  onAnswer?: (req: IncomingMessage) => void,
+): UpstreamProxy {
   const target = new URL(upstream.target);
   const basePath = target.pathname.replace(/\/+$/, '');
   // No agent-level socket timeout: Node keeps idle sockets for the upstream's Keep-Alive hint
@@ -82,6 +87,7 @@ export function createUpstreamProxy(upstream: GatewayConfig['upstream'], onError
     // selfHandleResponse: one writeHead with the upstream's headers instead of http-proxy's
     // header-by-header copy (a measured hot spot), hop-by-hop headers left behind.
     proxyServer.on('proxyRes', (proxyRes, req, res) => {
+      onAnswer?.(req);
       if (res.destroyed) return void proxyRes.destroy();
       const headers: OutgoingHttpHeaders = {};
       for (const name in proxyRes.headers) if (!HOP_BY_HOP_RESPONSE.has(name)) headers[name] = proxyRes.headers[name];

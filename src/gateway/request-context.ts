@@ -22,6 +22,10 @@ export interface RequestContext {
   errorCode?: string;
   /** Internal reason for the log (never sent to the client). */
   detail?: string;
+  /** What a webhook endpoint did with a request it accepted: accepted, duplicate, answered (a handshake). */
+  outcome?: 'accepted' | 'duplicate' | 'answered';
+  /** When the request was handed to the proxy (performance.now()), for the upstream timing. */
+  upstreamStartedAt?: number;
 }
 
 declare module 'node:http' {
@@ -109,6 +113,7 @@ function logRequest(log: RequestLog, req: IncomingMessage, res: ServerResponse, 
     ip: ctx.clientIp ?? req.socket.remoteAddress,
     error: ctx.errorCode,
     detail: ctx.detail,
+    outcome: ctx.outcome,
   });
 }
 

@@ -36,11 +36,16 @@ export interface UpstreamRoutes {
  * with its own proxy and keep-alive agent. Selection is O(routes): prefixes longest first, the
  * first that the decoded path starts with wins.
  */
-export function createUpstreamRoutes(gateway: Pick<GatewayConfig, 'upstream' | 'routes'>, onError: (req: IncomingMessage, error: HttpError) => void): UpstreamRoutes {
-  const fallback: UpstreamRoute = { prefix: API_PREFIX, stripPrefix: undefined, proxy: createUpstreamProxy(gateway.upstream, onError) };
+export function createUpstreamRoutes(
+  gateway: Pick<GatewayConfig, 'upstream' | 'routes'>,
+  onError: (req: IncomingMessage, error: HttpError) => void,
+  /** Called when an upstream's response headers arrive (the upstream timing). */
+  onAnswer?: (req: IncomingMessage) => void,
+): UpstreamRoutes {
+  const fallback: UpstreamRoute = { prefix: API_PREFIX, stripPrefix: undefined, proxy: createUpstreamProxy(gateway.upstream, onError, onAnswer) };
   const routes: UpstreamRoute[] = [...gateway.routes]
     .sort((a, b) => b.prefix.length - a.prefix.length)
-    .map((route) => ({ prefix: route.prefix, stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError) }));
+    .map((route) => ({ prefix: route.prefix, stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError, onAnswer) }));
 
   return {
     select(url, decodedPath) {

@@ -86,6 +86,14 @@ export interface StoreStatus {
   leased: number;
 }
 
+/** What /metrics shows of the queue (src/admin.ts), computed when scraped. */
+export interface QueueStats {
+  /** Events per action and status; pairs with none are left out. */
+  counts: { action: WebhookAction; status: DeliveryStatus; events: number }[];
+  /** The earliest `nextAttemptAt` among queued events already due (leased ones included), if any. */
+  oldestDueAt: number | undefined;
+}
+
 /**
  * One event as `gatehouse storage copy` moves it from one driver to another: the row exactly as
  * stored (status, attempt counts, next attempt, last error, delivered time, delivery id), every
@@ -146,6 +154,12 @@ export interface EventStore {
   /** Deletes events delivered before `olderThan`, with their attempts and replay keys (a replay of one is then new). */
   purgeDelivered(olderThan: number): Promise<number>;
   status(now: number): Promise<StoreStatus>;
+  queueStats(now: number): Promise<QueueStats>;
+  /**
+   * Resolves once the store has taken a write (one that changes no row, by the path accept's
+   * writes take); rejects when the store cannot write now (/readyz).
+   */
+  probeWrite(): Promise<void>;
   close(): Promise<void>;
 }
 

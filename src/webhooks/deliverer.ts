@@ -3,6 +3,7 @@ import http from 'node:http';
 import https from 'node:https';
 import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction, type WebhooksConfig } from '../config/schema.js';
+import { countDelivery } from '../metrics.js';
 import { VERSION } from '../version.js';
 import type { AttemptOutcome, ClaimedEvent, EventStore, StoredEvent } from '../storage/events.js';
 import { standardWebhooksKey } from './verifiers/standard-webhooks.js';
@@ -305,6 +306,7 @@ export class Deliverer {
       const recorded = await this.store.recordAttempt(event.id, { attempt: event.attempts + 1, at: startedAt, status: result.status, error: result.error, durationMs }, outcome, event.claimId);
       // Fenced off: the lease ran out and another claim (maybe another instance) owns the event now.
       if (!recorded) this.logger.warn({ id: event.id, outcome: outcome.status }, 'lease lost before the attempt was recorded: its outcome is left to the new holder');
+      else countDelivery(action, outcome.status);
     } catch (err) {
       // Not settled: the lease runs out and the event is tried again (at least once, never lost).
       this.logger.error({ err: (err as Error).message, id: event.id }, 'could not record a delivery attempt');

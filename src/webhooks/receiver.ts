@@ -7,6 +7,7 @@ import { HttpError, type ErrorCode } from '../errors.js';
 import { createClientIpResolver } from '../gateway/client-ip.js';
 import type { FailureLockout, LockoutSlot } from '../gateway/lockout.js';
 import { admitRequest, answerHealthy, requestLogger, respondWithError } from '../gateway/request-context.js';
+import { countRequests } from '../metrics.js';
 import { readBody } from '../read-body.js';
 import type { EventStore } from './store.js';
 import { jsonNestsDeeperThan } from './json-depth.js';
@@ -92,7 +93,6 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   const { webhooks } = config;
   const { logger, lockout, store } = deps;
   const resolveClientIp = createClientIpResolver(config.gateway.trustProxy);
-  const requestLog = requestLogger(logger);
   const endpoints = new Map<string, Endpoint>(webhooks.endpoints.map((e) => [e.path, {
     path: e.path,
     action: e.action,
@@ -104,8 +104,12 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   }]));
   for (const route of deps.routes ?? []) endpoints.set(route.path, { failureCode: 'invalid_webhook_signature', ...route });
   const prefixRoutes = deps.prefixRoutes ?? [];
+  // Endpoint labels are the configured paths (the keys here), never a path a client made up.
+  const requestLog = countRequests('webhooks', requestLogger(logger), new Set(endpoints.keys()));
 
-  function answer(res: ServerResponse, direct: DirectAnswer) {
+  /** A sender's own answer (a handshake, an integration's reply); an accepted event's outcome stays as set. */
+  function answer(req: IncomingMessage, res: ServerResponse, direct: DirectAnswer) {
+    req.gatehouse!.outcome ??= 'answered';
     res.writeHead(direct.status, { 'content-type': direct.contentType, 'content-length': Buffer.byteLength(direct.body), 'cache-control': 'no-store' });
     res.end(direct.body);
   }
@@ -187,7 +191,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
       slot?.succeeded(); // proven, or refused for what does not count (a no-op once given back)
     }
     if ('error' in proof) return next(proof.error);
-    if ('answer' in proof) return answer(res, proof.answer);
+    if ('answer' in proof) return answer(req, res, proof.answer);
     const rawBody = proof.body;
 
     let text: string;
@@ -204,7 +208,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     }
 
     const handshake = verifier.handshake?.(fields);
-    if (handshake) return answer(res, handshake);
+    if (handshake) return answer(req, res, handshake);
 
     if (endpoint.consume) {
       let reply: DirectAnswer;
@@ -214,7 +218,7 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
         logger.error({ err: (err as Error).message, endpoint: endpoint.path }, 'notification not processed: the sender will retry');
         return next(new HttpError('integration_unavailable', (err as Error).message, { 'retry-after': STORE_RETRY_AFTER_SECONDS }));
       }
-      return answer(res, reply);
+      return answer(req, res, reply);
     }
 
     const deliveryId = verifier.deliveryId(req.headers, fields);
@@ -244,8 +248,9 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
       endpoint.onStored?.();
     }
     res.setHeader('x-gatehouse-event-id', result.id);
+    req.gatehouse!.outcome = result.duplicate ? 'duplicate' : 'accepted';
     const direct = verifier.acceptedAnswer?.(fields);
-    if (direct) return answer(res, direct);
+    if (direct) return answer(req, res, direct);
     const reply = JSON.stringify({ id: result.id, status: result.duplicate ? 'duplicate' : 'queued' });
     res.writeHead(result.duplicate ? 200 : 202, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' });
     res.end(reply);

@@ -520,4 +520,34 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.equal((await store.status(T0 + LEASE)).leased, 0);
     });
   });
+
+  describe('queueStats and probeWrite (the admin listener)', () => {
+    it('counts events by action and status, and finds the earliest due one', async () => {
+      const a = await acceptAt(T0 + 1_000);
+      await acceptAt(T0 + 2_000);
+      await acceptAt(T0 + 3_000, 'agent');
+      const later = await acceptAt(T0 + 500);
+      await store.recordAttempt(a, attempt(1, T0, 200), { status: 'delivered' });
+      await store.recordAttempt(later, attempt(1, T0, 503), { status: 'queued', nextAttemptAt: T0 + 60_000 });
+      const stats = await store.queueStats(T0 + 10_000);
+      const byKey = Object.fromEntries(stats.counts.map((c) => [`${c.action}/${c.status}`, c.events]));
+      assert.deepEqual(byKey, { 'message/delivered': 1, 'message/queued': 2, 'agent/queued': 1 });
+      // The retried one is not due until T0 + 60 s: the earliest due is the one received at T0 + 2 s.
+      assert.equal(stats.oldestDueAt, T0 + 2_000);
+      assert.equal((await store.queueStats(T0)).oldestDueAt, undefined, 'nothing due yet');
+    });
+
+    it('probeWrite resolves on a writable store and changes nothing', async () => {
+      const id = await acceptAt(T0);
+      await store.probeWrite();
+      assert.deepEqual((await store.status(T0)).counts, { queued: 1, delivered: 0, dead: 0 });
+      assert.equal((await store.get(id))!.event.status, 'queued');
+    });
+
+    it('probeWrite rejects once the store is closed', async () => {
+      const closed = await other();
+      await closed.close();
+      await assert.rejects(closed.probeWrite());
+    });
+  });
 }

@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
-import { createRemoteJWKSet, errors, importSPKI, jwtVerify, type JWTPayload, type JWTVerifyGetKey, type CryptoKey } from 'jose';
+import { createRemoteJWKSet, customFetch, errors, importSPKI, jwtVerify, type JWTPayload, type JWTVerifyGetKey, type CryptoKey } from 'jose';
 import type { JwtConfig } from '../../config/schema.js';
+import { countJwksFetch } from '../../metrics.js';
 
 /** `unavailable`: the keys could not be fetched (the identity provider is down), not a bad token. */
 export type JwtCheck = { ok: true; subject: string | undefined; claims: Readonly<JWTPayload> } | { ok: false; reason: string; unavailable?: boolean };
@@ -15,6 +16,19 @@ export function isKeySetOutage(err: unknown): boolean {
 
 type KeySource = Uint8Array | JWTVerifyGetKey;
 type CachedToken = { subject: string | undefined; claims: Readonly<JWTPayload>; until: number; kid: string | undefined };
+
+/** jose's fetch, counted (gatehouse_jwks_fetches_total): any answer but 2xx is http_error, no answer unreachable. */
+const fetchCounted: typeof fetch = async (url, init) => {
+  let response: Response;
+  try {
+    response = await fetch(url, init);
+  } catch (err) {
+    countJwksFetch('unreachable');
+    throw err;
+  }
+  countJwksFetch(response.ok ? 'ok' : 'http_error');
+  return response;
+};
 const MAX_CACHED_TOKENS = 10_000;
 
 /**
@@ -33,7 +47,13 @@ export class JwtVerifier {
     private readonly warmUp: () => Promise<void>,
     /** For a JWKS: whether a key id is in the key set as last fetched (a rotated-out key stops counting). */
     private readonly hasKid?: (kid: string) => boolean,
+    private readonly keySetLoaded: () => boolean = () => true,
   ) {}
+
+  /** Whether the keys are in hand: always for a secret or a PEM key; for a JWKS, once a fetch has succeeded. */
+  get keysLoaded(): boolean {
+    return this.keySetLoaded();
+  }
 
   static async create(settings: JwtConfig): Promise<JwtVerifier> {
     if (settings.secret !== undefined) {
@@ -54,14 +74,18 @@ export class JwtVerifier {
       cacheMaxAge: settings.jwksCacheSeconds * 1000,
       cooldownDuration: settings.jwksCooldownSeconds * 1000,
       timeoutDuration: 5_000,
+      [customFetch]: fetchCounted,
     });
     // The kids of the fetched set, for the cached-token check. jose's jwks() returns a
     // structuredClone on every call (per request, it kept cached RS256 well below HS256), so they
     // are re-read only where the set can change: after a key lookup (jose fetches inside it)
     // and after an explicit reload.
     let publishedKids = new Set<string>();
+    let loaded = false;
     const readKids = () => {
-      publishedKids = new Set((jwks.jwks()?.keys ?? []).flatMap((k) => (k.kid ? [k.kid] : [])));
+      const set = jwks.jwks();
+      if (set) loaded = true;
+      publishedKids = new Set((set?.keys ?? []).flatMap((k) => (k.kid ? [k.kid] : [])));
     };
     const getKey: JWTVerifyGetKey = async (header, token) => {
       try {
@@ -74,7 +98,7 @@ export class JwtVerifier {
       await jwks.reload();
       readKids();
     };
-    return new JwtVerifier(settings, getKey, 'jwksUri', reload, (kid) => publishedKids.has(kid));
+    return new JwtVerifier(settings, getKey, 'jwksUri', reload, (kid) => publishedKids.has(kid), () => loaded);
   }
 
   /** Fetches the JWKS ahead of the first request, so no request waits for it. Never throws. */

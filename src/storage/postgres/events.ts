@@ -5,7 +5,7 @@ import type { PostgresStorageConfig, WebhookAction } from '../../config/schema.j
 import { UsageError } from '../../errors.js';
 import {
   IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId, toEvent,
-  type AcceptResult, type EventRow as SharedEventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type CopyCounts, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type StoreStatus, type StoredEvent,
+  type AcceptResult, type EventRow as SharedEventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type CopyCounts, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type QueueStats, type StoreStatus, type StoredEvent,
 } from '../events.js';
 import { PostgresListener } from './listener.js';
 import { migrate, POSTGRES_SCHEMA_VERSION, schemaVersion } from './migrations.js';
@@ -477,6 +477,17 @@ export class PostgresEventStore implements EventStore {
     for (const row of rows) counts[row.status] = row.n;
     const leased = await this.pool.query<{ n: number }>("SELECT count(*) AS n FROM events WHERE status = 'queued' AND lease_until > $1::bigint", [now]);
     return { driver: 'postgres', location: describeUrl(this.storage.url), schemaVersion: await schemaVersion(this.pool), counts, leased: leased.rows[0]!.n };
+  }
+
+  async queueStats(now: number): Promise<QueueStats> {
+    const { rows } = await this.pool.query<{ action: WebhookAction; status: DeliveryStatus; n: number }>('SELECT action, status, count(*) AS n FROM events GROUP BY action, status');
+    const due = await this.pool.query<{ at: number | null }>("SELECT min(next_attempt_at) AS at FROM events WHERE status = 'queued' AND next_attempt_at <= $1::bigint", [now]);
+    return { counts: rows.map((row) => ({ action: row.action, status: row.status, events: row.n })), oldestDueAt: due.rows[0]?.at ?? undefined };
+  }
+
+  /** A statement that writes nothing but is refused wherever writes are (a standby, a read-only session, no connection). */
+  async probeWrite(): Promise<void> {
+    await this.pool.query("UPDATE events SET status = status WHERE id = ''");
   }
 
   /**

@@ -5,7 +5,7 @@ import { openDatabase } from '../../sqlite.js';
 import { acquireWriterLock, type WriterLock } from './writer-lock.js';
 import {
   IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId, toEvent,
-  type AcceptResult, type EventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type StoreStatus, type StoredEvent,
+  type AcceptResult, type EventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type QueueStats, type StoreStatus, type StoredEvent,
 } from '../events.js';
 
 const MAX_FRESH_EVENTS = 10_000;
@@ -130,6 +130,10 @@ export class SqliteEventStore implements EventStore {
       // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
       purge: db.prepare<[number]>('DELETE FROM events WHERE rowid IN (SELECT rowid FROM events WHERE status = \'delivered\' AND delivered_at < ? LIMIT 500)'),
       counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
+      queueCounts: db.prepare<[], { action: WebhookAction; status: DeliveryStatus; n: number }>('SELECT action, status, COUNT(*) AS n FROM events GROUP BY action, status'),
+      oldestDue: db.prepare<[number], { at: number | null }>('SELECT MIN(next_attempt_at) AS at FROM events WHERE status = \'queued\' AND next_attempt_at <= ?'),
+      // Takes the write lock and changes nothing (no row has an empty id).
+      probeWrite: db.prepare('UPDATE events SET status = status WHERE id = \'\''),
       // exportAll: pages in id order, and the attempts and replay keys of a page's id range (both indexed by event_id).
       exportPage: db.prepare<[string, number], EventRow>('SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?'),
       exportAttempts: db.prepare<[string, string], { event_id: string; attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>(
@@ -325,6 +329,16 @@ export class SqliteEventStore implements EventStore {
     let leased = 0;
     for (const lease of this.leases.values()) if (lease.until > now) leased++;
     return { driver: 'sqlite', location: this.db.name, schemaVersion: this.db.pragma('user_version', { simple: true }) as number, counts, leased };
+  }
+
+  async queueStats(now: number): Promise<QueueStats> {
+    const counts = this.statements.queueCounts.all().map((row) => ({ action: row.action, status: row.status, events: row.n }));
+    return { counts, oldestDueAt: this.statements.oldestDue.get(now)?.at ?? undefined };
+  }
+
+  /** Through the group commit, like accept: a file that cannot be written (locked, read-only, full) rejects. */
+  async probeWrite(): Promise<void> {
+    await this.write(() => this.statements.probeWrite.run());
   }
 
   /** The earliest time a queued event can be claimed: leased events count from their lease's end. */

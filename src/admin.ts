@@ -1,0 +1,199 @@
+import { createHash, timingSafeEqual } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Logger } from 'pino';
+import { describeChannel } from './cli/channels.js';
+import { DELIVERY_STATUSES, type EventStore } from './storage/events.js';
+import type { AdminConfig, Config } from './config/schema.js';
+import { HttpError } from './errors.js';
+import type { LockoutStore } from './gateway/lockout.js';
+import { admitRequest, answerHealthy, respondWithError, type RequestLog } from './gateway/request-context.js';
+import type { ChannelStore } from './channels/state.js';
+import type { GmailStore } from './integrations/gmail/state.js';
+import { closeServer, listen } from './listener.js';
+import { openGmailStore } from './storage/open.js';
+import { METRICS_CONTENT_TYPE, renderMetrics, scrapeGauges, type MetricsSnapshot } from './metrics.js';
+
+/** What the admin listener asks of the /api/ edge (in this process, or of every worker). */
+export interface GatewayProbe {
+  /** Every verifier has its keys (a JWKS fetched at least once); true without a JWKS. */
+  keysLoaded: boolean;
+  /** With `metrics`: the snapshots of the other processes serving /api/ (none in-process). */
+  snapshots: MetricsSnapshot[];
+}
+
+/** What the admin listener reads, at scrape or probe time only. */
+export interface AdminSources {
+  probeGateway(options: { metrics: boolean }): Promise<GatewayProbe>;
+  lockoutStore: LockoutStore;
+  /** The webhook event store, when `webhooks.enabled`. */
+  store?: EventStore;
+  channelStore?: ChannelStore;
+}
+
+export interface RunningAdmin {
+  url: string;
+  /** From now on /readyz answers 503 (`draining`): called first thing on SIGTERM. */
+  startDraining(): void;
+  /** The token and the gauges' config follow a reload; the listen address and limits need a restart. */
+  reload(next: Config): void;
+  close(graceMs: number): Promise<void>;
+}
+
+/** How long /readyz waits for the store's write probe before calling it failed. */
+const STORE_PROBE_TIMEOUT_MS = 2_000;
+const ROUTES = new Set(['/metrics', '/readyz', '/healthz']);
+
+/**
+ * The operator's listener (`admin`): GET/HEAD only, on three paths.
+ * - `/metrics`: Prometheus text, summed over the gateway workers; `Authorization: Bearer <token>`
+ *   when `admin.token` is set (compared in constant time, 401 otherwise).
+ * - `/readyz`: 200 only when the store takes writes, the JWKS (if any) is loaded and the process
+ *   is not draining; 503 naming the failing checks otherwise. No token: load balancers probe it.
+ * - `/healthz`: liveness (200 while the process answers), as on the other listeners.
+ * Everything else is 404, other methods 405; every parser limit is set (`admin.limits`).
+ */
+export async function startAdmin(initial: Config, sources: AdminSources, logger: Logger): Promise<RunningAdmin> {
+  let config = initial;
+  let admin: AdminConfig = initial.admin!;
+  let tokenDigest = admin.token === undefined ? undefined : digest(admin.token);
+  let draining = false;
+  const limits = admin.limits; // the listener's, fixed at start
+  // Scrapes and probes come every few seconds: their lines are debug, not info.
+  const log: RequestLog = (fields) => logger.debug(fields, 'admin request');
+  // Opened at the first scrape that needs it (its constructor runs the schema), then kept.
+  let gmailState: GmailStore | undefined;
+  const gmailStateOf = (store: EventStore) => (gmailState ??= openGmailStore(store));
+
+  function authorized(req: IncomingMessage): boolean {
+    if (tokenDigest === undefined) return true;
+    const header = req.headers.authorization;
+    const given = header !== undefined && /^Bearer [\x21-\x7e]+$/i.test(header) ? header.slice(7) : '';
+    // Digests of equal length, so the comparison time says nothing about the token (nor its length).
+    return timingSafeEqual(digest(given), tokenDigest);
+  }
+
+  async function metrics(res: ServerResponse): Promise<void> {
+    const [probe] = await Promise.all([sources.probeGateway({ metrics: true }), refreshGauges(config, sources, gmailStateOf, logger)]);
+    const body = await renderMetrics(probe.snapshots);
+    res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
+    res.end(body);
+  }
+
+  async function readiness(res: ServerResponse): Promise<void> {
+    // While draining the store is being closed: probing it would only add a second failure.
+    const [store, keys] = await Promise.all([
+      draining ? 'skipped' : storeCheck(sources.store, logger),
+      sources.probeGateway({ metrics: false }).then((p) => (p.keysLoaded ? 'ok' : 'the JWKS has not been loaded yet'), (err: Error) => `the gateway did not answer: ${err.message}`),
+    ]);
+    const checks = { store, jwks: keys, draining: draining ? 'the process is shutting down' : 'ok' };
+    const failing = Object.entries(checks).filter(([, v]) => v !== 'ok' && v !== 'skipped').map(([k]) => k);
+    const body = JSON.stringify({ status: failing.length === 0 ? 'ready' : 'not_ready', failing, checks });
+    res.writeHead(failing.length === 0 ? 200 : 503, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
+    res.end(body);
+  }
+
+  async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = req.url ?? '';
+    const queryAt = url.indexOf('?');
+    const path = queryAt === -1 ? url : url.slice(0, queryAt);
+    if (!ROUTES.has(path)) throw new HttpError('not_found', `no admin route ${path}`);
+    if (req.method !== 'GET' && req.method !== 'HEAD') throw new HttpError('method_not_allowed', `${req.method} ${path}`, { allow: 'GET, HEAD' });
+    if (path === '/healthz') return answerHealthy(res);
+    if (path === '/readyz') return readiness(res);
+    if (!authorized(req)) throw new HttpError('invalid_admin_token', 'missing or wrong admin token', { 'www-authenticate': 'Bearer realm="gatehouse-admin"' });
+    return metrics(res);
+  }
+
+  const listening = await listen('admin.listen', admin.listen, undefined, limits, (req, res) => {
+    if (!admitRequest(req, res, log, limits, logger)) return;
+    route(req, res).catch((err: unknown) => respondWithError(req, res, err, logger));
+  });
+  logger.info({ url: listening.url, tokenRequired: tokenDigest !== undefined }, 'admin listener on /metrics, /readyz, /healthz');
+  return {
+    url: listening.url,
+    startDraining() {
+      draining = true;
+    },
+    reload(next) {
+      if (!next.admin) {
+        logger.warn('admin removed from the configuration: the admin listener stays until the next restart');
+        return;
+      }
+      config = next;
+      admin = next.admin;
+      tokenDigest = admin.token === undefined ? undefined : digest(admin.token);
+    },
+    close: (graceMs) => closeServer(listening.server, graceMs),
+  };
+}
+
+function digest(text: string): Buffer {
+  return createHash('sha256').update(text).digest();
+}
+
+/** 'ok', 'skipped' (no event store: webhooks off), or why the store does not take writes now. */
+async function storeCheck(store: EventStore | undefined, logger: Logger): Promise<string> {
+  if (!store) return 'skipped';
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    await Promise.race([
+      store.probeWrite(),
+      new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no answer within ${STORE_PROBE_TIMEOUT_MS} ms`)), STORE_PROBE_TIMEOUT_MS);
+      }),
+    ]);
+    return 'ok';
+  } catch (err) {
+    logger.warn({ err: (err as Error).message }, 'readiness: the store does not take writes');
+    // The code, not the message: /readyz has no token, and driver messages can name hosts and users.
+    return `the store does not take writes (${(err as NodeJS.ErrnoException).code ?? 'error'})`;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** Sets the gauges read from the stores; a store that cannot answer leaves its gauges out of this scrape. */
+async function refreshGauges(config: Config, sources: AdminSources, gmailStateOf: (store: EventStore) => GmailStore, logger: Logger): Promise<void> {
+  const now = Date.now();
+  const g = scrapeGauges;
+  g.lockoutsActive.set(sources.lockoutStore.activeLocks?.(now).length ?? 0);
+  g.queueEvents.reset();
+  g.queueOldestDue.reset();
+  if (sources.store) {
+    try {
+      const stats = await sources.store.queueStats(now);
+      // Every configured action shows every status, 0 included: alerts on `dead > 0` need the series.
+      for (const action of Object.keys(config.webhooks.targets)) for (const status of DELIVERY_STATUSES) g.queueEvents.set({ action, status }, 0);
+      for (const { action, status, events } of stats.counts) g.queueEvents.set({ action, status }, events);
+      g.queueOldestDue.set(stats.oldestDueAt === undefined ? 0 : Math.max(0, now - stats.oldestDueAt) / 1000);
+    } catch (err) {
+      logger.warn({ err: (err as Error).message }, 'metrics: the queue could not be read');
+    }
+  }
+  g.channelConnected.reset();
+  if (sources.channelStore) {
+    for (const [name, channel] of Object.entries(config.channels)) {
+      try {
+        g.channelConnected.set({ channel: name }, (await describeChannel(name, channel, sources.channelStore)).connected ? 1 : 0);
+      } catch (err) {
+        logger.warn({ err: (err as Error).message, channel: name }, 'metrics: the channel state could not be read');
+      }
+    }
+  }
+  g.gmailWatchExpiresIn.reset();
+  g.gmailLastErrorAt.reset();
+  g.gmailLastNotificationAt.reset();
+  const gmail = config.webhooks.gmail;
+  if (gmail && sources.store) {
+    let state;
+    try {
+      state = await gmailStateOf(sources.store).get(gmail.account);
+    } catch (err) {
+      return void logger.warn({ err: (err as Error).message }, 'metrics: the Gmail state could not be read');
+    }
+    const labels = { account: gmail.account };
+    if (state?.watchExpiration != null) g.gmailWatchExpiresIn.set(labels, (state.watchExpiration - now) / 1000);
+    g.gmailLastErrorAt.set(labels, (state?.lastErrorAt ?? 0) / 1000);
+    g.gmailLastNotificationAt.set(labels, (state?.lastNotificationAt ?? 0) / 1000);
+  }
+}

@@ -1,0 +1,275 @@
+import { AggregatorRegistry, collectDefaultMetrics, Counter, Gauge, Registry, type MetricObjectWithValues, type MetricValue } from 'prom-client';
+import type { RequestLog } from './gateway/request-context.js';
+
+/**
+ * gatehouse's Prometheus metrics: one registry per process, a short fixed set of instruments
+ * named `gatehouse_<thing>_<unit>`, labelled from configuration and bounded enums only (listener,
+ * status code, auth method, error code, configured endpoint path, action), never from request
+ * data (key id, subject, IP, path): Kong's and Traefik's rule against unbounded cardinality.
+ * Nothing is recorded until `enableMetrics()` (an `admin` listener is configured), so a gateway
+ * without one pays nothing. With `gateway.workers` each worker records its own and the primary
+ * sums them at scrape time (`renderMetrics`).
+ */
+export const registry = new Registry();
+
+let enabled = false;
+
+/** Starts recording in this process (idempotent): the instruments below, and Node's process metrics. */
+export function enableMetrics(): void {
+  if (enabled) return;
+  enabled = true;
+  collectDefaultMetrics({ register: registry });
+}
+
+/** Whether this process records (what app builders ask before binding per-request hooks). */
+export function metricsEnabled(): boolean {
+  return enabled;
+}
+
+type Labels = Record<string, string>;
+
+/**
+ * The per-request instruments. prom-client's own children validate and hash their labels on
+ * every call (measured: ~25 % more CPU per /api/ request with them); these keep plain numbers
+ * in cells bound once per label set, and hand prom-client the values when scraped (`get()` is
+ * the interface its Registry and AggregatorRegistry read).
+ */
+class RequestCounter {
+  readonly aggregator = 'sum';
+  private readonly cells: { labels: Labels; value: number }[] = [];
+  constructor(readonly name: string, readonly help: string) {
+    registry.registerMetric(this as never);
+  }
+
+  /** A cell for one label set: increment its `value`. Bind once, keep it. */
+  cell(labels: Labels): { value: number } {
+    const cell = { labels, value: 0 };
+    this.cells.push(cell);
+    return cell;
+  }
+
+  get() {
+    return { name: this.name, help: this.help, type: 'counter', aggregator: this.aggregator, values: this.cells.map(({ labels, value }) => ({ labels, value })) };
+  }
+}
+
+const BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
+
+class LatencyHistogram {
+  readonly aggregator = 'sum';
+  private readonly series: { labels: Labels; counts: Float64Array; sum: number; count: number }[] = [];
+  constructor(readonly name: string, readonly help: string) {
+    registry.registerMetric(this as never);
+  }
+
+  /** One label set's observer: a bucket search over 14 bounds and three additions, nothing allocated. */
+  child(labels: Labels): (seconds: number) => void {
+    const series = { labels, counts: new Float64Array(BUCKETS.length), sum: 0, count: 0 };
+    this.series.push(series);
+    return function observe(seconds) {
+      series.sum += seconds;
+      series.count++;
+      for (let i = 0; i < BUCKETS.length; i++) {
+        if (seconds <= BUCKETS[i]!) {
+          series.counts[i]!++;
+          return;
+        }
+      }
+    };
+  }
+
+  get() {
+    const values: { labels: Record<string, string | number>; value: number; metricName: string }[] = [];
+    for (const { labels, counts, sum, count } of this.series) {
+      let cumulative = 0;
+      BUCKETS.forEach((le, i) => {
+        cumulative += counts[i]!;
+        values.push({ labels: { le, ...labels }, value: cumulative, metricName: `${this.name}_bucket` });
+      });
+      values.push({ labels: { le: '+Inf', ...labels }, value: count, metricName: `${this.name}_bucket` });
+      values.push({ labels, value: sum, metricName: `${this.name}_sum` });
+      values.push({ labels, value: count, metricName: `${this.name}_count` });
+    }
+    return { name: this.name, help: this.help, type: 'histogram', aggregator: this.aggregator, values };
+  }
+}
+
+const requests = new RequestCounter(
+  'gatehouse_http_requests_total',
+  'HTTP requests answered, by listener, status code and the credential methods that authenticated them (none when not authenticated).',
+);
+
+const requestDuration = new LatencyHistogram('gatehouse_request_duration_seconds', 'Time from the request headers to the end of the answer, by listener.');
+
+const upstreamDuration = new LatencyHistogram('gatehouse_upstream_duration_seconds', 'Time from sending a request upstream to its response headers (or to the upstream error).');
+const observeUpstreamSeconds = upstreamDuration.child({});
+
+const authFailures = new Counter({
+  name: 'gatehouse_auth_failures_total',
+  help: 'Requests to /api/ refused by authentication, by credential method and error code.',
+  labelNames: ['method', 'reason'] as const,
+  registers: [registry],
+});
+
+const webhooksReceived = new Counter({
+  name: 'gatehouse_webhooks_received_total',
+  help: 'Requests to configured webhook endpoints, by endpoint path and outcome (accepted, duplicate, answered, or the error code).',
+  labelNames: ['endpoint', 'outcome'] as const,
+  registers: [registry],
+});
+
+const deliveries = new Counter({
+  name: 'gatehouse_deliveries_total',
+  help: 'Delivery attempts to action targets, by action and outcome (delivered, retry, dead).',
+  labelNames: ['action', 'outcome'] as const,
+  registers: [registry],
+});
+
+const jwksFetches = new Counter({
+  name: 'gatehouse_jwks_fetches_total',
+  help: 'Fetches of the JWKS (gateway.auth.bearer.jwt.jwksUri), by outcome (ok, http_error, unreachable).',
+  labelNames: ['outcome'] as const,
+  registers: [registry],
+});
+
+const configReloads = new Counter({
+  name: 'gatehouse_config_reloads_total',
+  help: 'Configuration reloads (SIGHUP or file change), by outcome (ok, rejected).',
+  labelNames: ['outcome'] as const,
+  registers: [registry],
+});
+
+/** Gauges the primary sets at scrape time from the stores (src/admin.ts); workers leave them unset. */
+export const scrapeGauges = {
+  lockoutsActive: new Gauge({ name: 'gatehouse_lockouts_active', help: 'Clients locked out now after repeated authentication failures.', registers: [registry] }),
+  queueEvents: new Gauge({
+    name: 'gatehouse_queue_events',
+    help: 'Webhook events in the store, by action and status (queued, delivered, dead).',
+    labelNames: ['action', 'status'] as const,
+    registers: [registry],
+  }),
+  queueOldestDue: new Gauge({
+    name: 'gatehouse_queue_oldest_due_seconds',
+    help: 'How long the longest-waiting due event has been due (0 when none is due): delivery lag.',
+    registers: [registry],
+  }),
+  channelConnected: new Gauge({
+    name: 'gatehouse_channel_connected',
+    help: 'Whether each configured channel is connected (1) or not (0).',
+    labelNames: ['channel'] as const,
+    registers: [registry],
+  }),
+  gmailWatchExpiresIn: new Gauge({
+    name: 'gatehouse_gmail_watch_expires_in_seconds',
+    help: 'Seconds until the Gmail watch expires (negative once expired; absent before the first watch).',
+    labelNames: ['account'] as const,
+    registers: [registry],
+  }),
+  gmailLastErrorAt: new Gauge({
+    name: 'gatehouse_gmail_last_error_timestamp_seconds',
+    help: 'When the Gmail integration last failed (0: no error since the last success).',
+    labelNames: ['account'] as const,
+    registers: [registry],
+  }),
+  gmailLastNotificationAt: new Gauge({
+    name: 'gatehouse_gmail_last_notification_timestamp_seconds',
+    help: 'When Gmail last notified of new mail (0: never).',
+    labelNames: ['account'] as const,
+    registers: [registry],
+  }),
+};
+
+type CounterChild = { inc(value?: number): void };
+
+/**
+ * Wraps a listener's request log so every answered request is also counted and timed. The
+ * counter children are bound once per (status, auth) pair seen and the histogram's once per
+ * listener: per request, one Map lookup and two increments (the /api/ hot path; see
+ * `npm run bench`, "metrics"). Returns `log` unchanged while metrics are off.
+ */
+export function countRequests(listener: 'gateway' | 'webhooks', log: RequestLog, webhookEndpoints?: ReadonlySet<string>): RequestLog {
+  if (!enabled) return log;
+  // auth (one of a few method lists) → status → cell: no key is built per request.
+  const cells = new Map<string, { value: number }[]>();
+  const observeDuration = requestDuration.child({ listener });
+  return function countAndLog(fields) {
+    log(fields);
+    const status = fields.status as number;
+    const auth = (fields.auth as string | undefined) ?? 'none';
+    let byStatus = cells.get(auth);
+    if (byStatus === undefined) {
+      byStatus = [];
+      cells.set(auth, byStatus);
+    }
+    let cell = byStatus[status];
+    if (cell === undefined) {
+      cell = requests.cell({ listener, status: String(status), auth });
+      byStatus[status] = cell;
+    }
+    cell.value++;
+    observeDuration((fields.ms as number) / 1000);
+    if (webhookEndpoints?.has(fields.path as string)) {
+      webhooksReceived.labels(fields.path as string, (fields.outcome as string | undefined) ?? (fields.error as string | undefined) ?? `status_${status}`).inc();
+    }
+  };
+}
+
+/** The credential method an /api/ refusal is about, from its catalogue code. */
+const AUTH_FAILURE_METHOD: Readonly<Record<string, string>> = {
+  invalid_api_key: 'api-key',
+  invalid_token: 'bearer',
+  auth_unavailable: 'bearer',
+  missing_credentials: 'none',
+  too_many_failures: 'lockout',
+};
+
+const authFailureChildren = new Map<string, CounterChild>();
+
+/** Counts an /api/ request refused by authentication (or by the lockout in front of it). */
+export function countAuthFailure(code: string): void {
+  if (!enabled) return;
+  let child = authFailureChildren.get(code);
+  if (child === undefined) {
+    child = authFailures.labels(AUTH_FAILURE_METHOD[code] ?? 'other', code);
+    authFailureChildren.set(code, child);
+  }
+  child.inc();
+}
+
+/** Time to the upstream's answer, from the moment the request was handed to the proxy (ms, performance.now()). */
+export function observeUpstream(startedAt: number): void {
+  if (enabled) observeUpstreamSeconds((performance.now() - startedAt) / 1000);
+}
+
+/** One delivery attempt settled: `delivered`, `retry` (queued again) or `dead`. */
+export function countDelivery(action: string, outcome: 'delivered' | 'queued' | 'dead'): void {
+  if (enabled) deliveries.labels(action, outcome === 'queued' ? 'retry' : outcome).inc();
+}
+
+export function countJwksFetch(outcome: 'ok' | 'http_error' | 'unreachable'): void {
+  if (enabled) jwksFetches.labels(outcome).inc();
+}
+
+export function countConfigReload(outcome: 'ok' | 'rejected'): void {
+  if (enabled) configReloads.labels(outcome).inc();
+}
+
+/** One process's metrics as prom-client's JSON. */
+export type MetricsSnapshot = MetricObjectWithValues<MetricValue<string>>[];
+
+/** This process's metrics as prom-client's JSON: what a worker sends the primary for a scrape. */
+export async function metricsSnapshot(): Promise<MetricsSnapshot> {
+  return registry.getMetricsAsJSON();
+}
+
+/**
+ * The Prometheus text for one scrape: this process's metrics, summed with the snapshots other
+ * processes (gateway workers) sent, metric by metric and label set by label set (prom-client's
+ * aggregator: counters and histograms add up; process metrics keep their own aggregation).
+ */
+export async function renderMetrics(others: MetricsSnapshot[]): Promise<string> {
+  if (others.length === 0) return registry.metrics();
+  return AggregatorRegistry.aggregate([await registry.getMetricsAsJSON(), ...others]).metrics();
+}
+
+export const METRICS_CONTENT_TYPE = registry.contentType;
