@@ -9,6 +9,7 @@ import { exportJWK, generateKeyPair, SignJWT } from 'jose';
 import { request } from './http.js';
 import { startServerProcess, type ServerProcess } from './process.js';
 import { startRecordingUpstream, type RecordingServer } from './upstream.js';
+import { waitUntil as waitUntilWithin } from './instances.js';
 
 /**
  * Shared by the admin listener's e2e tests (admin-metrics, admin-metrics-workers): a recording
@@ -114,10 +115,6 @@ export async function sendTraffic(s: Started, deliveryId = 'd-1'): Promise<void>
 }
 
 export async function waitUntil(check: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out: ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
+  await waitUntilWithin(check, timeoutMs, () => `timed out: ${what}`);
 }
 
