@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import type { Logger } from 'pino';
 import { parseConfig } from '../../src/config/load.js';
 import type { Identity } from '../../src/gateway/credentials/authenticate.js';
 import { compileRateLimiter, RateLimitState, TokenBuckets } from '../../src/gateway/rate-limit.js';
@@ -48,7 +49,11 @@ function scriptedStore() {
 
 function logs() {
   const lines: [string, string][] = [];
-  return { lines, logger: { warn: (_: unknown, msg: string) => lines.push(['warn', msg]), info: (msg: string) => lines.push(['info', msg]) } };
+  const logger = {
+    warn: (_: unknown, msg: string) => void lines.push(['warn', msg]),
+    info: (msg: string) => void lines.push(['info', msg]),
+  } as unknown as Pick<Logger, 'warn' | 'info'>; // the two calls the sync makes
+  return { lines, logger };
 }
 
 describe('token buckets: spend collected, shared level settled', () => {
