@@ -136,7 +136,7 @@ export interface RunningGateway {
 export type GatewayStarter = (config: Config, deps: {
   logger: Logger;
   lockoutStore: LockoutStore;
-  /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers.ts). */
+  /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers.ts); on Postgres whole buckets, shared. */
   rateLimitShare?: number;
 }) => Promise<RunningGateway>;
 

@@ -48,6 +48,7 @@ export function startRateLimitSync(
   let reachable = true;
   let closed = false;
   let rounds = 0;
+  let spentSinceCleanup = false;
   let running: Promise<void> | undefined;
 
   async function round(): Promise<void> {
@@ -69,7 +70,12 @@ export function startRateLimitSync(
           if (level !== undefined) targets[i]!.buckets.settle(targets[i]!.key, level, at);
         }
       }
-      if (++rounds % CLEANUP_EVERY === 0) await store.deleteFull(at, CLEANUP_BATCH);
+      if (spends.length > 0) spentSinceCleanup = true;
+      // Only after spends: an instance without rate limits never queries (nor logs an outage).
+      if (++rounds % CLEANUP_EVERY === 0 && spentSinceCleanup) {
+        spentSinceCleanup = false;
+        await store.deleteFull(at, CLEANUP_BATCH);
+      }
       if (!reachable && spends.length > 0) {
         reachable = true;
         logger?.info('postgres reachable again: rate limits are shared again');
