@@ -69,8 +69,8 @@ export function startRateLimitSync(
           const level = levels.get(spends[i]!.bucket);
           if (level !== undefined) targets[i]!.buckets.settle(targets[i]!.key, level, at);
         }
+        spentSinceCleanup = true;
       }
-      if (spends.length > 0) spentSinceCleanup = true;
       // Only after spends: an instance without rate limits never queries (nor logs an outage).
       if (++rounds % CLEANUP_EVERY === 0 && spentSinceCleanup) {
         spentSinceCleanup = false;
