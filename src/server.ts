@@ -5,6 +5,7 @@ import { isLoopbackHost, type Config } from './config/schema.js';
 import { configWarnings } from './config/warnings.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
 import { RateLimitState } from './gateway/rate-limit.js';
+import { startRateLimitSync } from './gateway/rate-limit-sync.js';
 import { Deliverer } from './webhooks/deliverer.js';
 import { channelRoutes } from './channels/inbound.js';
 import { createChannelSender } from './channels/outbound.js';
@@ -16,7 +17,7 @@ import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
 import { secretKeyFromEnv } from './secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from './webhooks/receiver.js';
 import { createVerifier } from './webhooks/verifiers/index.js';
-import { describeStorage, openChannelStore, openEventStore } from './storage/open.js';
+import { describeStorage, openChannelStore, openEventStore, openRateLimitStore } from './storage/open.js';
 import { PostgresLockoutStore } from './storage/postgres/lockout.js';
 import type { EventStore } from './webhooks/store.js';
 
@@ -135,7 +136,7 @@ export interface RunningGateway {
 export type GatewayStarter = (config: Config, deps: {
   logger: Logger;
   lockoutStore: LockoutStore;
-  /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers.ts). */
+  /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers.ts); on Postgres whole buckets, shared. */
   rateLimitShare?: number;
 }) => Promise<RunningGateway>;
 
@@ -144,8 +145,11 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   const { logger } = options;
   let config = initial;
   const lockout = new FailureLockout(options.lockoutStore, config.gateway.auth.failures, 'gateway');
-  // Outlives each app: a reload keeps the buckets of the limits it leaves unchanged.
-  const rateLimits = new RateLimitState(options.rateLimitShare);
+  // Outlives each app: a reload keeps the buckets of the limits it leaves unchanged. Shared on
+  // Postgres: then each process (each worker too) holds whole buckets and syncs them itself.
+  const rateLimitStore = openRateLimitStore(config.storage);
+  const rateLimits = new RateLimitState(rateLimitStore ? 1 : options.rateLimitShare);
+  const rateLimitSync = rateLimitStore ? startRateLimitSync(rateLimits, rateLimitStore, { logger }) : undefined;
   // Channels' outbound API needs their grants (a connection of its own: workers have one each).
   let channelStore: ChannelStore | undefined;
   const channelsOf = async (c: Config) => {
@@ -155,8 +159,16 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   };
   // The parser limits are the listener's: fixed at start, whatever a reload says.
   const limits = config.gateway.limits;
-  let app = await buildGatewayApp(config, { logger, lockout, rateLimits, channels: await channelsOf(config), limits });
-  const listening = await listen('gateway.listen', config.gateway.listen, config.gateway.tls, limits, (req, res) => app.handle(req, res));
+  let app: GatewayApp;
+  let listening: Listening;
+  try {
+    app = await buildGatewayApp(config, { logger, lockout, rateLimits, channels: await channelsOf(config), limits });
+    listening = await listen('gateway.listen', config.gateway.listen, config.gateway.tls, limits, (req, res) => app.handle(req, res));
+  } catch (err) {
+    await rateLimitSync?.close();
+    await channelStore?.close();
+    throw err;
+  }
   describeGateway(logger, config, app, listening.url, 'gateway listening');
   void warmUp(logger, app);
   return {
@@ -176,6 +188,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
     async close(graceMs) {
       await closeServer(listening.server, graceMs);
       app.close();
+      await rateLimitSync?.close();
       await channelStore?.close();
     },
   };

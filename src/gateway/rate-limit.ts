@@ -14,6 +14,8 @@ interface Bucket {
   tokens: number;
   /** When `tokens` was last brought up to date (ms, the limiter's clock). */
   at: number;
+  /** Tokens taken since the last `collectSpent` (what a shared store has not been told yet). */
+  spent: number;
 }
 
 const DEFAULT_MAX_BUCKETS = 100_000;
@@ -46,11 +48,33 @@ export class TokenBuckets {
     if (bucket !== undefined) {
       bucket.tokens = left;
       bucket.at = now;
+      bucket.spent++;
     } else {
       if (this.buckets.size >= this.maxBuckets) this.buckets.delete(this.buckets.keys().next().value!);
-      this.buckets.set(key, { tokens: left, at: now });
+      this.buckets.set(key, { tokens: left, at: now, spent: 1 });
     }
     return left;
+  }
+
+  /** Hands `visit` every key with tokens taken since the last call, and how many; starts counting again. */
+  collectSpent(visit: (key: string, spent: number) => void): void {
+    for (const [key, bucket] of this.buckets) {
+      if (bucket.spent === 0) continue;
+      visit(key, bucket.spent);
+      bucket.spent = 0;
+    }
+  }
+
+  /**
+   * Puts in `key`'s bucket the shared `level` it had at `at` (when its spend was collected), less
+   * what was taken here since (not yet sent: it goes with the next collection). A key dropped
+   * meanwhile stays dropped.
+   */
+  settle(key: string, level: number, at: number): void {
+    const bucket = this.buckets.get(key);
+    if (bucket === undefined) return;
+    bucket.tokens = Math.min(this.shape.capacity, level) - bucket.spent;
+    bucket.at = at;
   }
 }
 
@@ -73,6 +97,11 @@ export class RateLimitState {
       this.limits.set(signature, buckets);
     }
     return buckets;
+  }
+
+  /** Every limit's buckets, by signature (what a shared store syncs). */
+  entries(): IterableIterator<[string, TokenBuckets]> {
+    return this.limits.entries();
   }
 
   /** Keeps only the limits named in `signatures` (those of the config now in force). */

@@ -8,6 +8,8 @@ import { PostgresChannelStore } from './postgres/channels.js';
 import { PostgresEventStore } from './postgres/events.js';
 import { PostgresGmailStore } from './postgres/gmail.js';
 import { createPool, describeUrl } from './postgres/pool.js';
+import { PostgresRateLimitStore } from './postgres/rate-limits.js';
+import type { RateLimitStore } from './rate-limits.js';
 import { SqliteChannelStore } from './sqlite/channels.js';
 import { SqliteEventStore } from './sqlite/events.js';
 import { peekSqliteStoredProject, SqliteGmailStore } from './sqlite/gmail.js';
@@ -50,6 +52,15 @@ export function openGmailStore(events: EventStore): GmailStore {
 export async function openChannelStore(storage: StorageConfig, options: { role: 'server' | 'cli'; logger?: Logger }): Promise<ChannelStore> {
   if (storage.driver === 'postgres') return PostgresChannelStore.open(storage, { migrate: options.role === 'server', logger: options.logger });
   return new SqliteChannelStore(storage.path);
+}
+
+/**
+ * The rate-limit buckets shared by every instance on the storage (Postgres; its schema is
+ * migrated by the server's other stores), on a connection of its own per gateway process.
+ * Undefined on SQLite: one instance, buckets in memory.
+ */
+export function openRateLimitStore(storage: StorageConfig): RateLimitStore | undefined {
+  return storage.driver === 'postgres' ? new PostgresRateLimitStore(storage) : undefined;
 }
 
 /**

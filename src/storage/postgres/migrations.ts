@@ -148,6 +148,24 @@ CREATE TABLE channel_oauth_requests (
 );
 `,
   },
+  {
+    version: 4,
+    name: 'rate-limit buckets shared by instances',
+    sql: `
+-- One row per (limit, client) bucket: see src/storage/postgres/rate-limits.ts. \`bucket\` is a digest
+-- of the limit's definition and the client key (no raw key or address is stored).
+CREATE TABLE rate_limit_buckets (
+  bucket        text PRIMARY KEY,
+  tokens        double precision NOT NULL,  -- the level at \`at\` (below zero: a debt the refill pays back)
+  at            bigint NOT NULL,            -- ms; the latest time any instance synced it at
+  capacity      double precision NOT NULL,
+  refill_per_ms double precision NOT NULL,
+  spent         double precision NOT NULL,  -- the last sync's spend (what EXCLUDED carries in)
+  full_at       bigint NOT NULL             -- ms; from then on the row equals a missing one: deleted
+);
+CREATE INDEX rate_limit_buckets_full ON rate_limit_buckets (full_at);
+`,
+  },
 ];
 
 export const POSTGRES_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
