@@ -168,7 +168,7 @@ log_url() {
     }
     process.exit(1);' "$work/gatehouse.log" "$1"
 }
-wait_for 30 grep -q '"gatehouse started"' "$work/gatehouse.log" || fail "gatehouse start did not log 'gatehouse started'"
+wait_for 30 grep -q '"msg":"gatehouse started' "$work/gatehouse.log" || fail "gatehouse start did not log 'gatehouse started'"
 gateway_url="$(log_url 'gateway listening')" || fail "no 'gateway listening' line"
 webhooks_url="$(log_url 'webhook receiver listening')" || fail "no 'webhook receiver listening' line"
 step "gatehouse start: pid $gatehouse_pid, gateway $gateway_url, webhooks $webhooks_url"
