@@ -66,7 +66,9 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
 
   function authorized(req: IncomingMessage): boolean {
     if (tokenDigest === undefined) return true;
-    const header = req.headers.authorization;
+    // Exactly one Authorization line, as on /api/ (Node keeps only the first of several).
+    const lines = req.headersDistinct.authorization;
+    const header = lines?.length === 1 ? lines[0] : undefined;
     const given = header !== undefined && /^Bearer [\x21-\x7e]+$/i.test(header) ? header.slice(7) : '';
     // Digests of equal length, so the comparison time says nothing about the token (nor its length).
     return timingSafeEqual(digest(given), tokenDigest);

@@ -5,6 +5,7 @@ import { loadConfig, resolveConfigFile } from '../config/load.js';
 import type { Config } from '../config/schema.js';
 import { configWarnings } from '../config/warnings.js';
 import { ConfigError } from '../errors.js';
+import { REDACTED, redactUrlCredentials } from '../config/redact.js';
 
 /** Every command's `--config` default: GATEHOUSE_CONFIG when set, else ./gateway.json5. */
 export const DEFAULT_CONFIG_FILE = resolveConfigFile(undefined);
@@ -61,7 +62,6 @@ function asProblem(line: string): { path: string; message: string } {
 
 /** Key names that hold a credential, wherever they appear (`apiKey`, `secrets`, `botToken`, `password`, …). */
 const SECRET_KEY = /secret|token|password|passphrase|api_?key$|private_?key/i;
-const REDACTED = '[redacted]';
 
 /**
  * A copy of the config with every credential replaced: values under secret-looking keys, and
@@ -71,7 +71,7 @@ const REDACTED = '[redacted]';
 export function redactSecrets(value: unknown, key = ''): unknown {
   if (typeof value === 'string') {
     if (SECRET_KEY.test(key)) return REDACTED;
-    return value.replace(/^([a-z][a-z0-9+.-]*:\/\/[^/:@\s]*):[^@/\s]+@/i, `$1:${REDACTED}@`);
+    return /^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(value) ? redactUrlCredentials(value) : value;
   }
   if (Array.isArray(value)) return value.map((item) => redactSecrets(item, key));
   if (value !== null && typeof value === 'object') {

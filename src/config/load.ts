@@ -203,6 +203,11 @@ function expandReferences(value: unknown, at: (string | number)[], ctx: ExpandCo
     if (!value.includes('${')) return value;
     if (WHOLE_ENV_REFERENCE.test(value)) ctx.wholeReferences.set(JSON.stringify(at), at);
     return value.replace(ENV_REFERENCE, (_match, name: string, colon: string | undefined, operator: string | undefined, word: string | undefined) => {
+      // `${A:-${B}}` would end at the first `}`: a default of "${B" and a stray "}" after it, silently.
+      if (word?.includes('${')) {
+        ctx.problems.push(`${formatPath(at)}: a reference inside the default of \${${name}${colon ?? ''}${operator}…} is not supported; put the value in ${name} itself`);
+        return '';
+      }
       const found = Object.hasOwn(ctx.env, name) ? ctx.env[name] : undefined; // `${constructor}` is not a variable
       // POSIX: with the colon, an empty value counts as unset.
       const missing = found === undefined || (colon === ':' && found === '');

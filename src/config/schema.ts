@@ -3,6 +3,7 @@ import { API_KEY_PREFIX, hasValidKeyChecksum } from '../gateway/credentials/api-
 import { isValidAddressRange } from '../gateway/ip-allowlist.js';
 import { pathPatternProblem } from '../gateway/path-pattern.js';
 import { compileTemplate } from '../webhooks/translate.js';
+import { redactUrlCredentials } from './redact.js';
 
 /**
  * The configuration schema: the single source of the Config type.
@@ -19,13 +20,13 @@ const httpUrl = (what: string) =>
     let url: URL;
     // "localhost:3000" parses as a URL with scheme "localhost:": say what is actually wrong.
     if (!/^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(value)) {
-      ctx.addIssue({ code: 'custom', message: `${what} must be an absolute http(s) URL: the scheme is missing in "${value}" (e.g. "http://${value}")` });
+      ctx.addIssue({ code: 'custom', message: `${what} must be an absolute http(s) URL: the scheme is missing in "${redactUrlCredentials(value)}" (e.g. "http://${redactUrlCredentials(value)}")` });
       return;
     }
     try {
       url = new URL(value);
     } catch {
-      ctx.addIssue({ code: 'custom', message: `${what} must be an absolute http(s) URL, got "${value}"` });
+      ctx.addIssue({ code: 'custom', message: `${what} must be an absolute http(s) URL, got "${redactUrlCredentials(value)}"` });
       return;
     }
     if (url.protocol !== 'http:' && url.protocol !== 'https:') {

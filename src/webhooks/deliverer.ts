@@ -40,8 +40,8 @@ export interface RetryPolicy {
 
 /**
  * The outcome of a failed attempt: queued for the next one (backoff, or the target's Retry-After),
- * or dead when the failure is final (a 4xx), the attempt cap is reached, or the next attempt would
- * fall past the budget. The budget runs from acceptance; a round started by `deliveries retry`
+ * or dead when the failure is final (a 4xx), the attempt cap is reached, or the budget is spent (an
+ * attempt at or after the deadline failed; the last retry is moved to the deadline itself). The budget runs from acceptance; a round started by `deliveries retry`
  * (attempts > roundAttempts; its start is not stored) gets the attempts an average round fits in
  * `retryFor`, so a requeued old event is retried again rather than dying at once.
  */
@@ -57,8 +57,12 @@ export function afterFailure(
   if (policy.maxAttempts !== undefined && roundAttempt >= policy.maxAttempts) return { status: 'dead' };
   const nextAttemptAt = now + retryDelayMs(roundAttempt, policy, result.retryAfterMs, random);
   const requeued = event.attempts > event.roundAttempts;
-  if (requeued ? roundAttempt >= attemptsInBudget(policy) : nextAttemptAt > event.receivedAt + policy.retryFor) return { status: 'dead' };
-  return { status: 'queued', nextAttemptAt };
+  if (requeued) return roundAttempt >= attemptsInBudget(policy) ? { status: 'dead' } : { status: 'queued', nextAttemptAt };
+  // The budget's end is always tried: a backoff drawn past it is cut to the deadline (else an event
+  // could die up to maxBackoffMs before retryFor is over, and a target back in time would miss it).
+  const deadline = event.receivedAt + policy.retryFor;
+  if (now >= deadline) return { status: 'dead' };
+  return { status: 'queued', nextAttemptAt: Math.min(nextAttemptAt, deadline) };
 }
 
 /** How many attempts a round of average (half-cap, full jitter) delays fits in `retryFor`. */

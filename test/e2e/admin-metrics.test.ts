@@ -87,6 +87,12 @@ describe('admin listener, one process', () => {
       assert.ok(!reply.body.includes('gatehouse_'));
     }
     assert.equal((await request(s.admin, '/metrics', { headers: { authorization: `bearer ${TOKEN}` } })).status, 200, 'the scheme is case-insensitive');
+    // Two Authorization lines, the right one first (the attack review: Node's req.headers keeps only the first).
+    for (const second of ['Bearer nope', `Bearer ${TOKEN}`, '']) {
+      const { responses } = await rawExchange(s.admin, `GET /metrics HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer ${TOKEN}\r\nAuthorization: ${second}\r\nConnection: close\r\n\r\n`);
+      assert.equal(responses[0]?.status, 401, `then "${second}"`);
+      assert.ok(!responses[0]!.body.includes('gatehouse_'));
+    }
   });
 
   it('serves GET/HEAD on its three paths only: 404 and 405 as JSON elsewhere', async () => {

@@ -124,6 +124,21 @@ describe('config check: warnings, --json; config print', () => {
     }
     const config = JSON.parse(result.stdout);
     assert.equal(config.storage.url, 'postgres://gatehouse:[redacted]@db.internal:5432/gatehouse');
+    // URL credentials beyond user:pass@ (the attack review): query parameters, an unescaped '@'.
+    const odd = writeConfig('url-secrets.json5', `{
+      storage: { driver: "postgres", url: "postgres://u:P@SS-at@db.internal/gatehouse?sslpassword=ssl-pass-w0rd&password=query-pass-w0rd&application_name=gh" },
+      gateway: { upstream: { target: "${TARGET}/?token=upstream-query-t0ken" }, auth: { apiKey: "plain-api-key-0123456789abcdefghijkl" } },
+    }`);
+    const printed = await runCli(['config', 'print', '--config', odd]);
+    assert.equal(printed.code, 0, printed.stderr);
+    for (const secret of ['SS-at', 'ssl-pass-w0rd', 'query-pass-w0rd', 'upstream-query-t0ken']) assert.ok(!printed.stdout.includes(secret), `${secret} printed`);
+    assert.equal(JSON.parse(printed.stdout).storage.url, 'postgres://u:[redacted]@db.internal/gatehouse?sslpassword=[redacted]&password=[redacted]&application_name=gh');
+    // A malformed URL in an error message is redacted too (it reaches journald from start).
+    const broken = writeConfig('url-broken.json5', `{ gateway: { upstream: { target: "http://svc:Sup3rS3cretPW@target.internal:99999/x" } } }`);
+    const checked = await runCli(['config', 'check', '--json', '--config', broken]);
+    assert.equal(checked.code, 1);
+    assert.ok(!checked.stdout.includes('Sup3rS3cretPW') && !checked.stderr.includes('Sup3rS3cretPW'), checked.stdout);
+    assert.match(checked.stdout, /svc:\[redacted\]@target\.internal/);
     assert.equal(config.gateway.auth.apiKey, '[redacted]');
     assert.deepEqual(config.webhooks.endpoints[1].verify.secrets, ['[redacted]', '[redacted]']);
     // Defaults are filled in.

@@ -56,6 +56,14 @@ describe('config from the environment (containers)', () => {
     assert.match(result.stderr, /gateway\.auth\.apiKey: environment variable API_KEY is not set/);
   });
 
+  it('a reference inside a default (${A:-${B}}) is refused, not read as the literal "${B" plus a stray "}"', async () => {
+    const file = writeConfig('env-nested.json5', `{ gateway: { upstream: { target: "http://127.0.0.1:3999" }, auth: { apiKey: "\${PRIMARY_KEY:-\${FALLBACK_KEY}}" } } }`);
+    const result = await runCli(['config', 'check', '--config', file], { env: clean({ FALLBACK_KEY: 'fallback-key-0123456789abcdefghijklmn' }) });
+    assert.equal(result.code, 1, `${result.stdout}\n${result.stderr}`);
+    assert.match(result.stderr, /gateway\.auth\.apiKey: a reference inside the default of \$\{PRIMARY_KEY:-…\} is not supported/);
+    assert.ok(!result.stderr.includes('fallback-key'), result.stderr);
+  });
+
   it('GATEHOUSE_CONFIG names the file when --config is absent; a missing file names its absolute path and both ways', async () => {
     const file = writeConfig('via-env.json5', `{ gateway: { listen: { port: 8124 }, upstream: { target: "http://127.0.0.1:3999" } } }`);
     const [found, missing] = await Promise.all([

@@ -181,13 +181,16 @@ describe('afterFailure (a time budget from acceptance, an optional attempt cap)'
     assert.deepEqual(afterFailure(fresh, { status: 429, retryAfterMs: 120_000 }, accepted, policy, never), { status: 'queued', nextAttemptAt: accepted + 120_000 });
   });
 
-  it('dead when the next attempt would fall past receivedAt + retryFor, not before', () => {
+  it('a backoff past receivedAt + retryFor is cut to the deadline, which is always tried; dead only after it', () => {
     const late = { receivedAt: accepted, attempts: 40, roundAttempts: 40 };
     const deadline = accepted + policy.retryFor;
     // The window is capped at 1 h: a draw of 0.5 puts the next attempt 30 min out.
-    assert.equal(afterFailure(late, { status: 503 }, deadline - 31 * 60_000, policy, () => 0.5).status, 'queued');
-    assert.equal(afterFailure(late, { status: 503 }, deadline - 29 * 60_000, policy, () => 0.5).status, 'dead');
-    assert.equal(afterFailure(late, { status: null, retryAfterMs: 10 * 60_000 }, deadline - 5 * 60_000, policy, never).status, 'dead', 'a Retry-After past the budget too');
+    assert.deepEqual(afterFailure(late, { status: 503 }, deadline - 31 * 60_000, policy, () => 0.5), { status: 'queued', nextAttemptAt: deadline - 60_000 });
+    assert.deepEqual(afterFailure(late, { status: 503 }, deadline - 29 * 60_000, policy, () => 0.5), { status: 'queued', nextAttemptAt: deadline });
+    assert.deepEqual(afterFailure(late, { status: null, retryAfterMs: 10 * 60_000 }, deadline - 5 * 60_000, policy, never), { status: 'queued', nextAttemptAt: deadline }, 'a Retry-After past the budget too');
+    // The attempt at the deadline failed: the budget is spent.
+    assert.equal(afterFailure(late, { status: 503 }, deadline, policy, () => 0.5).status, 'dead');
+    assert.equal(afterFailure(late, { status: 503 }, deadline + 1, policy, () => 0.5).status, 'dead');
   });
 
   it('a 4xx is dead at once; maxAttempts, when set, caps the round', () => {
