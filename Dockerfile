@@ -6,7 +6,8 @@
 #   docker run --rm -p 8080:8080 -p 8081:8081 \
 #     -v /srv/gatehouse/gateway.json5:/etc/gatehouse/gateway.json5:ro -v gatehouse-data:/var/lib/gatehouse gatehouse
 # The config must listen on 0.0.0.0 inside the container (examples/container.json5; compose.yaml).
-ARG NODE_IMAGE=node:20-bookworm-slim
+# Node 22: maintained LTS, tested in CI (20 is past end of life; 24 not yet with better-sqlite3 12, see README).
+ARG NODE_IMAGE=node:22-bookworm-slim
 
 # 1. Build: every dependency, tsc, then `npm pack` (its prepack builds a clean dist/).
 FROM ${NODE_IMAGE} AS build
