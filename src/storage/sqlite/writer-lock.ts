@@ -2,6 +2,7 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { UsageError } from '../../errors.js';
+import { assertSafeSqliteBuild } from '../../sqlite.js';
 
 /** The file's writer lock is held by another process (a server, or a `storage copy` under way): `holder` is its pid, when known. */
 export class WriterLockBusyError extends UsageError {
@@ -27,6 +28,7 @@ export interface WriterLock {
  * works beside a running server.
  */
 export function acquireWriterLock(file: string): WriterLock {
+  assertSafeSqliteBuild();
   mkdirSync(path.dirname(file), { recursive: true });
   const pidFile = `${file}.server-pid`;
   const lock = new Database(`${file}.server-lock`);
