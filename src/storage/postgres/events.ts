@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
 import type { Logger } from 'pino';
-import type { PostgresStorageConfig, WebhookAction } from '../../config/schema.js';
+import { webhookActions, type PostgresStorageConfig, type WebhookAction } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
 import {
   IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId, toEvent,
@@ -16,6 +16,18 @@ const DUE_CHANNEL = 'gatehouse_events_due';
 /** Convoy batches 64 rows; gatehouse's SQLite driver takes a whole tick. A bound keeps one statement's parameters sane. */
 const MAX_BATCH = 500;
 const BATCH_TRIES = 3;
+/** Events accepted here and leased to this process's deliverer in their INSERT, waiting in memory (see `fresh`). */
+const MAX_FRESH_EVENTS = 5_000;
+const MAX_FRESH_BYTES = 32 * 1024 * 1024;
+/** A fresh event is handed out as it is while this much of its lease is left (the deliverer renews at half); else its lease is extended first. */
+const FRESH_LEASE_LEFT = 0.75;
+/**
+ * How often a deliverer with nothing known to be waiting in the database still looks there: for
+ * what no one announces (another instance's lease that ran out, its retries coming due).
+ */
+const DB_LOOK_MS = 1_000;
+/** Accepts are leased to this process's deliverer only while it has claimed their action this recently. */
+const CLAIMING_RECENTLY_MS = 10_000;
 
 /** The shared row, plus the lease columns only this driver has. */
 interface EventRow extends SharedEventRow {
@@ -28,6 +40,8 @@ interface PendingAccept {
   /** Assigned on first sight, kept across a retried batch (the envelope is built with it). */
   id: string;
   envelope?: string;
+  /** Leased to this process's deliverer by the INSERT itself (it goes to `fresh` once committed). */
+  lease?: { claimId: string; until: number };
   resolve: (result: AcceptResult) => void;
   reject: (err: unknown) => void;
 }
@@ -62,6 +76,12 @@ export interface PostgresEventStoreOptions {
  * - Deliver: claims are leases (`lease_until`) with a fresh fencing token (`claim_id`), taken
  *   with FOR UPDATE SKIP LOCKED so concurrent claimers never get the same row; outcomes and
  *   renewals apply only while the token matches; an expired lease is claimable again.
+ * - Events accepted here are leased to this process's deliverer by their INSERT (once it has
+ *   claimed that action, so its lease time is known) and handed to it from memory: no claim
+ *   query, no envelope read back, no NOTIFY (no one else could take them). If this process dies
+ *   they are claimable once the lease runs out, as any claim. The database is asked for other
+ *   work when something says it is there (an unleased accept, another instance's NOTIFY, a
+ *   requeue, a retry coming due) and at least every DB_LOOK_MS.
  * - Postgres down: every call rejects (the receiver answers 503, the deliverer pauses); the
  *   pool opens fresh connections once it is back.
  */
@@ -78,6 +98,20 @@ export class PostgresEventStore implements EventStore {
   private pendingSettles: PendingSettle[] = [];
   private settling: Promise<void> | undefined;
   private notifyAgain = false;
+  /** Accepted here, leased to this process by the INSERT, not yet handed to the deliverer (per action, oldest first). */
+  private readonly fresh = new Map<WebhookAction, ClaimedEvent[]>();
+  private freshCount = 0;
+  private freshBytes = 0;
+  /** The lease each action's deliverer asks for, from its first claim: only those actions' accepts are leased on insert. */
+  private readonly leaseMsByAction = new Map<WebhookAction, number>();
+  /** When (this machine's clock) each action was last claimed: leasing accepts stops for one no longer claimed. */
+  private readonly lastClaimAt = new Map<WebhookAction, number>();
+  /** Actions whose claimable events in the database may include some this process has not looked for. */
+  private readonly dbMayHaveDue = new Set<WebhookAction>(webhookActions);
+  /** Per action, when something in the database next becomes claimable, as far as this process knows (a retry due, a lease running out). */
+  private readonly nextDbLookAt = new Map<WebhookAction, number>();
+  /** Per action, the last time the database was asked (it is asked again DB_LOOK_MS later in any case). */
+  private readonly lastDbLookAt = new Map<WebhookAction, number>();
 
   private constructor(
     private readonly pool: pg.Pool,
@@ -134,6 +168,7 @@ export class PostgresEventStore implements EventStore {
   }
 
   private async commitBatch(batch: PendingAccept[]): Promise<void> {
+    this.leaseForDeliverer(batch);
     for (let attempt = 1; ; attempt++) {
       let outcome: (AcceptResult | { err: unknown })[];
       try {
@@ -149,16 +184,72 @@ export class PostgresEventStore implements EventStore {
         for (const p of batch) p.reject(err); // not committed: nothing in the batch is stored
         return;
       }
-      let accepted = false;
+      let storedUnleased = false;
       batch.forEach((p, i) => {
         const result = outcome[i]!;
         if ('err' in result) return p.reject(result.err);
-        accepted ||= !result.duplicate;
+        if (!result.duplicate) {
+          if (p.lease) this.handOver(p, p.lease);
+          else {
+            storedUnleased = true;
+            this.dbMayHaveDue.add(p.event.action);
+          }
+        }
         p.resolve(result);
       });
-      if (accepted) this.notifyDue();
+      // Only unleased events are anyone else's business; this process's deliverer is woken by the receiver.
+      if (storedUnleased) this.notifyDue();
       return;
     }
+  }
+
+  /**
+   * Leases the batch's events, while the fresh queue has room, to this process's deliverer of
+   * their action, if it is claiming that action (it claimed lately: not after a reload took the
+   * action's target away, nor while a slow target keeps every slot busy for long).
+   */
+  private leaseForDeliverer(batch: PendingAccept[]): void {
+    const now = Date.now();
+    for (const [action, at] of this.lastClaimAt) {
+      if (now - at < CLAIMING_RECENTLY_MS) continue;
+      this.leaseMsByAction.delete(action);
+      this.lastClaimAt.delete(action);
+      // Left to their leases: once those run out they are claimed from the database like any other.
+      for (const event of this.fresh.get(action) ?? []) {
+        this.freshCount--;
+        this.freshBytes -= event.envelope.length;
+      }
+      this.fresh.delete(action);
+    }
+    let room = MAX_FRESH_EVENTS - this.freshCount;
+    let bytes = MAX_FRESH_BYTES - this.freshBytes;
+    for (const p of batch) {
+      const leaseMs = this.leaseMsByAction.get(p.event.action);
+      if (p.lease || leaseMs === undefined || room <= 0) continue; // a retried batch keeps its leases
+      try {
+        p.envelope ??= p.event.envelope(p.id);
+      } catch {
+        continue; // deciding the batch fails this one alone
+      }
+      if (p.envelope.length > bytes) continue;
+      p.lease = { claimId: randomUUID(), until: p.event.receivedAt + leaseMs }; // from receipt: the clock the deliverer's `now` shares
+      room--;
+      bytes -= p.envelope.length;
+    }
+  }
+
+  /** A committed event leased to this process: its deliverer takes it from memory. */
+  private handOver(p: PendingAccept, lease: { claimId: string; until: number }): void {
+    const { event } = p;
+    const queue = this.fresh.get(event.action) ?? [];
+    this.fresh.set(event.action, queue);
+    queue.push({
+      id: p.id, endpoint: event.endpoint, action: event.action, idempotencyKey: event.idempotencyKey ?? null, receivedAt: event.receivedAt,
+      envelope: p.envelope!, status: 'queued', attempts: 0, roundAttempts: 0, nextAttemptAt: event.receivedAt, lastError: null, deliveredAt: null,
+      claimId: lease.claimId, leaseUntil: lease.until,
+    });
+    this.freshCount++;
+    this.freshBytes += p.envelope!.length;
   }
 
   /** The batch's statements, on `client` in a transaction (or on the pool when the batch needs only the insert). */
@@ -218,14 +309,16 @@ export class PostgresEventStore implements EventStore {
     const inserted = new Set<string>();
     if (inserts.length > 0) {
       const { rows } = await client.query<{ id: string }>(
-        `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at)
-         SELECT id, endpoint, action, key, received_at, envelope, 'queued', received_at
-           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[]) AS t(id, endpoint, action, key, received_at, envelope)
+        `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at, lease_until, claim_id, lease_owner)
+         SELECT id, endpoint, action, key, received_at, envelope, 'queued', received_at, lease_until, claim_id, CASE WHEN claim_id IS NULL THEN NULL ELSE $9 END
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[], $8::uuid[])
+             AS t(id, endpoint, action, key, received_at, envelope, lease_until, claim_id)
          ON CONFLICT (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id`,
         [
           inserts.map(({ p }) => p.id), inserts.map(({ p }) => p.event.endpoint), inserts.map(({ p }) => p.event.action),
           inserts.map(({ p }) => p.event.idempotencyKey ?? null), inserts.map(({ p }) => p.event.receivedAt), inserts.map(({ p }) => p.envelope!),
+          inserts.map(({ p }) => p.lease?.until ?? null), inserts.map(({ p }) => p.lease?.claimId ?? null), this.owner,
         ],
       );
       for (const row of rows) inserted.add(row.id);
@@ -278,20 +371,97 @@ export class PostgresEventStore implements EventStore {
   }
 
   async claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<ClaimedEvent[]> {
-    const { rows } = await this.pool.query<EventRow>(
-      `UPDATE events e SET lease_until = $1::bigint + $2::bigint, claim_id = gen_random_uuid(), lease_owner = $3
-         FROM (SELECT id FROM events
-                WHERE status = 'queued' AND action = $4 AND next_attempt_at <= $1::bigint AND (lease_until IS NULL OR lease_until <= $1::bigint)
-                ORDER BY next_attempt_at, id
-                LIMIT $5
-                FOR UPDATE SKIP LOCKED) due
-        WHERE e.id = due.id
-        RETURNING e.*`,
-      [now, leaseMs, this.owner, action, limit],
-    );
-    return rows
-      .sort((a, b) => a.next_attempt_at - b.next_attempt_at || (a.id < b.id ? -1 : 1))
-      .map((row) => ({ ...toEvent(row), claimId: row.claim_id!, leaseUntil: row.lease_until! }));
+    this.leaseMsByAction.set(action, leaseMs);
+    this.lastClaimAt.set(action, Date.now());
+    const claimed = await this.takeFresh(now, limit, leaseMs, action);
+    if (claimed.length >= limit) return claimed;
+    const lastLook = this.lastDbLookAt.get(action);
+    const knownQuiet = lastLook !== undefined && now >= lastLook && now < lastLook + DB_LOOK_MS &&
+      !this.dbMayHaveDue.has(action) && now < (this.nextDbLookAt.get(action) ?? Infinity);
+    if (knownQuiet) return claimed;
+    // Cleared before the query: whatever says "look again" while it runs stays said.
+    this.dbMayHaveDue.delete(action);
+    this.lastDbLookAt.set(action, now);
+    const want = limit - claimed.length;
+    let rows: (EventRow & { next_look: number | null })[];
+    try {
+      // The claim, and (when it comes back short) when this action next has something to claim:
+      // the earliest future attempt, or the earliest lease to run out. The lookup sees the rows as
+      // they were before this statement's own claim; those leases are added below.
+      ({ rows } = await this.pool.query<EventRow & { next_look: number | null }>(
+        `WITH due AS (
+           SELECT id FROM events
+            WHERE status = 'queued' AND action = $4 AND next_attempt_at <= $1::bigint AND (lease_until IS NULL OR lease_until <= $1::bigint)
+            ORDER BY next_attempt_at, id
+            LIMIT $5
+            FOR UPDATE SKIP LOCKED),
+         claimed AS (
+           UPDATE events e SET lease_until = $1::bigint + $2::bigint, claim_id = gen_random_uuid(), lease_owner = $3
+             FROM due WHERE e.id = due.id
+           RETURNING e.*)
+         SELECT c.*, n.next_look FROM (
+           SELECT CASE WHEN (SELECT count(*) FROM due) < $5 THEN least(
+             (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND action = $4 AND next_attempt_at > $1::bigint),
+             (SELECT min(lease_until) FROM events WHERE status = 'queued' AND lease_until > $1::bigint)) END AS next_look) n
+         LEFT JOIN claimed c ON true`,
+        [now, leaseMs, this.owner, action, want],
+      ));
+    } catch (err) {
+      this.dbMayHaveDue.add(action);
+      if (claimed.length > 0) return claimed; // leased already: delivered now, the database asked again next time
+      throw err;
+    }
+    const fromDb = rows.filter((row) => row.id !== null);
+    if (fromDb.length === want) this.dbMayHaveDue.add(action); // a full answer may have left more behind
+    else {
+      const nextLook = Math.min(rows[0]?.next_look ?? Infinity, fromDb.length > 0 ? now + leaseMs : Infinity);
+      if (nextLook === Infinity) this.nextDbLookAt.delete(action);
+      else this.nextDbLookAt.set(action, nextLook);
+    }
+    return [
+      ...claimed,
+      ...fromDb
+        .sort((a, b) => a.next_attempt_at - b.next_attempt_at || (a.id < b.id ? -1 : 1))
+        .map((row) => ({ ...toEvent(row), claimId: row.claim_id!, leaseUntil: row.lease_until! })),
+    ];
+  }
+
+  /**
+   * Up to `limit` of this action's fresh events, oldest first. One with most of its lease left is
+   * handed out as it is; an older one has its lease extended first, under its token (one statement
+   * for all of them), and is dropped if the token no longer matches: its lease ran out and another
+   * claim took it.
+   */
+  private async takeFresh(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<ClaimedEvent[]> {
+    const queue = this.fresh.get(action);
+    if (!queue?.length) return [];
+    const taken: ClaimedEvent[] = [];
+    const notDue: ClaimedEvent[] = []; // accepted with a receipt time still ahead (a clock set by a test)
+    let i = 0;
+    for (; i < queue.length && taken.length < limit; i++) (queue[i]!.nextAttemptAt <= now ? taken : notDue).push(queue[i]!);
+    queue.splice(0, i, ...notDue);
+    this.freshCount -= taken.length;
+    for (const event of taken) this.freshBytes -= event.envelope.length;
+    const ready = taken.filter((e) => e.leaseUntil - now >= FRESH_LEASE_LEFT * leaseMs);
+    if (ready.length === taken.length) return ready;
+    const old = taken.filter((e) => e.leaseUntil - now < FRESH_LEASE_LEFT * leaseMs);
+    const until = now + leaseMs;
+    let held: Set<string>;
+    try {
+      const { rows } = await this.pool.query<{ id: string }>(
+        `UPDATE events e SET lease_until = $3::bigint
+           FROM unnest($1::text[], $2::uuid[]) AS f(id, claim_id)
+          WHERE e.id = f.id AND e.claim_id = f.claim_id AND e.status = 'queued'
+          RETURNING e.id`,
+        [old.map((e) => e.id), old.map((e) => e.claimId), until],
+      );
+      held = new Set(rows.map((r) => r.id));
+    } catch {
+      // Not extended: left to run out and be claimed from the database like any expired lease.
+      this.dbMayHaveDue.add(action);
+      return ready;
+    }
+    return [...ready, ...old.filter((e) => held.has(e.id)).map((e) => ({ ...e, leaseUntil: until }))];
   }
 
   /**
@@ -303,6 +473,10 @@ export class PostgresEventStore implements EventStore {
    */
   recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome, claimId?: string): Promise<boolean> {
     if (this.closed) return Promise.reject(new Error('the event store is closed'));
+    // A retry comes due in the database: the deliverer looks there then (its action is not at hand: each that claims).
+    if (outcome.status === 'queued') {
+      for (const action of this.leaseMsByAction.keys()) this.nextDbLookAt.set(action, Math.min(this.nextDbLookAt.get(action) ?? Infinity, outcome.nextAttemptAt));
+    }
     return new Promise<boolean>((resolve, reject) => {
       this.pendingSettles.push({ id, attempt, outcome, claimId, resolve, reject });
       if (!this.settling) this.settling = this.flushSettles();
@@ -371,11 +545,31 @@ export class PostgresEventStore implements EventStore {
   }
 
   async releaseLeases(): Promise<number> {
+    // The fresh events' leases go too: they are claimed from the database like any other.
+    this.dropFresh();
     const { rowCount } = await this.pool.query('UPDATE events SET lease_until = NULL, claim_id = NULL, lease_owner = NULL WHERE lease_owner = $1', [this.owner]);
+    for (const action of webhookActions) this.dbMayHaveDue.add(action);
+    if (rowCount) this.notifyDue(); // claimable now: the other instances need not wait for their next look
     return rowCount ?? 0;
   }
 
+  private dropFresh(): ClaimedEvent[] {
+    const dropped = [...this.fresh.values()].flat();
+    this.fresh.clear();
+    this.freshCount = 0;
+    this.freshBytes = 0;
+    return dropped;
+  }
+
   async nextDueAt(now: number): Promise<number | undefined> {
+    // Known without asking: fresh events are due now; else, while nothing says the database has
+    // more, the earliest time claimDue learnt (or a retry of ours set) for the actions it claims.
+    const claiming = [...this.leaseMsByAction.keys()];
+    if (claiming.some((action) => this.fresh.get(action)?.some((e) => e.nextAttemptAt <= now))) return now;
+    if (claiming.length > 0 && claiming.every((action) => !this.dbMayHaveDue.has(action))) {
+      const known = Math.min(...claiming.flatMap((action) => [this.nextDbLookAt.get(action) ?? Infinity, ...(this.fresh.get(action) ?? []).map((e) => e.nextAttemptAt)]));
+      return known === Infinity ? undefined : known;
+    }
     const { rows } = await this.pool.query<{ free: number | null; leased: number | null }>(
       `SELECT (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND (lease_until IS NULL OR lease_until <= $1::bigint)) AS free,
               (SELECT min(greatest(next_attempt_at, lease_until)) FROM events WHERE status = 'queued' AND lease_until > $1::bigint) AS leased`,
@@ -391,7 +585,9 @@ export class PostgresEventStore implements EventStore {
     return () => this.wakers.delete(wake);
   }
 
+  /** Something may be claimable in the database (another instance's accept, a requeue): claimDue asks it again. */
   private wake(): void {
+    for (const action of webhookActions) this.dbMayHaveDue.add(action);
     for (const wake of this.wakers) wake();
   }
 
@@ -562,20 +758,23 @@ export class PostgresEventStore implements EventStore {
    */
   async atomically<T>(work: (tx: { client: pg.PoolClient; accept(events: NewEvent[]): Promise<AcceptResult[]> }) => Promise<T>): Promise<T> {
     for (let attempt = 1; ; attempt++) {
-      let stored = false;
+      const stored = new Set<WebhookAction>();
       try {
         const result = await inTransaction(this.pool, (client) => work({
           client,
           accept: async (events) => {
             const pending = events.map((event) => ({ event, id: newEventId(event.receivedAt), resolve: () => {}, reject: () => {} }));
-            return (await this.acceptInTransaction(client, pending)).map((outcome) => {
+            return (await this.acceptInTransaction(client, pending)).map((outcome, i) => {
               if ('err' in outcome) throw outcome.err;
-              stored ||= !outcome.duplicate;
+              if (!outcome.duplicate) stored.add(events[i]!.action);
               return outcome;
             });
           },
         }));
-        if (stored) this.notifyDue();
+        if (stored.size > 0) {
+          for (const action of stored) this.dbMayHaveDue.add(action); // stored unleased: claimed from the database
+          this.notifyDue();
+        }
         return result;
       } catch (err) {
         if (attempt < BATCH_TRIES && isRetryableTransactionError(err)) continue;
@@ -598,6 +797,16 @@ export class PostgresEventStore implements EventStore {
       else await this.flush();
     }
     await this.settling;
+    // Fresh events no deliverer took: their leases are freed, so another instance delivers them now, not once they run out.
+    const untaken = this.dropFresh();
+    if (untaken.length > 0) {
+      await this.pool.query(
+        `UPDATE events e SET lease_until = NULL, claim_id = NULL, lease_owner = NULL
+           FROM unnest($1::text[], $2::uuid[]) AS f(id, claim_id)
+          WHERE e.id = f.id AND e.claim_id = f.claim_id`,
+        [untaken.map((e) => e.id), untaken.map((e) => e.claimId)],
+      ).then(() => this.pool.query('SELECT pg_notify($1, $2)', [DUE_CHANNEL, this.owner])).catch(() => {});
+    }
     await this.listener?.close();
     await this.pool.end();
   }
