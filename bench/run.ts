@@ -33,8 +33,14 @@ const ONLY = process.env.BENCH_ONLY?.split(',');
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 /** Where the report goes (the CI smoke writes elsewhere, so latest.json keeps the last real run). */
 const OUTPUT = path.resolve(ROOT, process.env.BENCH_OUTPUT ?? 'bench/results/latest.json');
-/** BENCH_PROFILE=1: gatehouse runs with --cpu-prof, profiles land in bench/results/ (open in Chrome DevTools). */
-const PROFILE = process.env.BENCH_PROFILE === '1' ? ['--cpu-prof', '--cpu-prof-dir', path.join(ROOT, 'bench/results')] : [];
+/**
+ * BENCH_PROFILE=1: gatehouse runs with --cpu-prof, profiles land in bench/results/ (open in Chrome
+ * DevTools). BENCH_NODE_ARGS: other flags for gatehouse's node (e.g. `--import ./count-queries.mjs`).
+ */
+const PROFILE = [
+  ...(process.env.BENCH_PROFILE === '1' ? ['--cpu-prof', '--cpu-prof-dir', path.join(ROOT, 'bench/results')] : []),
+  ...(process.env.BENCH_NODE_ARGS?.split(' ').filter(Boolean) ?? []),
+];
 
 interface CaseResult {
   name: string;

@@ -10,7 +10,7 @@ import pino from 'pino';
 import { parseConfig } from '../../src/config/load.js';
 import type { PostgresStorageConfig } from '../../src/config/schema.js';
 import type { EventStore } from '../../src/storage/events.js';
-import { PostgresEventStore } from '../../src/storage/postgres/events.js';
+import { CLAIM_DUE_SQL, PostgresEventStore } from '../../src/storage/postgres/events.js';
 import { MIGRATIONS, POSTGRES_SCHEMA_VERSION } from '../../src/storage/postgres/migrations.js';
 import { Deliverer } from '../../src/webhooks/deliverer.js';
 import { request } from '../helpers/http.js';
@@ -278,6 +278,59 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     } finally {
       await deliverer.stop(1_000);
       await target.close();
+    }
+  });
+});
+
+describe('PostgresEventStore: a claim reads only what it takes', { skip, timeout: 90_000 }, () => {
+  /** Rows of `events` the claim's plan read (returned or filtered out), by EXPLAIN ANALYZE, rolled back. */
+  async function rowsReadByClaim(client: pg.Client, now: number): Promise<number> {
+    await client.query('BEGIN');
+    try {
+      const { rows } = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) ${CLAIM_DUE_SQL}`, [now, LEASE, 'me', 'message', 32]);
+      let read = 0;
+      const walk = (node: Record<string, unknown>) => {
+        if (node['Relation Name'] === 'events') read += ((node['Actual Rows'] as number) + ((node['Rows Removed by Filter'] as number | undefined) ?? 0)) * (node['Actual Loops'] as number);
+        for (const child of (node.Plans as Record<string, unknown>[] | undefined) ?? []) walk(child);
+      };
+      walk(rows[0]['QUERY PLAN'][0].Plan);
+      return read;
+    } finally {
+      await client.query('ROLLBACK');
+    }
+  }
+
+  it('a backlog behind 5,000 rows another instance holds: 32 claimed, oldest (an expired lease) first, without reading the rest', async () => {
+    const url = await pgc().createDatabase();
+    const store = await PostgresEventStore.open(storage(url), { migrate: true, logger: silent });
+    const client = new pg.Client({ connectionString: url });
+    await client.connect();
+    try {
+      const envelope = JSON.stringify({ padding: 'x'.repeat(500) });
+      const rows = async (sql: string, params: unknown[]) => client.query(sql, params);
+      const add = (idPrefix: string, action: string, count: number, firstAt: number, leaseUntil: number | null) => rows(
+        `INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at, lease_until, claim_id, lease_owner)
+         SELECT $1 || lpad(g::text, 6, '0'), '/webhook/x', $2, $3::bigint + g, $4, 'queued', $3::bigint + g, $5::bigint,
+                CASE WHEN $5::bigint IS NULL THEN NULL ELSE gen_random_uuid() END, CASE WHEN $5::bigint IS NULL THEN NULL ELSE 'other' END
+           FROM generate_series(1, $6::int) g`,
+        [idPrefix, action, firstAt, envelope, leaseUntil, count]);
+      const now = T0 + 100_000;
+      await add('expired-', 'message', 1, T0 - 10, now - 1); // its holder died: claimable, and the oldest
+      await add('held-', 'message', 5_000, T0, now + LEASE); // another instance's accepts, leased to it
+      await add('agent-', 'agent', 5_000, T0, null); // another action's backlog
+      await add('free-', 'message', 20_000, T0 + 10_000, null);
+      // Planned without statistics (a fresh table) and with them: neither reads the backlog or the held rows.
+      const before = await rowsReadByClaim(client, now);
+      await client.query('ANALYZE events');
+      const after = await rowsReadByClaim(client, now);
+      assert.ok(before < 300 && after < 300, `rows of events read by a claim of 32: ${before} without statistics, ${after} with`);
+      const claimed = await store.claimDue(now, 32, LEASE, 'message');
+      assert.deepEqual(claimed.map((e) => e.id), ['expired-000001', ...Array.from({ length: 31 }, (_, i) => `free-${String(i + 1).padStart(6, '0')}`)]);
+      assert.equal(await store.nextDueAt(now), T0 + 1, 'more are due: the oldest unleased (of any action)');
+      assert.equal((await store.queueStats(now)).oldestDueAt, T0 - 9, 'the oldest due counts leased rows too');
+    } finally {
+      await client.end();
+      await store.close();
     }
   });
 });

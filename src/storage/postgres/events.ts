@@ -29,6 +29,44 @@ const DB_LOOK_MS = 1_000;
 /** Accepts are leased to this process's deliverer only while it has claimed their action this recently. */
 const CLAIMING_RECENTLY_MS = 10_000;
 
+/**
+ * A claim of up to $5 due events of action $4 at $1 (lease $2 ms, owner $3), and, when it comes
+ * back short, when this action next has something to claim: the earliest future attempt or the
+ * earliest lease to run out, as the rows were before this statement's own claim. Unleased rows
+ * (events_free, walked in claim order) and expired leases (events_leased) are looked up apart,
+ * so neither a backlog nor other instances' leased rows are read beyond the LIMIT. Exported for
+ * the test that checks its plan.
+ */
+export const CLAIM_DUE_SQL = `WITH free AS (
+     SELECT id, next_attempt_at FROM events
+      WHERE status = 'queued' AND lease_until IS NULL AND action = $4 AND next_attempt_at <= $1::bigint
+      ORDER BY next_attempt_at, id
+      LIMIT $5
+      FOR UPDATE SKIP LOCKED),
+   expired AS (
+     SELECT id, next_attempt_at FROM events
+      WHERE status = 'queued' AND lease_until <= $1::bigint AND action = $4 AND next_attempt_at <= $1::bigint
+      ORDER BY lease_until
+      LIMIT $5
+      FOR UPDATE SKIP LOCKED),
+   due AS (
+     SELECT id FROM (SELECT * FROM free UNION ALL SELECT * FROM expired) c
+      ORDER BY next_attempt_at, id
+      LIMIT $5),
+   claimed AS (
+     UPDATE events e SET lease_until = $1::bigint + $2::bigint, claim_id = gen_random_uuid(), lease_owner = $3
+       FROM due WHERE e.id = due.id
+     RETURNING e.*)
+   SELECT c.*, n.next_look FROM (
+     SELECT CASE WHEN (SELECT count(*) FROM due) < $5 THEN least(
+       (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND lease_until IS NULL AND action = $4 AND next_attempt_at > $1::bigint),
+       (SELECT min(lease_until) FROM events WHERE status = 'queued' AND lease_until > $1::bigint)) END AS next_look) n
+   LEFT JOIN claimed c ON true`;
+
+/** The earliest attempt time of any unleased queued event, the actions in `actions` (a text[] placeholder): one step into events_free per action. */
+const oldestUnleasedSql = (actions: string) => `(SELECT min(f.at) FROM unnest(${actions}::text[]) AS a(action)
+   CROSS JOIN LATERAL (SELECT min(next_attempt_at) AS at FROM events WHERE status = 'queued' AND lease_until IS NULL AND action = a.action) f)`;
+
 /** The shared row, plus the lease columns only this driver has. */
 interface EventRow extends SharedEventRow {
   lease_until: number | null;
@@ -385,25 +423,10 @@ export class PostgresEventStore implements EventStore {
     const want = limit - claimed.length;
     let rows: (EventRow & { next_look: number | null })[];
     try {
-      // The claim, and (when it comes back short) when this action next has something to claim:
-      // the earliest future attempt, or the earliest lease to run out. The lookup sees the rows as
-      // they were before this statement's own claim; those leases are added below.
+      // The claim, and when this action next has something to claim (see CLAIM_DUE_SQL); the
+      // leases this statement itself takes are added below.
       ({ rows } = await this.pool.query<EventRow & { next_look: number | null }>(
-        `WITH due AS (
-           SELECT id FROM events
-            WHERE status = 'queued' AND action = $4 AND next_attempt_at <= $1::bigint AND (lease_until IS NULL OR lease_until <= $1::bigint)
-            ORDER BY next_attempt_at, id
-            LIMIT $5
-            FOR UPDATE SKIP LOCKED),
-         claimed AS (
-           UPDATE events e SET lease_until = $1::bigint + $2::bigint, claim_id = gen_random_uuid(), lease_owner = $3
-             FROM due WHERE e.id = due.id
-           RETURNING e.*)
-         SELECT c.*, n.next_look FROM (
-           SELECT CASE WHEN (SELECT count(*) FROM due) < $5 THEN least(
-             (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND action = $4 AND next_attempt_at > $1::bigint),
-             (SELECT min(lease_until) FROM events WHERE status = 'queued' AND lease_until > $1::bigint)) END AS next_look) n
-         LEFT JOIN claimed c ON true`,
+        CLAIM_DUE_SQL,
         [now, leaseMs, this.owner, action, want],
       ));
     } catch (err) {
@@ -570,14 +593,13 @@ export class PostgresEventStore implements EventStore {
       const known = Math.min(...claiming.flatMap((action) => [this.nextDbLookAt.get(action) ?? Infinity, ...(this.fresh.get(action) ?? []).map((e) => e.nextAttemptAt)]));
       return known === Infinity ? undefined : known;
     }
-    const { rows } = await this.pool.query<{ free: number | null; leased: number | null }>(
-      `SELECT (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND (lease_until IS NULL OR lease_until <= $1::bigint)) AS free,
-              (SELECT min(greatest(next_attempt_at, lease_until)) FROM events WHERE status = 'queued' AND lease_until > $1::bigint) AS leased`,
-      [now],
+    const { rows } = await this.pool.query<{ at: number | null }>(
+      `SELECT least(${oldestUnleasedSql('$2')},
+                    (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND lease_until <= $1::bigint),
+                    (SELECT min(greatest(next_attempt_at, lease_until)) FROM events WHERE status = 'queued' AND lease_until > $1::bigint)) AS at`,
+      [now, webhookActions],
     );
-    const { free, leased } = rows[0]!;
-    if (free === null) return leased ?? undefined;
-    return leased === null ? free : Math.min(free, leased);
+    return rows[0]!.at ?? undefined;
   }
 
   onDue(wake: () => void): () => void {
@@ -677,8 +699,13 @@ export class PostgresEventStore implements EventStore {
 
   async queueStats(now: number): Promise<QueueStats> {
     const { rows } = await this.pool.query<{ action: WebhookAction; status: DeliveryStatus; n: number }>('SELECT action, status, count(*) AS n FROM events GROUP BY action, status');
-    const due = await this.pool.query<{ at: number | null }>("SELECT min(next_attempt_at) AS at FROM events WHERE status = 'queued' AND next_attempt_at <= $1::bigint", [now]);
-    return { counts: rows.map((row) => ({ action: row.action, status: row.status, events: row.n })), oldestDueAt: due.rows[0]?.at ?? undefined };
+    const due = await this.pool.query<{ at: number | null }>(
+      `SELECT least(${oldestUnleasedSql('$1')},
+                    (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND lease_until IS NOT NULL)) AS at`,
+      [webhookActions],
+    );
+    const oldest = due.rows[0]?.at ?? null;
+    return { counts: rows.map((row) => ({ action: row.action, status: row.status, events: row.n })), oldestDueAt: oldest !== null && oldest <= now ? oldest : undefined };
   }
 
   /** A statement that writes nothing but is refused wherever writes are (a standby, a read-only session, no connection). */
