@@ -97,7 +97,16 @@ function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
   // run upstream already; a 400 written over it would tell the client it did not), then the
   // connection closes. The bad bytes get nothing.
   const inFlight = answering.get(socket);
-  if (inFlight && !inFlight.writableFinished) return closeAfterAnswer(inFlight);
+  if (inFlight && !inFlight.writableFinished) {
+    if (inFlight.req.complete) return closeAfterAnswer(inFlight);
+    // The bad bytes are its own body (a broken chunk): it can never be whole, so it is refused now,
+    // as Node does without this handler, instead of waiting out the body timeout. Closing the
+    // socket aborts its handler's read and whatever it had begun sending upstream, unfinished.
+    if (inFlight.headersSent) {
+      socket.destroy();
+      return;
+    }
+  }
   writeRawError(socket, err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
     : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
     : 'invalid_request');

@@ -385,6 +385,19 @@ describe('what the attack review got through: trailers, pipelining, CONNECT, Exp
     }
   });
 
+  it('a broken chunk in a request\'s own body is refused at once (400), not held until the body timeout; the upstream never gets it whole', async () => {
+    // Found by an outside attack: the request was held for webhooks.bodyTimeoutMs, then answered 408 (on /api/, longer).
+    for (const chunk of ['zz\r\n', '-1\r\n', 'ffffffffffffffffff1\r\n', '5\r\nhelloXX\r\n']) {
+      const before = upstream.received.length;
+      const exchange = await rawExchange(gatehouse.url, `POST /api/transfer HTTP/1.1\r\nHost: g\r\n${key}Transfer-Encoding: chunked\r\n\r\n${chunk}`, { idleMs: 3_000 });
+      assert.deepEqual(exchange.responses.map((r) => r.status), [400], `${JSON.stringify(chunk)}: ${exchange.raw.slice(0, 200)}`);
+      assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'invalid_request');
+      assert.ok(exchange.closedByServer);
+      await new Promise((r) => setTimeout(r, 100));
+      assert.equal(upstream.received.length, before, 'no complete request reached the upstream');
+    }
+  });
+
   it('CONNECT gets 405 in JSON; a request without Host gets 400 invalid_host in JSON', async () => {
     const connect = await rawExchange(gatehouse.url, 'CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n');
     assert.equal(connect.responses[0]?.status, 405);
@@ -433,6 +446,17 @@ describe('the webhook listener: an event answered is the event stored, byte for 
     const id = JSON.parse(exchange.responses[0]!.body).id;
     const stored = await gatehouse.webhooks!.store.get(id);
     assert.ok(stored, 'the event answered 202 is stored');
+  });
+
+  it('a broken chunk in a webhook body: 400 at once (not the body timeout\'s 408), nothing stored', async () => {
+    const before = (await gatehouse.webhooks!.store.list({})).length;
+    const head = 'POST /webhook/deploys HTTP/1.1\r\nHost: g\r\nX-Webhook-Secret: deploy-hook-secret-0123456789\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n';
+    for (const chunk of ['zz\r\n', '2\r\n{}XX\r\n0\r\n\r\n']) {
+      const exchange = await rawExchange(gatehouse.webhooks!.url, head + chunk, { idleMs: 3_000 });
+      assert.deepEqual(exchange.responses.map((r) => r.status), [400], `${JSON.stringify(chunk)}: ${exchange.raw.slice(0, 200)}`);
+      assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'invalid_request');
+    }
+    assert.equal((await gatehouse.webhooks!.store.list({})).length, before);
   });
 
   it('a body that is not valid UTF-8 is refused (400 invalid_json), never stored with its bytes replaced', async () => {

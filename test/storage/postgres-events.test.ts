@@ -250,6 +250,36 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     }
   });
 
+  it('under steady accepts a retry and a dead instance\'s expired lease are claimed when due, ahead of newer accepts', async () => {
+    // (Found by review: while fresh accepts filled every claim, the database was never asked.)
+    const fresh = await pgc().createDatabase();
+    const a = await PostgresEventStore.open(storage(fresh), { migrate: true, logger: silent });
+    const dead = await PostgresEventStore.open(storage(fresh), { logger: silent });
+    const T = Date.now();
+    try {
+      const { id: orphan } = await dead.accept(event({ receivedAt: T - 100, idempotencyKey: 'orphan' }));
+      assert.equal((await dead.claimDue(T, 1, 1_000, 'message'))[0]?.id, orphan, 'claimed by an instance that then dies: its lease runs out at T + 1 s');
+      assert.deepEqual(await a.claimDue(T, 1, LEASE, 'message'), []); // a's deliverer is claiming: its accepts are leased to it on insert
+      const { id: retry } = await a.accept(event({ receivedAt: T }));
+      const [first] = await a.claimDue(T, 1, LEASE, 'message');
+      assert.equal(first?.id, retry);
+      assert.equal(await a.recordAttempt(retry, attempt(1, T, 503), { status: 'queued', nextAttemptAt: T + 10 }, first!.claimId), true);
+      const order: string[] = [];
+      for (let i = 1; i <= 5; i++) {
+        const now = T + i * 1_000; // one new accept for every free slot
+        await a.accept(event({ receivedAt: now }));
+        for (const e of await a.claimDue(now, 1, LEASE, 'message')) {
+          order.push(e.id === orphan ? 'orphan' : e.id === retry ? 'retry' : 'new');
+          await a.recordAttempt(e.id, attempt(e.attempts + 1, now, 200), { status: 'delivered' }, e.claimId);
+        }
+      }
+      assert.deepEqual(order, ['orphan', 'retry', 'new', 'new', 'new'], 'the oldest due first, whichever the source');
+    } finally {
+      await a.close();
+      await dead.close();
+    }
+  });
+
   it('a long attempt renews its lease, so no other instance claims it meanwhile', async () => {
     const [a, b] = [await instance(), await instance()];
     const target = await startTarget(900);

@@ -252,12 +252,14 @@ export class PostgresEventStore implements EventStore {
       if (now - at < CLAIMING_RECENTLY_MS) continue;
       this.leaseMsByAction.delete(action);
       this.lastClaimAt.delete(action);
-      // Left to their leases: once those run out they are claimed from the database like any other.
-      for (const event of this.fresh.get(action) ?? []) {
+      // Freed, so that any instance claims them now (not once their leases run out).
+      const dropped = this.fresh.get(action) ?? [];
+      for (const event of dropped) {
         this.freshCount--;
         this.freshBytes -= event.envelope.length;
       }
       this.fresh.delete(action);
+      void this.freeLeases(dropped);
     }
     let room = MAX_FRESH_EVENTS - this.freshCount;
     let bytes = MAX_FRESH_BYTES - this.freshBytes;
@@ -408,45 +410,69 @@ export class PostgresEventStore implements EventStore {
     return results;
   }
 
+  /**
+   * Up to `limit` due events of `action`, oldest first, from this process's fresh queue and, when
+   * a look is due (dbLookDue), from the database: what the database gives joins the queue in its
+   * place by due time, so a retry or a dead instance's expired lease is not kept waiting behind
+   * newer accepts.
+   */
   async claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<ClaimedEvent[]> {
     this.leaseMsByAction.set(action, leaseMs);
     this.lastClaimAt.set(action, Date.now());
-    const claimed = await this.takeFresh(now, limit, leaseMs, action);
-    if (claimed.length >= limit) return claimed;
+    const queue = this.fresh.get(action);
+    const freshDue = queue !== undefined && queue.length > 0 && queue[0]!.nextAttemptAt <= now;
+    if (this.dbLookDue(action, now, freshDue)) {
+      try {
+        await this.lookInDb(now, limit, leaseMs, action);
+      } catch (err) {
+        this.dbMayHaveDue.add(action);
+        if (!freshDue) throw err;
+        // The fresh events are leased already: handed out now, the database asked again next time.
+      }
+    }
+    return this.takeFresh(now, limit, leaseMs, action);
+  }
+
+  /**
+   * Whether claimDue asks the database: once DB_LOOK_MS has passed since it last did, when a retry
+   * or a lease is known to come due, and when something says the database has more (an unleased
+   * accept, another instance's NOTIFY, a full answer) unless this action's fresh events are due
+   * already. Then what others announce waits for the next look (DB_LOOK_MS at most), so an
+   * instance busy with its own accepts does not query per claim, while its retries and expired
+   * leases are found on time.
+   */
+  private dbLookDue(action: WebhookAction, now: number, freshDue: boolean): boolean {
     const lastLook = this.lastDbLookAt.get(action);
-    const knownQuiet = lastLook !== undefined && now >= lastLook && now < lastLook + DB_LOOK_MS &&
-      !this.dbMayHaveDue.has(action) && now < (this.nextDbLookAt.get(action) ?? Infinity);
-    if (knownQuiet) return claimed;
+    if (lastLook === undefined || now < lastLook || now >= lastLook + DB_LOOK_MS) return true;
+    if (now >= (this.nextDbLookAt.get(action) ?? Infinity)) return true;
+    return !freshDue && this.dbMayHaveDue.has(action);
+  }
+
+  /** Claims up to `limit` of the action's due events in the database into its fresh queue, and learns when to look next. */
+  private async lookInDb(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<void> {
     // Cleared before the query: whatever says "look again" while it runs stays said.
     this.dbMayHaveDue.delete(action);
     this.lastDbLookAt.set(action, now);
-    const want = limit - claimed.length;
-    let rows: (EventRow & { next_look: number | null })[];
-    try {
-      // The claim, and when this action next has something to claim (see CLAIM_DUE_SQL); the
-      // leases this statement itself takes are added below.
-      ({ rows } = await this.pool.query<EventRow & { next_look: number | null }>(
-        CLAIM_DUE_SQL,
-        [now, leaseMs, this.owner, action, want],
-      ));
-    } catch (err) {
-      this.dbMayHaveDue.add(action);
-      if (claimed.length > 0) return claimed; // leased already: delivered now, the database asked again next time
-      throw err;
-    }
+    const knownBefore = this.nextDbLookAt.get(action);
+    const { rows } = await this.pool.query<EventRow & { next_look: number | null }>(CLAIM_DUE_SQL, [now, leaseMs, this.owner, action, limit]);
     const fromDb = rows.filter((row) => row.id !== null);
-    if (fromDb.length === want) this.dbMayHaveDue.add(action); // a full answer may have left more behind
+    if (fromDb.length === limit) this.dbMayHaveDue.add(action); // a full answer may have left more behind
     else {
-      const nextLook = Math.min(rows[0]?.next_look ?? Infinity, fromDb.length > 0 ? now + leaseMs : Infinity);
+      // The statement's answer, its own new leases, and a retry recorded while it ran (its snapshot missed that one).
+      const setMeanwhile = this.nextDbLookAt.get(action) !== knownBefore ? (this.nextDbLookAt.get(action) ?? Infinity) : Infinity;
+      const nextLook = Math.min(rows[0]?.next_look ?? Infinity, fromDb.length > 0 ? now + leaseMs : Infinity, setMeanwhile);
       if (nextLook === Infinity) this.nextDbLookAt.delete(action);
       else this.nextDbLookAt.set(action, nextLook);
     }
-    return [
-      ...claimed,
-      ...fromDb
-        .sort((a, b) => a.next_attempt_at - b.next_attempt_at || (a.id < b.id ? -1 : 1))
-        .map((row) => ({ ...toEvent(row), claimId: row.claim_id!, leaseUntil: row.lease_until! })),
-    ];
+    if (fromDb.length === 0) return;
+    const queue = this.fresh.get(action) ?? [];
+    this.fresh.set(action, queue);
+    for (const row of fromDb) {
+      const event: ClaimedEvent = { ...toEvent(row), claimId: row.claim_id!, leaseUntil: row.lease_until! };
+      queue.splice(dueOrderIndex(queue, event), 0, event);
+      this.freshCount++;
+      this.freshBytes += event.envelope.length;
+    }
   }
 
   /**
@@ -479,9 +505,12 @@ export class PostgresEventStore implements EventStore {
         [old.map((e) => e.id), old.map((e) => e.claimId), until],
       );
       held = new Set(rows.map((r) => r.id));
-    } catch {
-      // Not extended: left to run out and be claimed from the database like any expired lease.
-      this.dbMayHaveDue.add(action);
+    } catch (err) {
+      // Not extended (Postgres unreachable): back at the head of the queue, tried again next time.
+      queue.unshift(...old);
+      this.freshCount += old.length;
+      for (const event of old) this.freshBytes += event.envelope.length;
+      if (ready.length === 0) throw err; // the deliverer pauses, as on any failed claim
       return ready;
     }
     return [...ready, ...old.filter((e) => held.has(e.id)).map((e) => ({ ...e, leaseUntil: until }))];
@@ -596,7 +625,7 @@ export class PostgresEventStore implements EventStore {
     const { rows } = await this.pool.query<{ at: number | null }>(
       `SELECT least(${oldestUnleasedSql('$2')},
                     (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND lease_until <= $1::bigint),
-                    (SELECT min(greatest(next_attempt_at, lease_until)) FROM events WHERE status = 'queued' AND lease_until > $1::bigint)) AS at`,
+                    (SELECT min(lease_until) FROM events WHERE status = 'queued' AND lease_until > $1::bigint)) AS at`,
       [now, webhookActions],
     );
     return rows[0]!.at ?? undefined;
@@ -816,6 +845,20 @@ export class PostgresEventStore implements EventStore {
   }
 
   /** Commits the accepts and attempt records still waiting, then closes every connection. */
+  /**
+   * Frees the leases of fresh events no deliverer will take here (under their tokens), and
+   * announces them, so any instance claims them now. A failure leaves them to run out.
+   */
+  private async freeLeases(events: ClaimedEvent[]): Promise<void> {
+    if (events.length === 0) return;
+    await this.pool.query(
+      `UPDATE events e SET lease_until = NULL, claim_id = NULL, lease_owner = NULL
+         FROM unnest($1::text[], $2::uuid[]) AS f(id, claim_id)
+        WHERE e.id = f.id AND e.claim_id = f.claim_id`,
+      [events.map((e) => e.id), events.map((e) => e.claimId)],
+    ).then(() => this.pool.query('SELECT pg_notify($1, \'\')', [DUE_CHANNEL])).catch(() => {});
+  }
+
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
@@ -825,18 +868,23 @@ export class PostgresEventStore implements EventStore {
     }
     await this.settling;
     // Fresh events no deliverer took: their leases are freed, so another instance delivers them now, not once they run out.
-    const untaken = this.dropFresh();
-    if (untaken.length > 0) {
-      await this.pool.query(
-        `UPDATE events e SET lease_until = NULL, claim_id = NULL, lease_owner = NULL
-           FROM unnest($1::text[], $2::uuid[]) AS f(id, claim_id)
-          WHERE e.id = f.id AND e.claim_id = f.claim_id`,
-        [untaken.map((e) => e.id), untaken.map((e) => e.claimId)],
-      ).then(() => this.pool.query('SELECT pg_notify($1, $2)', [DUE_CHANNEL, this.owner])).catch(() => {});
-    }
+    await this.freeLeases(this.dropFresh());
     await this.listener?.close();
     await this.pool.end();
   }
+}
+
+/** Where `event` goes in a queue kept in claim order (due time, then id): after every one due no later. */
+function dueOrderIndex(queue: ClaimedEvent[], event: ClaimedEvent): number {
+  let lo = 0;
+  let hi = queue.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    const other = queue[mid]!;
+    if (other.nextAttemptAt < event.nextAttemptAt || (other.nextAttemptAt === event.nextAttemptAt && other.id <= event.id)) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 function compareKeys(a: NewEvent, b: NewEvent): number {
