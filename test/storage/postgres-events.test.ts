@@ -143,6 +143,34 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     await assert.rejects(PostgresEventStore.open(storage(empty)), /gatehouse storage migrate/);
   });
 
+  it('migration 5 builds its index concurrently, rebuilding one a failed build left invalid, and drops the indexes it replaces', async () => {
+    const db = await pgc().createDatabase();
+    const client = new pg.Client({ connectionString: db });
+    await client.connect();
+    try {
+      // A database at version 4 (events stored), where a concurrent build of events_free failed half way.
+      await client.query('CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())');
+      for (const m of MIGRATIONS.filter((m) => m.version <= 4)) {
+        assert.ok('sql' in m);
+        await client.query(m.sql);
+        await client.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [m.version, m.name]);
+      }
+      await client.query(`INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at) VALUES ('a', '/w', 'message', 1, '{}', 'queued', 1), ('b', '/w', 'message', 2, '{}', 'queued', 2)`);
+      await assert.rejects(client.query('CREATE UNIQUE INDEX CONCURRENTLY events_free ON events (action)'), /could not create unique index/);
+      const valid = async (index: string) => (await client.query('SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)', [index])).rows[0]?.indisvalid;
+      assert.equal(await valid('events_free'), false, 'left invalid');
+      const store = await PostgresEventStore.open(storage(db), { migrate: true, logger: silent });
+      await store.close();
+      assert.equal(await valid('events_free'), true);
+      const { rows } = await client.query("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'events' AND indexname IN ('events_free', 'events_due', 'events_next')");
+      assert.deepEqual(rows.map((r) => r.indexname), ['events_free']);
+      assert.match(rows[0].indexdef, /\(action, next_attempt_at, id\) WHERE \(\(status = 'queued'::text\) AND \(lease_until IS NULL\)\)/);
+      assert.deepEqual((await client.query('SELECT version FROM schema_migrations ORDER BY version')).rows.map((r) => r.version), MIGRATIONS.map((m) => m.version));
+    } finally {
+      await client.end();
+    }
+  });
+
   it('concurrent claims from two instances never hand the same event to both', async () => {
     const [a, b] = [await instance(), await instance()];
     const accepted = await Promise.all(Array.from({ length: 200 }, (_, i) => (i % 2 ? a : b).accept(event({ receivedAt: T0 + (i % 5) }))));

@@ -5,10 +5,18 @@ import { UsageError } from '../../errors.js';
 import { createPool, describeUrl, withClient } from './pool.js';
 
 /**
- * The Postgres schema, as numbered migrations: each runs once, in its own transaction, and is
- * recorded in `schema_migrations`. Append only: a released migration is never edited.
+ * The Postgres schema, as numbered migrations: each runs once and is recorded in
+ * `schema_migrations`. Append only: a released migration is never edited.
+ * - `sql`: in one transaction, all or nothing.
+ * - `concurrently`: statements run one by one outside a transaction, for CREATE/DROP INDEX
+ *   CONCURRENTLY, which do not block the instances still serving on the table (a plain CREATE
+ *   INDEX holds off every insert for the whole build). Each must be safe to run again (IF [NOT]
+ *   EXISTS): a migration stopped half way is run again from its start. An index a failed
+ *   concurrent build left invalid is dropped before it is created again.
  */
-export const MIGRATIONS: readonly { version: number; name: string; sql: string }[] = [
+type Migration = { version: number; name: string } & ({ sql: string } | { concurrently: readonly string[] });
+
+export const MIGRATIONS: readonly Migration[] = [
   {
     version: 1,
     name: 'webhook events, attempts, replay keys, leases',
@@ -169,16 +177,16 @@ CREATE INDEX rate_limit_buckets_full ON rate_limit_buckets (full_at);
   {
     version: 5,
     name: 'claims read only claimable rows',
-    sql: `
--- A claim walks this in its ORDER BY and stops at its LIMIT: no sort of the whole backlog (which
--- the planner chose for events_due when its statistics were behind: 17 ms a claim at 20,000
--- queued) and no leased rows to step over (another instance's accepts, leased to it on insert).
--- Leased rows, expired or not, are found through events_leased. events_next goes too: with
--- statistics the planner walked it for claims, stepping over every leased row at its head.
-CREATE INDEX events_free ON events (action, next_attempt_at, id) WHERE status = 'queued' AND lease_until IS NULL;
-DROP INDEX events_due;
-DROP INDEX events_next;
-`,
+    // A claim walks events_free in its ORDER BY and stops at its LIMIT: no sort of the whole
+    // backlog (which the planner chose for events_due when its statistics were behind: 17 ms a
+    // claim at 20,000 queued) and no leased rows to step over (another instance's accepts, leased
+    // to it on insert). Leased rows, expired or not, are found through events_leased. events_next
+    // goes too: with statistics the planner walked it for claims, stepping over every leased row.
+    concurrently: [
+      "CREATE INDEX CONCURRENTLY IF NOT EXISTS events_free ON events (action, next_attempt_at, id) WHERE status = 'queued' AND lease_until IS NULL",
+      'DROP INDEX CONCURRENTLY IF EXISTS events_due',
+      'DROP INDEX CONCURRENTLY IF EXISTS events_next',
+    ],
   },
 ];
 
@@ -186,6 +194,13 @@ export const POSTGRES_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.versio
 
 /** pg_advisory_lock key of gatehouse's migrations (any constant; "gatehous" in ASCII). */
 const MIGRATION_LOCK_KEY = '7449363237540164979';
+const MIGRATION_LOCK_POLL_MS = 100;
+
+/** An index a CREATE INDEX CONCURRENTLY that failed left behind (invalid: never used, still maintained): dropped. */
+async function dropIfInvalid(client: pg.PoolClient, index: string): Promise<void> {
+  const { rows } = await client.query<{ invalid: boolean }>('SELECT NOT indisvalid AS invalid FROM pg_index WHERE indexrelid = to_regclass($1)', [index]);
+  if (rows[0]?.invalid) await client.query(`DROP INDEX CONCURRENTLY IF EXISTS ${index}`);
+}
 
 /** The version recorded in the database: 0 when gatehouse's schema is not there at all. */
 export async function schemaVersion(pool: pg.Pool): Promise<number> {
@@ -204,7 +219,12 @@ export async function schemaVersion(pool: pg.Pool): Promise<number> {
  */
 export async function migrate(pool: pg.Pool): Promise<{ from: number; to: number; applied: number[] }> {
   return withClient(pool, async (client) => {
-    await client.query('SELECT pg_advisory_lock($1::bigint)', [MIGRATION_LOCK_KEY]);
+    // Polled, not waited for in one statement: a session blocked inside pg_advisory_lock holds a
+    // snapshot, and CREATE INDEX CONCURRENTLY (in the holder's migration) waits for every older
+    // snapshot: the two would deadlock.
+    while (!(await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1::bigint) AS locked', [MIGRATION_LOCK_KEY])).rows[0]!.locked) {
+      await new Promise((resolve) => setTimeout(resolve, MIGRATION_LOCK_POLL_MS));
+    }
     try {
       await client.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
         version    integer PRIMARY KEY,
@@ -218,6 +238,16 @@ export async function migrate(pool: pg.Pool): Promise<{ from: number; to: number
       }
       const applied: number[] = [];
       for (const migration of MIGRATIONS.filter((m) => m.version > from)) {
+        if ('concurrently' in migration) {
+          for (const statement of migration.concurrently) {
+            const building = /^CREATE INDEX CONCURRENTLY IF NOT EXISTS (\w+)/.exec(statement)?.[1];
+            if (building) await dropIfInvalid(client, building);
+            await client.query(statement);
+          }
+          await client.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [migration.version, migration.name]);
+          applied.push(migration.version);
+          continue;
+        }
         await client.query('BEGIN');
         try {
           await client.query(migration.sql);
