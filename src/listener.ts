@@ -221,7 +221,7 @@ export const PLAIN_CONNECTION = /^\s*(keep-alive|close)\s*$/i;
  * it could read differently (request smuggling):
  * - more header lines than `maxHeaderCount` (Node drops the rest from `req.headers` while its
  *   parser still frames the body by them: a hidden Content-Length or chunked);
- * - Host missing in HTTP/1.1, repeated, or not `host[:port]`;
+ * - Host missing in HTTP/1.1, repeated, or not `host[:port]`; Content-Type repeated;
  * - a transfer coding other than exactly `chunked` (the only one gatehouse re-frames);
  * - a body on GET/HEAD/TRACE (many servers never read it, so its bytes become the next request);
  * - a Connection header naming a framing header (honouring it would strip the body's length).
@@ -232,11 +232,15 @@ export function checkFraming(req: http.IncomingMessage, limits: HttpLimits): Htt
   const raw = req.rawHeaders;
   if (raw.length > 2 * limits.maxHeaderCount) return new HttpError('request_header_fields_too_large', `more than ${limits.maxHeaderCount} header lines`);
   let hosts = 0;
+  let contentTypes = 0;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
     if (name.length === 4 && name.toLowerCase() === 'host') hosts++;
+    else if (name.length === 12 && name.toLowerCase() === 'content-type') contentTypes++;
   }
   if (hosts > 1) return new HttpError('invalid_host', `${hosts} Host headers`);
+  // One field (RFC 9110 §8.3): Node keeps the first, a server behind may read another.
+  if (contentTypes > 1) return new HttpError('invalid_request', `${contentTypes} Content-Type headers`);
   if (hosts === 0 && req.httpVersionMajor === 1 && req.httpVersionMinor >= 1) return new HttpError('invalid_host', 'no Host (HTTP/1.1 requires one)');
   if (hosts === 1 && !isValidHost(req.headers.host)) return new HttpError('invalid_host', 'Host is not host[:port]');
 

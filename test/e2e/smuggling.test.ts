@@ -448,6 +448,18 @@ describe('the webhook listener: an event answered is the event stored, byte for 
     assert.ok(stored, 'the event answered 202 is stored');
   });
 
+  it('two Content-Type lines: 400 invalid_request on both listeners, nothing stored or forwarded', async () => {
+    const before = (await gatehouse.webhooks!.store.list({})).length;
+    const hook = await rawExchange(gatehouse.webhooks!.url, 'POST /webhook/deploys HTTP/1.1\r\nHost: g\r\nX-Webhook-Secret: deploy-hook-secret-0123456789\r\nContent-Type: application/json\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}');
+    assert.deepEqual(hook.responses.map((r) => r.status), [400], hook.raw.slice(0, 200));
+    assert.equal(JSON.parse(hook.responses[0]!.body).error.code, 'invalid_request');
+    assert.equal((await gatehouse.webhooks!.store.list({})).length, before);
+    const forwardedBefore = upstream.received.length;
+    const api = await rawExchange(gatehouse.url, `POST /api/x HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nContent-Type: application/json\r\ncontent-type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`);
+    assert.deepEqual(api.responses.map((r) => r.status), [400], api.raw.slice(0, 200));
+    assert.equal(upstream.received.length, forwardedBefore);
+  });
+
   it('a broken chunk in a webhook body: 400 at once (not the body timeout\'s 408), nothing stored', async () => {
     const before = (await gatehouse.webhooks!.store.list({})).length;
     const head = 'POST /webhook/deploys HTTP/1.1\r\nHost: g\r\nX-Webhook-Secret: deploy-hook-secret-0123456789\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n';

@@ -8,8 +8,8 @@ import {
   type AcceptResult, type EventRow as SharedEventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type CopyCounts, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type QueueStats, type StoreStatus, type StoredEvent,
 } from '../events.js';
 import { PostgresListener } from './listener.js';
-import { migrate, POSTGRES_SCHEMA_VERSION, schemaVersion } from './migrations.js';
-import { createPool, describeUrl, inTransaction, isRetryableTransactionError } from './pool.js';
+import { openMigratedPool, schemaVersion } from './migrations.js';
+import { describeUrl, inTransaction, isRetryableTransactionError } from './pool.js';
 
 /** NOTIFY channel: "an event may be due" (accepted, requeued). The payload is the sending store's owner id. */
 const DUE_CHANNEL = 'gatehouse_events_due';
@@ -159,18 +159,8 @@ export class PostgresEventStore implements EventStore {
 
   /** Connects, and migrates (or checks the schema version); rejects when Postgres cannot be reached. */
   static async open(storage: PostgresStorageConfig, options: PostgresEventStoreOptions = {}): Promise<PostgresEventStore> {
-    const pool = createPool(storage, options.logger);
-    try {
-      if (options.migrate) await migrate(pool);
-      else {
-        const version = await schemaVersion(pool);
-        if (version === 0) throw new UsageError(`the database at ${describeUrl(storage.url)} has no gatehouse schema: run \`gatehouse storage migrate\` (the server also does at start)`);
-        if (version > POSTGRES_SCHEMA_VERSION) throw new UsageError(`the database schema is at version ${version}, newer than this gatehouse knows (${POSTGRES_SCHEMA_VERSION}): upgrade gatehouse`);
-      }
-    } catch (err) {
-      await pool.end().catch(() => {});
-      throw err;
-    }
+    // Migrated, or refused with what to run when the schema is missing, behind or newer (a CLI).
+    const pool = await openMigratedPool(storage, options);
     const store = new PostgresEventStore(pool, storage, options);
     // Its own accepts woke this process's deliverer already (onAccepted): only others' wake it again.
     if (options.listen) store.listener = new PostgresListener(storage.url, DUE_CHANNEL, (sender) => sender !== store.owner && store.wake(), options.logger);
