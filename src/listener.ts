@@ -97,16 +97,19 @@ function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
   // run upstream already; a 400 written over it would tell the client it did not), then the
   // connection closes. The bad bytes get nothing.
   const inFlight = answering.get(socket);
-  if (inFlight && !inFlight.writableFinished) {
-    if (inFlight.req.complete) return closeAfterAnswer(inFlight);
-    // The bad bytes are its own body (a broken chunk): it can never be whole, so it is refused now,
-    // as Node does without this handler, instead of waiting out the body timeout. Closing the
-    // socket aborts its handler's read and whatever it had begun sending upstream, unfinished.
-    if (inFlight.headersSent) {
+  const last = lastParsed.get(socket);
+  if (last && !last.complete) {
+    // The bad bytes are the last request's own body (a broken chunk): it can never be whole. While
+    // its answer has not begun it is refused now (400, as Node does without this handler), not
+    // left to the body timeout; closing the socket aborts its handler's read and whatever it had
+    // begun sending upstream, unfinished. Waiting behind another request, it gets nothing; its
+    // answer begun or sent already (an upstream that answered early), it gets no second one.
+    if (inFlight && inFlight.req !== last && !inFlight.writableFinished) return closeAfterAnswer(inFlight);
+    if (inFlight?.req !== last || inFlight.headersSent) {
       socket.destroy();
       return;
     }
-  }
+  } else if (inFlight && !inFlight.writableFinished) return closeAfterAnswer(inFlight);
   writeRawError(socket, err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
     : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
     : 'invalid_request');
@@ -125,6 +128,8 @@ const MAX_PIPELINED = 16;
 const waiting = new WeakMap<Socket, (() => void)[]>();
 /** The answer each connection is working on (the one request of it being served). */
 const answering = new WeakMap<Socket, http.ServerResponse>();
+/** The request each connection's parser handed over last (a parse error is in its body, or after it). */
+const lastParsed = new WeakMap<Socket, http.IncomingMessage>();
 
 /**
  * One request per connection at a time. Node parses pipelined requests and hands them all over
@@ -144,6 +149,7 @@ function oneAtATime(handler: http.RequestListener): http.RequestListener {
     handler(req, res);
   };
   return function serveInTurn(req, res) {
+    lastParsed.set(req.socket, req);
     if (isClosing(req.socket)) return; // behind an answer that closes the connection: never handled
     const queue = waiting.get(req.socket);
     if (queue === undefined) {

@@ -1,4 +1,6 @@
 import assert from 'node:assert/strict';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -446,6 +448,22 @@ describe('the webhook listener: an event answered is the event stored, byte for 
     const id = JSON.parse(exchange.responses[0]!.body).id;
     const stored = await gatehouse.webhooks!.store.get(id);
     assert.ok(stored, 'the event answered 202 is stored');
+  });
+
+  it('an upstream that answered before the body ended, then a broken chunk: one answer on the connection, never a second', async () => {
+    // (Found by review: the answer was written, then a 400 behind it, which a client reads as another request's.)
+    const early = http.createServer((_req, res) => res.end('early'));
+    await new Promise<void>((r) => early.listen(0, '127.0.0.1', r));
+    const edge = await startTestGatehouse(testConfig(`http://127.0.0.1:${(early.address() as AddressInfo).port}`));
+    try {
+      const exchange = await rawExchange(edge.url, [`POST /api/x HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n`, 'zz\r\n'], { gapMs: 500, idleMs: 2_000 });
+      assert.deepEqual(exchange.responses.map((r) => r.status), [200], exchange.raw.slice(0, 300));
+      assert.ok(exchange.closedByServer);
+    } finally {
+      await edge.close(100);
+      early.closeAllConnections();
+      early.close();
+    }
   });
 
   it('two Content-Type lines: 400 invalid_request on both listeners, nothing stored or forwarded', async () => {

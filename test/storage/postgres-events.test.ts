@@ -11,6 +11,7 @@ import { parseConfig } from '../../src/config/load.js';
 import type { PostgresStorageConfig } from '../../src/config/schema.js';
 import type { EventStore } from '../../src/storage/events.js';
 import { CLAIM_DUE_SQL, PostgresEventStore } from '../../src/storage/postgres/events.js';
+import { PostgresLockoutStore } from '../../src/storage/postgres/lockout.js';
 import { MIGRATIONS, POSTGRES_SCHEMA_VERSION } from '../../src/storage/postgres/migrations.js';
 import { Deliverer } from '../../src/webhooks/deliverer.js';
 import { request } from '../helpers/http.js';
@@ -143,18 +144,44 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     await assert.rejects(PostgresEventStore.open(storage(empty)), /gatehouse storage migrate/);
   });
 
-  it('migration 5 builds its index concurrently, rebuilding one a failed build left invalid, and drops the indexes it replaces', async () => {
+  /** A new database at schema version 4 (before the concurrent index migration), and a client on it. */
+  async function databaseAtVersion4(): Promise<{ db: string; client: pg.Client }> {
     const db = await pgc().createDatabase();
     const client = new pg.Client({ connectionString: db });
     await client.connect();
+    await client.query('CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())');
+    for (const m of MIGRATIONS.filter((m) => m.version <= 4)) {
+      assert.ok('sql' in m);
+      await client.query(m.sql);
+      await client.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [m.version, m.name]);
+    }
+    return { db, client };
+  }
+
+  it('a migration outlasting the pool\'s query timeout (an index build waiting for a long reader) completes instead of failing the start', async () => {
+    // (Found by review: the lockout pool's 2 s timeout gave up on the client side, the build went on under the lock.)
+    const { db, client } = await databaseAtVersion4();
+    const reader = new pg.Client({ connectionString: db });
+    await reader.connect();
     try {
-      // A database at version 4 (events stored), where a concurrent build of events_free failed half way.
-      await client.query('CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())');
-      for (const m of MIGRATIONS.filter((m) => m.version <= 4)) {
-        assert.ok('sql' in m);
-        await client.query(m.sql);
-        await client.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [m.version, m.name]);
-      }
+      await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
+      await reader.query('SELECT count(*) FROM events'); // a snapshot CREATE INDEX CONCURRENTLY waits for
+      const opening = PostgresLockoutStore.open(storage(db), { logger: silent });
+      await new Promise((r) => setTimeout(r, 3_000)); // past the lockout pool's 2 s query timeout
+      await reader.query('COMMIT');
+      const lockout = await opening;
+      await lockout.close();
+      assert.deepEqual((await client.query('SELECT max(version) AS v FROM schema_migrations')).rows[0].v, POSTGRES_SCHEMA_VERSION);
+    } finally {
+      await reader.end();
+      await client.end();
+    }
+  });
+
+  it('migration 5 builds its index concurrently, rebuilding one a failed build left invalid, and drops the indexes it replaces', async () => {
+    // A database at version 4 (events stored), where a concurrent build of events_free failed half way.
+    const { db, client } = await databaseAtVersion4();
+    try {
       await client.query(`INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at) VALUES ('a', '/w', 'message', 1, '{}', 'queued', 1), ('b', '/w', 'message', 2, '{}', 'queued', 2)`);
       await assert.rejects(client.query('CREATE UNIQUE INDEX CONCURRENTLY events_free ON events (action)'), /could not create unique index/);
       const valid = async (index: string) => (await client.query('SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)', [index])).rows[0]?.indisvalid;
@@ -310,6 +337,48 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     }
   });
 
+  it('an instance leases to its own deliverer only about two seconds of its delivery rate: the rest is claimable by the others at once', async () => {
+    // (Found by review: a busy instance held up to 5,000 accepts under its leases while idle instances could not take them.)
+    const fresh = await pgc().createDatabase();
+    const busy = await PostgresEventStore.open(storage(fresh), { migrate: true, logger: silent });
+    const idle = await PostgresEventStore.open(storage(fresh), { logger: silent });
+    const T = Date.now();
+    try {
+      assert.deepEqual(await busy.claimDue(T, 1, LEASE, 'message'), []); // its deliverer claims (and then takes nothing: a slow target)
+      const accepted = await Promise.all(Array.from({ length: 200 }, () => busy.accept(event({ receivedAt: T }))));
+      const taken = await idle.claimDue(T + 1, 500, LEASE, 'message');
+      assert.equal(taken.length, 200 - 64, 'all but the 64 leased to the busy instance');
+      const mine = await busy.claimDue(T + 1, 500, LEASE, 'message');
+      assert.equal(mine.length, 64);
+      assert.deepEqual(new Set([...taken, ...mine].map((e) => e.id)), new Set(accepted.map((r) => r.id)));
+    } finally {
+      await busy.close();
+      await idle.close();
+    }
+  });
+
+  it('a busy instance\'s look in the database takes only what goes ahead of its own due events, leaving newer ones to the others', async () => {
+    // (Found by review: each look claimed up to the limit and held what it could not start yet under its lease.)
+    const fresh = await pgc().createDatabase();
+    const busy = await PostgresEventStore.open(storage(fresh), { migrate: true, logger: silent });
+    const elsewhere = await PostgresEventStore.open(storage(fresh), { logger: silent });
+    const idle = await PostgresEventStore.open(storage(fresh), { logger: silent });
+    const T = Date.now();
+    try {
+      assert.deepEqual(await busy.claimDue(T, 1, LEASE, 'message'), []);
+      const own = await Promise.all([1, 2, 3, 4, 5].map(() => busy.accept(event({ receivedAt: T }))));
+      const newer = await Promise.all([1, 2, 3].map(() => elsewhere.accept(event({ receivedAt: T + 5 })))); // unleased: no deliverer there
+      const taken = await busy.claimDue(T + 1_100, 2, LEASE, 'message'); // past the 1 s look
+      assert.deepEqual(taken.map((e) => e.id), own.slice(0, 2).map((r) => r.id));
+      const byIdle = await idle.claimDue(T + 1_100, 10, LEASE, 'message');
+      assert.deepEqual(new Set(byIdle.map((e) => e.id)), new Set(newer.map((r) => r.id)), 'the newer accepts were left claimable');
+    } finally {
+      await busy.close();
+      await elsewhere.close();
+      await idle.close();
+    }
+  });
+
   it('a long attempt renews its lease, so no other instance claims it meanwhile', async () => {
     const [a, b] = [await instance(), await instance()];
     const target = await startTarget(900);
@@ -347,7 +416,7 @@ describe('PostgresEventStore: a claim reads only what it takes', { skip, timeout
   async function rowsReadByClaim(client: pg.Client, now: number): Promise<number> {
     await client.query('BEGIN');
     try {
-      const { rows } = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) ${CLAIM_DUE_SQL}`, [now, LEASE, 'me', 'message', 32]);
+      const { rows } = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) ${CLAIM_DUE_SQL}`, [now, LEASE, 'me', 'message', 32, now]);
       let read = 0;
       const walk = (node: Record<string, unknown>) => {
         if (node['Relation Name'] === 'events') read += ((node['Actual Rows'] as number) + ((node['Rows Removed by Filter'] as number | undefined) ?? 0)) * (node['Actual Loops'] as number);

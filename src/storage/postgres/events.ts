@@ -28,9 +28,17 @@ const FRESH_LEASE_LEFT = 0.75;
 const DB_LOOK_MS = 1_000;
 /** Accepts are leased to this process's deliverer only while it has claimed their action this recently. */
 const CLAIMING_RECENTLY_MS = 10_000;
+/**
+ * An action's fresh queue holds at most what its deliverer takes in this long (at its recent
+ * rate), and never less than FRESH_MIN_EVENTS: accepts beyond that go to the database unleased
+ * (and are announced), so other instances take them instead of waiting out this one's leases
+ * behind a slow target, and an instance that dies strands little.
+ */
+const FRESH_AHEAD_MS = 2_000;
+const FRESH_MIN_EVENTS = 64;
 
 /**
- * A claim of up to $5 due events of action $4 at $1 (lease $2 ms, owner $3), and, when it comes
+ * A claim of up to $5 events of action $4 due by $6 (≤ $1, the time now; lease $2 ms, owner $3), and, when it comes
  * back short, when this action next has something to claim: the earliest future attempt or the
  * earliest lease to run out, as the rows were before this statement's own claim. Unleased rows
  * (events_free, walked in claim order) and expired leases (events_leased) are looked up apart,
@@ -39,13 +47,13 @@ const CLAIMING_RECENTLY_MS = 10_000;
  */
 export const CLAIM_DUE_SQL = `WITH free AS (
      SELECT id, next_attempt_at FROM events
-      WHERE status = 'queued' AND lease_until IS NULL AND action = $4 AND next_attempt_at <= $1::bigint
+      WHERE status = 'queued' AND lease_until IS NULL AND action = $4 AND next_attempt_at <= $6::bigint
       ORDER BY next_attempt_at, id
       LIMIT $5
       FOR UPDATE SKIP LOCKED),
    expired AS (
      SELECT id, next_attempt_at FROM events
-      WHERE status = 'queued' AND lease_until <= $1::bigint AND action = $4 AND next_attempt_at <= $1::bigint
+      WHERE status = 'queued' AND lease_until <= $1::bigint AND action = $4 AND next_attempt_at <= $6::bigint
       ORDER BY lease_until
       LIMIT $5
       FOR UPDATE SKIP LOCKED),
@@ -150,6 +158,8 @@ export class PostgresEventStore implements EventStore {
   private readonly nextDbLookAt = new Map<WebhookAction, number>();
   /** Per action, the last time the database was asked (it is asked again DB_LOOK_MS later in any case). */
   private readonly lastDbLookAt = new Map<WebhookAction, number>();
+  /** Per action, how many events its deliverer took per second lately (a moving average over one-second windows). */
+  private readonly takeRate = new Map<WebhookAction, { since: number; taken: number; perSecond: number }>();
 
   private constructor(
     private readonly pool: pg.Pool,
@@ -253,9 +263,13 @@ export class PostgresEventStore implements EventStore {
     }
     let room = MAX_FRESH_EVENTS - this.freshCount;
     let bytes = MAX_FRESH_BYTES - this.freshBytes;
+    const actionRoom = new Map<WebhookAction, number>();
     for (const p of batch) {
-      const leaseMs = this.leaseMsByAction.get(p.event.action);
+      const { action } = p.event;
+      const leaseMs = this.leaseMsByAction.get(action);
       if (p.lease || leaseMs === undefined || room <= 0) continue; // a retried batch keeps its leases
+      const left = actionRoom.get(action) ?? this.freshRoom(action);
+      if (left <= 0) continue;
       try {
         p.envelope ??= p.event.envelope(p.id);
       } catch {
@@ -263,9 +277,29 @@ export class PostgresEventStore implements EventStore {
       }
       if (p.envelope.length > bytes) continue;
       p.lease = { claimId: randomUUID(), until: p.event.receivedAt + leaseMs }; // from receipt: the clock the deliverer's `now` shares
+      actionRoom.set(action, left - 1);
       room--;
       bytes -= p.envelope.length;
     }
+  }
+
+  /** How many more accepts of `action` its fresh queue takes: FRESH_AHEAD_MS of its deliverer's recent rate, at least FRESH_MIN_EVENTS. */
+  private freshRoom(action: WebhookAction): number {
+    const perSecond = this.takeRate.get(action)?.perSecond ?? 0;
+    const cap = Math.max(FRESH_MIN_EVENTS, Math.ceil((perSecond * FRESH_AHEAD_MS) / 1000));
+    return cap - (this.fresh.get(action)?.length ?? 0);
+  }
+
+  /** Counts what the deliverer of `action` took, for its rate (one-second windows, each weighing half). */
+  private noteTaken(action: WebhookAction, count: number, now: number): void {
+    const rate = this.takeRate.get(action) ?? { since: now, taken: 0, perSecond: 0 };
+    this.takeRate.set(action, rate);
+    rate.taken += count;
+    const elapsed = now - rate.since;
+    if (elapsed < 1_000) return;
+    rate.perSecond = (rate.perSecond + (rate.taken * 1_000) / elapsed) / 2;
+    rate.since = now;
+    rate.taken = 0;
   }
 
   /** A committed event leased to this process: its deliverer takes it from memory. */
@@ -413,14 +447,16 @@ export class PostgresEventStore implements EventStore {
     const freshDue = queue !== undefined && queue.length > 0 && queue[0]!.nextAttemptAt <= now;
     if (this.dbLookDue(action, now, freshDue)) {
       try {
-        await this.lookInDb(now, limit, leaseMs, action);
+        await this.lookInDb(now, limit, leaseMs, action, dueBefore(queue ?? [], now, limit));
       } catch (err) {
         this.dbMayHaveDue.add(action);
         if (!freshDue) throw err;
         // The fresh events are leased already: handed out now, the database asked again next time.
       }
     }
-    return this.takeFresh(now, limit, leaseMs, action);
+    const taken = await this.takeFresh(now, limit, leaseMs, action);
+    this.noteTaken(action, taken.length, Date.now());
+    return taken;
   }
 
   /**
@@ -438,16 +474,25 @@ export class PostgresEventStore implements EventStore {
     return !freshDue && this.dbMayHaveDue.has(action);
   }
 
-  /** Claims up to `limit` of the action's due events in the database into its fresh queue, and learns when to look next. */
-  private async lookInDb(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<void> {
+  /**
+   * Claims up to `limit` of the action's events due by `dueBy` in the database into its fresh
+   * queue, and learns when to look next. `dueBy` is before `now` when the fresh queue holds
+   * `limit` due events already: only what goes ahead of those is claimed, so all of it is handed
+   * out at once, never held here under this instance's lease while others could deliver it.
+   */
+  private async lookInDb(now: number, limit: number, leaseMs: number, action: WebhookAction, dueBy: number): Promise<void> {
     // Cleared before the query: whatever says "look again" while it runs stays said.
     this.dbMayHaveDue.delete(action);
     this.lastDbLookAt.set(action, now);
     const knownBefore = this.nextDbLookAt.get(action);
-    const { rows } = await this.pool.query<EventRow & { next_look: number | null }>(CLAIM_DUE_SQL, [now, leaseMs, this.owner, action, limit]);
+    const { rows } = await this.pool.query<EventRow & { next_look: number | null }>(CLAIM_DUE_SQL, [now, leaseMs, this.owner, action, limit, dueBy]);
     const fromDb = rows.filter((row) => row.id !== null);
     if (fromDb.length === limit) this.dbMayHaveDue.add(action); // a full answer may have left more behind
-    else {
+    else if (dueBy < now) {
+      // Short within the bound: what is due after it waits its turn behind the fresh events (looked for once they are not enough, or in DB_LOOK_MS).
+      this.dbMayHaveDue.add(action);
+      this.nextDbLookAt.delete(action);
+    } else {
       // The statement's answer, its own new leases, and a retry recorded while it ran (its snapshot missed that one).
       const setMeanwhile = this.nextDbLookAt.get(action) !== knownBefore ? (this.nextDbLookAt.get(action) ?? Infinity) : Infinity;
       const nextLook = Math.min(rows[0]?.next_look ?? Infinity, fromDb.length > 0 ? now + leaseMs : Infinity, setMeanwhile);
@@ -496,10 +541,13 @@ export class PostgresEventStore implements EventStore {
       );
       held = new Set(rows.map((r) => r.id));
     } catch (err) {
-      // Not extended (Postgres unreachable): back at the head of the queue, tried again next time.
-      queue.unshift(...old);
-      this.freshCount += old.length;
-      for (const event of old) this.freshBytes += event.envelope.length;
+      // Not extended (Postgres unreachable): back at the head of the queue, tried again next time,
+      // unless the queue was dropped meanwhile (then left to their leases, as the rest of it).
+      if (this.fresh.get(action) === queue) {
+        queue.unshift(...old);
+        this.freshCount += old.length;
+        for (const event of old) this.freshBytes += event.envelope.length;
+      }
       if (ready.length === 0) throw err; // the deliverer pauses, as on any failed claim
       return ready;
     }
@@ -834,7 +882,6 @@ export class PostgresEventStore implements EventStore {
     return this.pool;
   }
 
-  /** Commits the accepts and attempt records still waiting, then closes every connection. */
   /**
    * Frees the leases of fresh events no deliverer will take here (under their tokens), and
    * announces them, so any instance claims them now. A failure leaves them to run out.
@@ -849,6 +896,7 @@ export class PostgresEventStore implements EventStore {
     ).then(() => this.pool.query('SELECT pg_notify($1, \'\')', [DUE_CHANNEL])).catch(() => {});
   }
 
+  /** Commits the accepts and attempt records still waiting, then closes every connection. */
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
@@ -862,6 +910,19 @@ export class PostgresEventStore implements EventStore {
     await this.listener?.close();
     await this.pool.end();
   }
+}
+
+/**
+ * The latest due time a claim of `limit` from the database can use to get only what goes ahead of
+ * the queue's first `limit` due events: just before the `limit`-th one's; `now` when there are fewer.
+ */
+function dueBefore(queue: ClaimedEvent[], now: number, limit: number): number {
+  let due = 0;
+  for (const event of queue) {
+    if (event.nextAttemptAt > now) continue;
+    if (++due === limit) return event.nextAttemptAt - 1;
+  }
+  return now;
 }
 
 /** Where `event` goes in a queue kept in claim order (due time, then id): after every one due no later. */

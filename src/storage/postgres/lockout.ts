@@ -127,7 +127,7 @@ export class PostgresLockoutStore implements LockoutStore {
     });
     pool.on('error', () => {}); // an idle connection lost: the next query opens another (and reports)
     try {
-      if (options.migrate !== false) await migrate(pool);
+      if (options.migrate !== false) await migrate(pool, options.logger);
     } catch (err) {
       await pool.end().catch(() => {});
       throw err;

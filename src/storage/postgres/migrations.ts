@@ -195,9 +195,19 @@ export const POSTGRES_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.versio
 /** pg_advisory_lock key of gatehouse's migrations (any constant; "gatehous" in ASCII). */
 const MIGRATION_LOCK_KEY = '7449363237540164979';
 const MIGRATION_LOCK_POLL_MS = 100;
+const MIGRATION_LOCK_REPORT_MS = 10_000;
+/** The longest a migration statement is waited for on the client side (setTimeout's limit, ~24 days: in effect none). */
+const MIGRATION_QUERY_TIMEOUT_MS = 2 ** 31 - 1;
+
+/** `client`, its queries without the pool's query_timeout (a per-query 0 would fall back to the pool's). */
+function withoutQueryTimeout(client: pg.PoolClient): Pick<pg.PoolClient, 'query'> {
+  return {
+    query: ((text: string, values?: unknown[]) => client.query({ text, values, query_timeout: MIGRATION_QUERY_TIMEOUT_MS } as pg.QueryConfig)) as pg.PoolClient['query'],
+  };
+}
 
 /** An index a CREATE INDEX CONCURRENTLY that failed left behind (invalid: never used, still maintained): dropped. */
-async function dropIfInvalid(client: pg.PoolClient, index: string): Promise<void> {
+async function dropIfInvalid(client: Pick<pg.PoolClient, 'query'>, index: string): Promise<void> {
   const { rows } = await client.query<{ invalid: boolean }>('SELECT NOT indisvalid AS invalid FROM pg_index WHERE indexrelid = to_regclass($1)', [index]);
   if (rows[0]?.invalid) await client.query(`DROP INDEX CONCURRENTLY IF EXISTS ${index}`);
 }
@@ -217,12 +227,26 @@ export async function schemaVersion(pool: pg.Pool): Promise<number> {
  * starting together take turns: the first applies, the others find nothing left to do. Refuses a
  * database migrated by a newer gatehouse (its schema may not be what this code writes).
  */
-export async function migrate(pool: pg.Pool): Promise<{ from: number; to: number; applied: number[] }> {
-  return withClient(pool, async (client) => {
+export async function migrate(pool: pg.Pool, logger?: Pick<Logger, 'warn'>): Promise<{ from: number; to: number; applied: number[] }> {
+  return withClient(pool, async (pooled) => {
+    // A migration's statements wait as long as they take: the pool's query_timeout (2 s on the
+    // lockout's) would give up on the client side only, while the server went on building under
+    // the lock, and fail the start.
+    const client = withoutQueryTimeout(pooled);
     // Polled, not waited for in one statement: a session blocked inside pg_advisory_lock holds a
     // snapshot, and CREATE INDEX CONCURRENTLY (in the holder's migration) waits for every older
     // snapshot: the two would deadlock.
+    let waitingSince = Date.now();
     while (!(await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1::bigint) AS locked', [MIGRATION_LOCK_KEY])).rows[0]!.locked) {
+      if (Date.now() - waitingSince >= MIGRATION_LOCK_REPORT_MS) {
+        waitingSince = Date.now();
+        const { rows: holders } = await client.query<{ pid: number; query: string }>(
+          `SELECT a.pid, left(a.query, 120) AS query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+            WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1::bigint`,
+          [MIGRATION_LOCK_KEY],
+        );
+        logger?.warn({ holders }, 'waiting for another gatehouse to finish migrating the schema');
+      }
       await new Promise((resolve) => setTimeout(resolve, MIGRATION_LOCK_POLL_MS));
     }
     try {
@@ -274,7 +298,7 @@ export async function migrate(pool: pg.Pool): Promise<{ from: number; to: number
 export async function openMigratedPool(storage: PostgresStorageConfig, options: { migrate?: boolean; logger?: Pick<Logger, 'warn'> } = {}): Promise<pg.Pool> {
   const pool = createPool(storage, options.logger);
   try {
-    if (options.migrate) await migrate(pool);
+    if (options.migrate) await migrate(pool, options.logger);
     else {
       const version = await schemaVersion(pool);
       if (version < POSTGRES_SCHEMA_VERSION) {
