@@ -127,6 +127,17 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
   after(async () => {
     for (const s of open) await s.close().catch(() => {});
   });
+  /** Three instances on a database of their own (the first migrates it), closed after `run`. */
+  async function onNewDatabase(run: (stores: [PostgresEventStore, PostgresEventStore, PostgresEventStore]) => Promise<void>): Promise<void> {
+    const db = await pgc().createDatabase();
+    const stores: PostgresEventStore[] = [];
+    try {
+      for (let i = 0; i < 3; i++) stores.push(await PostgresEventStore.open(storage(db), { migrate: i === 0, logger: silent }));
+      await run(stores as [PostgresEventStore, PostgresEventStore, PostgresEventStore]);
+    } finally {
+      for (const store of stores) await store.close();
+    }
+  }
 
   it('instances starting together migrate once, under the advisory lock', async () => {
     const fresh = await pgc().createDatabase();
@@ -309,11 +320,8 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
 
   it('under steady accepts a retry and a dead instance\'s expired lease are claimed when due, ahead of newer accepts', async () => {
     // (Found by review: while fresh accepts filled every claim, the database was never asked.)
-    const fresh = await pgc().createDatabase();
-    const a = await PostgresEventStore.open(storage(fresh), { migrate: true, logger: silent });
-    const dead = await PostgresEventStore.open(storage(fresh), { logger: silent });
-    const T = Date.now();
-    try {
+    await onNewDatabase(async ([a, dead]) => {
+      const T = Date.now();
       const { id: orphan } = await dead.accept(event({ receivedAt: T - 100, idempotencyKey: 'orphan' }));
       assert.equal((await dead.claimDue(T, 1, 1_000, 'message'))[0]?.id, orphan, 'claimed by an instance that then dies: its lease runs out at T + 1 s');
       assert.deepEqual(await a.claimDue(T, 1, LEASE, 'message'), []); // a's deliverer is claiming: its accepts are leased to it on insert
@@ -331,19 +339,13 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
         }
       }
       assert.deepEqual(order, ['orphan', 'retry', 'new', 'new', 'new'], 'the oldest due first, whichever the source');
-    } finally {
-      await a.close();
-      await dead.close();
-    }
+    });
   });
 
   it('an instance leases to its own deliverer only about two seconds of its delivery rate: the rest is claimable by the others at once', async () => {
     // (Found by review: a busy instance held up to 5,000 accepts under its leases while idle instances could not take them.)
-    const fresh = await pgc().createDatabase();
-    const busy = await PostgresEventStore.open(storage(fresh), { migrate: true, logger: silent });
-    const idle = await PostgresEventStore.open(storage(fresh), { logger: silent });
-    const T = Date.now();
-    try {
+    await onNewDatabase(async ([busy, idle]) => {
+      const T = Date.now();
       assert.deepEqual(await busy.claimDue(T, 1, LEASE, 'message'), []); // its deliverer claims (and then takes nothing: a slow target)
       const accepted = await Promise.all(Array.from({ length: 200 }, () => busy.accept(event({ receivedAt: T }))));
       const taken = await idle.claimDue(T + 1, 500, LEASE, 'message');
@@ -351,20 +353,13 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
       const mine = await busy.claimDue(T + 1, 500, LEASE, 'message');
       assert.equal(mine.length, 64);
       assert.deepEqual(new Set([...taken, ...mine].map((e) => e.id)), new Set(accepted.map((r) => r.id)));
-    } finally {
-      await busy.close();
-      await idle.close();
-    }
+    });
   });
 
   it('a busy instance\'s look in the database takes only what goes ahead of its own due events, leaving newer ones to the others', async () => {
     // (Found by review: each look claimed up to the limit and held what it could not start yet under its lease.)
-    const fresh = await pgc().createDatabase();
-    const busy = await PostgresEventStore.open(storage(fresh), { migrate: true, logger: silent });
-    const elsewhere = await PostgresEventStore.open(storage(fresh), { logger: silent });
-    const idle = await PostgresEventStore.open(storage(fresh), { logger: silent });
-    const T = Date.now();
-    try {
+    await onNewDatabase(async ([busy, elsewhere, idle]) => {
+      const T = Date.now();
       assert.deepEqual(await busy.claimDue(T, 1, LEASE, 'message'), []);
       const own = await Promise.all([1, 2, 3, 4, 5].map(() => busy.accept(event({ receivedAt: T }))));
       const newer = await Promise.all([1, 2, 3].map(() => elsewhere.accept(event({ receivedAt: T + 5 })))); // unleased: no deliverer there
@@ -372,11 +367,7 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
       assert.deepEqual(taken.map((e) => e.id), own.slice(0, 2).map((r) => r.id));
       const byIdle = await idle.claimDue(T + 1_100, 10, LEASE, 'message');
       assert.deepEqual(new Set(byIdle.map((e) => e.id)), new Set(newer.map((r) => r.id)), 'the newer accepts were left claimable');
-    } finally {
-      await busy.close();
-      await elsewhere.close();
-      await idle.close();
-    }
+    });
   });
 
   it('a long attempt renews its lease, so no other instance claims it meanwhile', async () => {
