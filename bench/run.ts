@@ -6,7 +6,8 @@
  *
  * The PostgreSQL cases run on a throwaway cluster this run starts (fsync on) and removes
  * (test/helpers/postgres.ts); without PostgreSQL they are skipped, saying so. Under BENCH_ONLY
- * they run only when an entry names them (contains "postgres" or "-pg").
+ * the ingest pair runs only when an entry names it ("ingest" and "postgres" or "-pg");
+ * "gatehouse api-key (postgres)" is selected by prefix like the other gateway cases.
  *
  *   BENCH_DURATION=10 BENCH_CONNECTIONS=64 npm run bench
  */
@@ -21,7 +22,7 @@ import autocannon from 'autocannon';
 import { exportJWK, generateKeyPair, SignJWT } from 'jose';
 import pg from 'pg';
 import { generateApiKey, hashApiKey } from '../src/gateway/credentials/api-key.js';
-import { startPostgres } from '../test/helpers/postgres.js';
+import { startPostgres, type PostgresCluster } from '../test/helpers/postgres.js';
 import { checkScaleTargets, printScaleTables, runScaleCases, type ScaleResult } from './scale.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -154,7 +155,10 @@ async function main() {
   const results: CaseResult[] = [];
   const skipped: string[] = [];
   const want = (name: string) => !ONLY || ONLY.some((o) => name.startsWith(o));
-  const wantPostgres = !ONLY || ONLY.some((o) => o.includes('postgres') || o.includes('-pg'));
+  const wantPostgresIngest = !ONLY || ONLY.some((o) => o.includes('ingest') && (o.includes('postgres') || o.includes('-pg')));
+  // One throwaway cluster for every PostgreSQL case, started when the first needs it.
+  let cluster: Promise<PostgresCluster | { skip: string }> | undefined;
+  const postgresCluster = () => (cluster ??= startPostgres({ durable: true, purpose: 'the PostgreSQL bench cases', required: false }));
   const key = generateApiKey();
   const hs256Secret = 'bench-hs256-secret-0123456789abcdefghijkl';
 
@@ -203,6 +207,8 @@ async function main() {
     ['gatehouse api-key (metrics)', {}, { 'x-api-key': key }, 200, {}, { admin: { listen: { host: '127.0.0.1', port: 0 } } }],
     // gateway.workers: 2 on the same machine (which also runs the load generator and the upstream).
     ['gatehouse api-key 2 workers', {}, { 'x-api-key': key }, 200, { workers: 2 }],
+    // Issue 13: storage on PostgreSQL (the shared lockout, checked in memory) must not slow /api/.
+    ['gatehouse api-key (postgres)', {}, { 'x-api-key': key }, 200],
     ['gatehouse jwt-hs256', { bearer: { jwt: { secret: hs256Secret, algorithms: ['HS256'] } } }, { authorization: `Bearer ${hsToken}` }, 200],
     ['gatehouse jwt-rs256', { bearer: { jwt: { jwksUri, algorithms: ['RS256'] } } }, { authorization: `Bearer ${rsToken}` }, 200],
     // The same without the verified-token cache: what a first sight of each token costs.
@@ -211,8 +217,17 @@ async function main() {
   ];
   for (const [name, auth, headers, status, gatewayExtra = {}, configExtra = {}] of gatewayCases) {
     if (!want(name)) continue;
+    let storage: Record<string, unknown> = { path: path.join(work, 'gateway.db') };
+    if (name.endsWith('(postgres)')) {
+      const pg = await postgresCluster();
+      if ('skip' in pg) {
+        skipped.push(`${name}: ${pg.skip}`);
+        continue;
+      }
+      storage = { driver: 'postgres', url: await pg.createDatabase('bench_api') };
+    }
     const config = {
-      storage: { path: path.join(work, 'gateway.db') },
+      storage,
       gateway: {
         listen: { host: '127.0.0.1', port: 0 },
         upstream: { target: upstreamUrl },
@@ -358,24 +373,22 @@ async function main() {
     await ingestCases('', { path: dbFile }, () => countAccepted(dbFile));
   }
 
-  if (wantPostgres) {
+  if (wantPostgresIngest) {
     // The same pair on PostgreSQL: the bare node:http + pg reference, then gatehouse, each in a database of its own.
-    const cluster = await startPostgres({ durable: true, purpose: 'the PostgreSQL bench cases (ingest-bare-pg, webhook ingest (postgres))', required: false });
-    if ('skip' in cluster) {
-      skipped.push(cluster.skip);
+    const pg = await postgresCluster();
+    if ('skip' in pg) {
+      skipped.push(pg.skip);
     } else {
-      try {
-        const bareUrl = await cluster.createDatabase('bench_bare');
-        const barePg = await startProcess(tsx('ingest-bare-pg.ts', bareUrl, secret));
-        results.push(await load('ingest-bare-pg', { url: `http://127.0.0.1:${barePg.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202, DURATION, WARMUP, barePg.child.pid));
-        await stop(barePg.child);
-        const url = await cluster.createDatabase('bench_gatehouse');
-        await ingestCases(' (postgres)', { driver: 'postgres', url }, () => countPostgresEvents(url));
-      } finally {
-        await cluster.destroy();
-      }
+      const bareUrl = await pg.createDatabase('bench_bare');
+      const barePg = await startProcess(tsx('ingest-bare-pg.ts', bareUrl, secret));
+      results.push(await load('ingest-bare-pg', { url: `http://127.0.0.1:${barePg.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202, DURATION, WARMUP, barePg.child.pid));
+      await stop(barePg.child);
+      const url = await pg.createDatabase('bench_gatehouse');
+      await ingestCases(' (postgres)', { driver: 'postgres', url }, () => countPostgresEvents(url));
     }
   }
+  const pg = await cluster;
+  if (pg && !('skip' in pg)) await pg.destroy();
 
   jwksServer.close();
   await stop(upstream.child);
@@ -435,6 +448,11 @@ function checkTargets(results: CaseResult[]) {
     // Each ratio is to the node-bare run paired with it, so machine drift between the two cases cancels out.
     const cost = 1 - metrics.ratio! / apiKey.ratio!;
     out.push({ target: 'metrics cost < 5 % of api-key req/s (ratios to node-bare)', measured: `${(cost * 100).toFixed(1)} % (${metrics.ratio} vs ${apiKey.ratio}; cpu ${metrics.cpuMicrosPerRequest} vs ${apiKey.cpuMicrosPerRequest} µs/req)`, met: cost < 0.05 });
+  }
+  const onPostgres = r('gatehouse api-key (postgres)');
+  if (apiKey && onPostgres) {
+    const relative = Math.round((onPostgres.ratio! / apiKey.ratio!) * 100) / 100;
+    out.push({ target: 'api-key (postgres) >= 0.9 x api-key (ratios to node-bare)', measured: `${relative} (${onPostgres.ratio} vs ${apiKey.ratio}; cpu ${onPostgres.cpuMicrosPerRequest} vs ${apiKey.cpuMicrosPerRequest} µs/req)`, met: relative >= 0.9 });
   }
   const rs = r('gatehouse jwt-rs256');
   if (bare && rs) out.push({ target: 'jwt-rs256 >= 0.6 x node-bare', measured: `${rs.ratio}`, met: rs.ratio! >= 0.6 });
