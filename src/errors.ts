@@ -30,6 +30,7 @@ export const errorCatalogue = {
   invalid_json: { status: 400, message: 'The body must be a JSON object, nested no deeper than this receiver allows.' },
   invalid_idempotency_key: { status: 400, message: 'The delivery id header (Idempotency-Key, webhook-id, X-GitHub-Delivery) must be 1-256 printable characters.' },
   request_timeout: { status: 408, message: 'The request (its headers or its body) took too long to arrive.' },
+  expectation_failed: { status: 417, message: 'The only expectation supported is Expect: 100-continue.' },
   store_unavailable: { status: 503, message: 'The event could not be stored; retry later.' },
   invalid_message: { status: 400, message: 'The body must be {"to": …, "text": …} for an existing recipient.' },
   credentials_unreadable: { status: 500, message: 'Stored credentials cannot be opened with this server\'s key.' },

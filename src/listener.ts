@@ -3,7 +3,7 @@ import http from 'node:http';
 import https from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
 import type { HttpLimits } from './config/schema.js';
-import { errorCatalogue, HttpError, UsageError, type ErrorCode } from './errors.js';
+import { errorCatalogue, HttpError, sendError, UsageError, type ErrorCode } from './errors.js';
 
 export interface Listening {
   server: http.Server;
@@ -47,6 +47,12 @@ export async function listen(
   server.on('checkContinue', (req: http.IncomingMessage, res: http.ServerResponse) => {
     expectingContinue.add(res);
     serve(req, res);
+  });
+  // Any other expectation: 417 in JSON, and the connection closes (Node's own 417 kept it open,
+  // so what was pipelined behind was served although this request never met the framing checks).
+  server.on('checkExpectation', (req: http.IncomingMessage, res: http.ServerResponse) => {
+    closeAfterAnswer(res);
+    sendError(res, new HttpError('expectation_failed', `Expect: ${req.headers.expect}`));
   });
   // gatehouse tunnels nothing: CONNECT gets an answer instead of a silently dropped socket.
   server.on('connect', (_req: http.IncomingMessage, socket: Socket) => writeRawError(socket, 'method_not_allowed'));

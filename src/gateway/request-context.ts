@@ -73,9 +73,16 @@ export function admitRequest(req: IncomingMessage, res: ServerResponse, log: Req
     respondWithError(req, res, refused, logger);
     return false;
   }
-  // Answered before the body arrived (an error, a handler that did not need it): Node would read
-  // and discard the rest for as long as the client trickles it, holding the connection.
+  // Answered before the body arrived (an error, an upstream that did not read it): Node would
+  // read and discard the rest for as long as the client trickles it, holding the connection. So
+  // such an answer says `Connection: close` from its head on (a client that reused the connection
+  // would have its next request cut), whoever writes it, and the connection then closes.
   if (bodyPending(req)) {
+    const writeHead = res.writeHead;
+    res.writeHead = function (this: ServerResponse, ...args: unknown[]) {
+      if (bodyPending(req)) closeAfterAnswer(res);
+      return (writeHead as (...a: unknown[]) => ServerResponse).apply(this, args);
+    } as ServerResponse['writeHead'];
     res.once('finish', () => {
       if (bodyPending(req)) closeAfterAnswer(res);
     });

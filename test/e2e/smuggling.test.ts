@@ -312,6 +312,36 @@ describe('answered before the body arrived: the connection is closed, not held',
   }
 });
 
+describe('an upstream answer (or 502) sent before the body arrived says Connection: close', () => {
+  // Found by an outside attack: such answers said keep-alive, then the connection was cut, so a
+  // client's next request on it (a POST it cannot safely retry) failed with ECONNRESET.
+  for (const [label, answers] of [['an upstream that answers without reading the body', true], ['an unreachable upstream (502)', false]] as const) {
+    it(`${label}: Connection: close, the rest of the body and a pipelined request never handled`, async () => {
+      const early = http.createServer((req, res) => res.end(`early ${req.url}`));
+      await new Promise<void>((r) => early.listen(0, '127.0.0.1', r));
+      const port = (early.address() as AddressInfo).port;
+      if (!answers) await new Promise<void>((r) => early.close(() => r()));
+      const edge = await startTestGatehouse(testConfig(`http://127.0.0.1:${port}`));
+      try {
+        const exchange = await rawExchange(edge.url, [
+          `POST /api/early HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nContent-Length: 8\r\n\r\nabc`,
+          `hello`,
+          `GET /api/second HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n\r\n`,
+        ], { gapMs: 300, idleMs: 3_000 });
+        assert.deepEqual(exchange.responses.map((r) => r.status), [answers ? 200 : 502], exchange.raw.slice(0, 300));
+        assert.equal(exchange.responses[0]!.headers.connection, 'close');
+        assert.ok(exchange.closedByServer);
+      } finally {
+        await edge.close(100);
+        if (answers) {
+          early.closeAllConnections();
+          early.close();
+        }
+      }
+    });
+  }
+});
+
 describe('what the attack review got through: trailers, pipelining, CONNECT, Expect, a missing Host', () => {
   let upstream: RecordingServer;
   let gatehouse: TestGatehouse;
@@ -398,6 +428,17 @@ describe('what the attack review got through: trailers, pipelining, CONNECT, Exp
       await new Promise((r) => setTimeout(r, 100));
       assert.equal(upstream.received.length, before, 'no complete request reached the upstream');
     }
+  });
+
+  it('an Expect other than 100-continue: 417 in JSON, connection closed, nothing pipelined behind it handled', async () => {
+    // Found by an outside attack: Node's own 417 kept the connection, and the request behind was served.
+    const before = upstream.received.length;
+    const exchange = await rawExchange(gatehouse.url, `POST /api/x HTTP/1.1\r\nHost: a\r\nExpect: foo\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\nGET /api/after HTTP/1.1\r\nHost: g\r\n${key}\r\n`, { idleMs: 2_000 });
+    assert.deepEqual(exchange.responses.map((r) => r.status), [417], exchange.raw.slice(0, 300));
+    assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'expectation_failed');
+    assert.equal(exchange.responses[0]!.headers.connection, 'close');
+    assert.ok(exchange.closedByServer);
+    assert.equal(upstream.received.length, before);
   });
 
   it('CONNECT gets 405 in JSON; a request without Host gets 400 invalid_host in JSON', async () => {
