@@ -50,10 +50,11 @@ export async function listen(
   });
   // Any other expectation: 417 in JSON, and the connection closes (Node's own 417 kept it open,
   // so what was pipelined behind was served although this request never met the framing checks).
-  server.on('checkExpectation', (req: http.IncomingMessage, res: http.ServerResponse) => {
+  // In its turn on the connection, as any request: the ones ahead of it are answered first.
+  server.on('checkExpectation', oneAtATime((req: http.IncomingMessage, res: http.ServerResponse) => {
     closeAfterAnswer(res);
     sendError(res, new HttpError('expectation_failed', `Expect: ${req.headers.expect}`));
-  });
+  }));
   // gatehouse tunnels nothing: CONNECT gets an answer instead of a silently dropped socket.
   server.on('connect', (_req: http.IncomingMessage, socket: Socket) => writeRawError(socket, 'method_not_allowed'));
   await new Promise<void>((resolve, reject) => {

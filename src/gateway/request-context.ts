@@ -76,11 +76,13 @@ export function admitRequest(req: IncomingMessage, res: ServerResponse, log: Req
   // Answered before the body arrived (an error, an upstream that did not read it): Node would
   // read and discard the rest for as long as the client trickles it, holding the connection. So
   // such an answer says `Connection: close` from its head on (a client that reused the connection
-  // would have its next request cut), whoever writes it, and the connection then closes.
+  // would have its next request cut), whoever writes it; the body still flows (an upstream that
+  // streams its answer while it reads), and if the answer ends before the body, the connection
+  // is closed then.
   if (bodyPending(req)) {
     const writeHead = res.writeHead;
     res.writeHead = function (this: ServerResponse, ...args: unknown[]) {
-      if (bodyPending(req)) closeAfterAnswer(res);
+      if (bodyPending(req) && !res.headersSent) res.setHeader('connection', 'close');
       return (writeHead as (...a: unknown[]) => ServerResponse).apply(this, args);
     } as ServerResponse['writeHead'];
     res.once('finish', () => {

@@ -342,6 +342,37 @@ describe('an upstream answer (or 502) sent before the body arrived says Connecti
   }
 });
 
+describe('an upstream that streams its answer while it reads the body', () => {
+  it('gets the whole body (the answer says close, the upload is not paused), and the client the whole answer', async () => {
+    // (Found by review: pausing the body at the answer's head stalled a full-duplex upstream until its timeout.)
+    let received = 0;
+    const echo = http.createServer((req, res) => {
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      req.on('data', (c: Buffer) => (received += c.length));
+      req.pipe(res);
+    });
+    await new Promise<void>((r) => echo.listen(0, '127.0.0.1', r));
+    const edge = await startTestGatehouse(testConfig(`http://127.0.0.1:${(echo.address() as AddressInfo).port}`));
+    try {
+      const half = 'x'.repeat(100_000);
+      const exchange = await rawExchange(edge.url, [
+        `POST /api/echo HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nContent-Length: ${2 * half.length}\r\n\r\n${half}`,
+        half,
+        `GET /api/after HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n\r\n`,
+      ], { gapMs: 300, idleMs: 3_000 });
+      assert.deepEqual(exchange.responses.map((r) => r.status), [200], exchange.raw.slice(0, 300));
+      assert.equal(exchange.responses[0]!.headers.connection, 'close');
+      assert.equal(exchange.responses[0]!.body.length, 2 * half.length);
+      assert.equal(received, 2 * half.length);
+      assert.ok(exchange.closedByServer);
+    } finally {
+      await edge.close(100);
+      echo.closeAllConnections();
+      echo.close();
+    }
+  });
+});
+
 describe('what the attack review got through: trailers, pipelining, CONNECT, Expect, a missing Host', () => {
   let upstream: RecordingServer;
   let gatehouse: TestGatehouse;
@@ -439,6 +470,16 @@ describe('what the attack review got through: trailers, pipelining, CONNECT, Exp
     assert.equal(exchange.responses[0]!.headers.connection, 'close');
     assert.ok(exchange.closedByServer);
     assert.equal(upstream.received.length, before);
+  });
+
+  it('an Expect other than 100-continue waits its turn behind pipelined requests, and a broken body behind it gets no second answer', async () => {
+    // (Found by review: answered out of turn, it marked the connection closing under the requests ahead, which then hung.)
+    const pipelined = await rawExchange(gatehouse.url,
+      `GET /api/a HTTP/1.1\r\nHost: g\r\n${key}\r\nGET /api/b HTTP/1.1\r\nHost: g\r\n${key}\r\nGET /api/c HTTP/1.1\r\nHost: g\r\n${key}Expect: foo\r\n\r\n`, { idleMs: 2_000 });
+    assert.deepEqual(pipelined.responses.map((r) => r.status), [200, 200, 417], pipelined.raw.slice(0, 300));
+    assert.ok(pipelined.closedByServer);
+    const broken = await rawExchange(gatehouse.url, 'POST /api/x HTTP/1.1\r\nHost: a\r\nExpect: foo\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n', { idleMs: 2_000 });
+    assert.deepEqual(broken.responses.map((r) => r.status), [417], broken.raw.slice(0, 300));
   });
 
   it('CONNECT gets 405 in JSON; a request without Host gets 400 invalid_host in JSON', async () => {
