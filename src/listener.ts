@@ -117,9 +117,12 @@ function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
       return;
     }
   } else if (inFlight && !inFlight.writableFinished) return closeAfterAnswer(inFlight);
-  writeRawError(socket, err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
+  const code: ErrorCode = err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
     : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
-    : 'invalid_request');
+    : 'invalid_request';
+  // This answer is the in-flight request's own (its broken body): its log line says so, not 499.
+  if (inFlight?.req.gatehouse) Object.assign(inFlight.req.gatehouse, { rawStatus: errorCatalogue[code].status, errorCode: code });
+  writeRawError(socket, code);
 }
 
 /** A catalogue error written straight to a socket Node's HTTP layer has given up on; then closed. */

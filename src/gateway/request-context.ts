@@ -26,6 +26,8 @@ export interface RequestContext {
   outcome?: 'accepted' | 'duplicate' | 'answered';
   /** When the request was handed to the proxy (performance.now()), for the upstream timing. */
   upstreamStartedAt?: number;
+  /** The status written straight to the socket for this request (listener.ts), when its own answer never was. */
+  rawStatus?: number;
 }
 
 declare module 'node:http' {
@@ -115,7 +117,8 @@ function logRequest(log: RequestLog, req: IncomingMessage, res: ServerResponse, 
     method: req.method,
     // A pairing code in a path (channels) is a credential too.
     path: path.includes('/pair/') ? path.replace(PAIRING_CODE_IN_PATH, '$1[redacted]') : path,
-    status: res.writableFinished ? res.statusCode : 499,
+    // 499: the client left before an answer (nginx's convention).
+    status: res.writableFinished ? res.statusCode : ctx.rawStatus ?? 499,
     ms: Math.round((performance.now() - ctx.startedAt) * 100) / 100,
     auth: ctx.identity?.methods.join(',') || undefined,
     subject: ctx.identity?.subject,

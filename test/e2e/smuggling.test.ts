@@ -458,6 +458,9 @@ describe('what the attack review got through: trailers, pipelining, CONNECT, Exp
       assert.ok(exchange.closedByServer);
       await new Promise((r) => setTimeout(r, 100));
       assert.equal(upstream.received.length, before, 'no complete request reached the upstream');
+      // Its log line tells what it was answered (it said 499, "the client left", before).
+      const line = gatehouse.logs.filter((l) => l.msg === 'request').at(-1)!;
+      assert.deepEqual([line.path, line.status, line.error], ['/api/transfer', 400, 'invalid_request'], JSON.stringify(chunk));
     }
   });
 
@@ -567,6 +570,9 @@ describe('the webhook listener: an event answered is the event stored, byte for 
       const exchange = await rawExchange(gatehouse.webhooks!.url, head + chunk, { idleMs: 3_000 });
       assert.deepEqual(exchange.responses.map((r) => r.status), [400], `${JSON.stringify(chunk)}: ${exchange.raw.slice(0, 200)}`);
       assert.equal(JSON.parse(exchange.responses[0]!.body).error.code, 'invalid_request');
+      await new Promise((r) => setTimeout(r, 100));
+      const line = gatehouse.logs.filter((l) => l.msg === 'webhook request' || l.msg === 'request').at(-1)!;
+      assert.deepEqual([line.path, line.status, line.error], ['/webhook/deploys', 400, 'invalid_request'], JSON.stringify(chunk));
     }
     assert.equal((await gatehouse.webhooks!.store.list({})).length, before);
   });
