@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { afterEach, beforeEach, describe, it } from 'node:test';
 import type { WebhookAction } from '../../src/config/schema.js';
-import { IDEMPOTENCY_WINDOW_MS, type EventStore, type NewEvent } from '../../src/storage/events.js';
+import { DELIVERED_RECOUNT_MS, IDEMPOTENCY_WINDOW_MS, type EventStore, type NewEvent } from '../../src/storage/events.js';
 
 /**
  * The EventStore contract: the same cases run against every driver (store.test.ts for SQLite,
@@ -535,6 +535,21 @@ export function eventStoreContract(harness: StoreHarness): void {
       // The retried one is not due until T0 + 60 s: the earliest due is the one received at T0 + 2 s.
       assert.equal(stats.oldestDueAt, T0 + 2_000);
       assert.equal((await store.queueStats(T0)).oldestDueAt, undefined, 'nothing due yet');
+    });
+
+    it('delivered events are recounted at most every DELIVERED_RECOUNT_MS (in the background); queued and dead ones at each call', async () => {
+      const [a, b, c] = [await acceptAt(T0), await acceptAt(T0 + 1), await acceptAt(T0 + 2)];
+      await store.recordAttempt(a, attempt(1, T0, 200), { status: 'delivered' });
+      const counts = async (now: number) => Object.fromEntries((await store.queueStats(now)).counts.map((x) => [`${x.action}/${x.status}`, x.events]));
+      assert.deepEqual(await counts(T0), { 'message/delivered': 1, 'message/queued': 2 }, 'the first call waits for the count');
+      await store.recordAttempt(b, attempt(1, T0, 200), { status: 'delivered' });
+      await store.recordAttempt(c, attempt(1, T0, 410), { status: 'dead' });
+      assert.deepEqual(await counts(T0 + 1_000), { 'message/delivered': 1, 'message/dead': 1 }, 'delivered: the last count; dead: now');
+      assert.deepEqual(await counts(T0 + DELIVERED_RECOUNT_MS), { 'message/delivered': 1, 'message/dead': 1 }, 'a recount is started, not waited for');
+      for (const deadline = Date.now() + 5_000; (await counts(T0 + DELIVERED_RECOUNT_MS))['message/delivered'] !== 2;) {
+        assert.ok(Date.now() < deadline, 'the recount never came in');
+        await new Promise((r) => setTimeout(r, 20));
+      }
     });
 
     it('probeWrite resolves on a writable store and changes nothing', async () => {

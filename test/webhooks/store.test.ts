@@ -125,6 +125,20 @@ describe('SqliteEventStore: the file', () => {
       assert.deepEqual(await store.accept(event({ replayKey: 'sig' })), { id: signed.id, duplicate: true });
     });
 
+  it('delivered events are counted in steps along the index, exactly (ties in next attempt time, several actions)', async () => {
+    await store.close();
+    store = new SqliteEventStore(file, { deliveredCountStep: 2 });
+    const deliver = async (action: 'message' | 'agent', receivedAt: number) => {
+      const { id } = await store.accept(event({ action, receivedAt }));
+      await store.recordAttempt(id, { attempt: 1, at: receivedAt, status: 200, error: null, durationMs: 1 }, { status: 'delivered' });
+    };
+    for (const at of [T0, T0, T0, T0 + 1, T0 + 2]) await deliver('message', at); // 5: two full steps, then the rest
+    for (const at of [T0, T0 + 1]) await deliver('agent', at); // 2: one full step, then nothing left
+    await store.accept(event({ receivedAt: T0 }));
+    const counts = Object.fromEntries((await store.queueStats(T0)).counts.map((c) => [`${c.action}/${c.status}`, c.events]));
+    assert.deepEqual(counts, { 'message/queued': 1, 'message/delivered': 5, 'agent/delivered': 2 });
+  });
+
   describe('single writer', () => {
     it('a second server store on the same file is refused, naming the holder\'s pid; plain (CLI) stores still open', async () => {
       const server = new SqliteEventStore(file, { singleWriter: true });

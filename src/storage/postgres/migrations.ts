@@ -188,6 +188,14 @@ CREATE INDEX rate_limit_buckets_full ON rate_limit_buckets (full_at);
       'DROP INDEX CONCURRENTLY IF EXISTS events_next',
     ],
   },
+  {
+    version: 6,
+    name: 'dead events counted without reading the rest',
+    // /metrics counts queued and dead events at every scrape (queueStats): queued ones through
+    // events_free and events_leased, dead ones through this (few rows, written only when an event
+    // dies). Before, each scrape read the whole table: 450 ms at 1,000,000 events.
+    concurrently: ["CREATE INDEX CONCURRENTLY IF NOT EXISTS events_dead ON events (action) WHERE status = 'dead'"],
+  },
 ];
 
 export const POSTGRES_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
