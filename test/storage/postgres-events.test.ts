@@ -420,25 +420,40 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
     }
   }
 
-  it('a backlog behind 5,000 rows another instance holds: 32 claimed, oldest (an expired lease) first, without reading the rest', async () => {
+  interface Rows { prefix: string; action: string; status?: string; count: number; firstAt: number; leaseUntil?: number | null }
+  /**
+   * A fresh database with a store on it and a plain connection that fills it: `count` rows of
+   * `action` in `status` (default queued) received from firstAt + 1 ms on, ids prefix000001…, each
+   * due when received (delivered then, if delivered), leased to another instance until
+   * `leaseUntil` if given.
+   */
+  async function onFilledDatabase(run: (store: PostgresEventStore, client: pg.Client, add: (rows: Rows) => Promise<unknown>) => Promise<void>): Promise<void> {
     const url = await pgc().createDatabase();
     const store = await PostgresEventStore.open(storage(url), { migrate: true, logger: silent });
     const client = new pg.Client({ connectionString: url });
     await client.connect();
+    const envelope = JSON.stringify({ padding: 'x'.repeat(500) });
+    const add = ({ prefix, action, status = 'queued', count, firstAt, leaseUntil = null }: Rows) => client.query(
+      `INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at, delivered_at, lease_until, claim_id, lease_owner)
+       SELECT $1 || lpad(g::text, 6, '0'), '/webhook/x', $2, $3::bigint + g, $4, $5, $3::bigint + g, CASE WHEN $5 = 'delivered' THEN $3::bigint + g END,
+              $6::bigint, CASE WHEN $6::bigint IS NULL THEN NULL ELSE gen_random_uuid() END, CASE WHEN $6::bigint IS NULL THEN NULL ELSE 'other' END
+         FROM generate_series(1, $7::int) g`,
+      [prefix, action, firstAt, envelope, status, leaseUntil, count]);
     try {
-      const envelope = JSON.stringify({ padding: 'x'.repeat(500) });
-      const rows = async (sql: string, params: unknown[]) => client.query(sql, params);
-      const add = (idPrefix: string, action: string, count: number, firstAt: number, leaseUntil: number | null) => rows(
-        `INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at, lease_until, claim_id, lease_owner)
-         SELECT $1 || lpad(g::text, 6, '0'), '/webhook/x', $2, $3::bigint + g, $4, 'queued', $3::bigint + g, $5::bigint,
-                CASE WHEN $5::bigint IS NULL THEN NULL ELSE gen_random_uuid() END, CASE WHEN $5::bigint IS NULL THEN NULL ELSE 'other' END
-           FROM generate_series(1, $6::int) g`,
-        [idPrefix, action, firstAt, envelope, leaseUntil, count]);
+      await run(store, client, add);
+    } finally {
+      await client.end();
+      await store.close();
+    }
+  }
+
+  it('a backlog behind 5,000 rows another instance holds: 32 claimed, oldest (an expired lease) first, without reading the rest', async () => {
+    await onFilledDatabase(async (store, client, add) => {
       const now = T0 + 100_000;
-      await add('expired-', 'message', 1, T0 - 10, now - 1); // its holder died: claimable, and the oldest
-      await add('held-', 'message', 5_000, T0, now + LEASE); // another instance's accepts, leased to it
-      await add('agent-', 'agent', 5_000, T0, null); // another action's backlog
-      await add('free-', 'message', 20_000, T0 + 10_000, null);
+      await add({ prefix: 'expired-', action: 'message', count: 1, firstAt: T0 - 10, leaseUntil: now - 1 }); // its holder died: claimable, and the oldest
+      await add({ prefix: 'held-', action: 'message', count: 5_000, firstAt: T0, leaseUntil: now + LEASE }); // another instance's accepts, leased to it
+      await add({ prefix: 'agent-', action: 'agent', count: 5_000, firstAt: T0 }); // another action's backlog
+      await add({ prefix: 'free-', action: 'message', count: 20_000, firstAt: T0 + 10_000 });
       // Planned without statistics (a fresh table) and with them: neither reads the backlog or the held rows.
       const before = await rowsRead(client, CLAIM_DUE_SQL, [now, LEASE, 'me', 'message', 32, now]);
       await client.query('ANALYZE events');
@@ -448,39 +463,23 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
       assert.deepEqual(claimed.map((e) => e.id), ['expired-000001', ...Array.from({ length: 31 }, (_, i) => `free-${String(i + 1).padStart(6, '0')}`)]);
       assert.equal(await store.nextDueAt(now), T0 + 1, 'more are due: the oldest unleased (of any action)');
       assert.equal((await store.queueStats(now)).oldestDueAt, T0 - 9, 'the oldest due counts leased rows too');
-    } finally {
-      await client.end();
-      await store.close();
-    }
+    });
   });
 
   it('a scrape counts queued and dead events without reading the 20,000 delivered ones (they are recounted apart)', async () => {
     // Found by measuring: each scrape read the whole table (450 ms at 1,000,000 events).
-    const url = await pgc().createDatabase();
-    const store = await PostgresEventStore.open(storage(url), { migrate: true, logger: silent });
-    const client = new pg.Client({ connectionString: url });
-    await client.connect();
-    try {
-      const add = (idPrefix: string, action: string, status: string, count: number, leaseUntil: number | null) => client.query(
-        `INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at, delivered_at, lease_until, claim_id, lease_owner)
-         SELECT $1 || lpad(g::text, 6, '0'), '/webhook/x', $2, $3::bigint + g, '{}', $4, $3::bigint + g, CASE WHEN $4 = 'delivered' THEN $3::bigint + g END,
-                $5::bigint, CASE WHEN $5::bigint IS NULL THEN NULL ELSE gen_random_uuid() END, CASE WHEN $5::bigint IS NULL THEN NULL ELSE 'other' END
-           FROM generate_series(1, $6::int) g`,
-        [idPrefix, action, T0, status, leaseUntil, count]);
-      await add('delivered-', 'message', 'delivered', 20_000, null);
-      await add('queued-', 'message', 'queued', 30, null);
-      await add('leased-', 'message', 'queued', 5, T0 + LEASE);
-      await add('dead-', 'agent', 'dead', 3, null);
+    await onFilledDatabase(async (store, client, add) => {
+      await add({ prefix: 'delivered-', action: 'message', status: 'delivered', count: 20_000, firstAt: T0 });
+      await add({ prefix: 'queued-', action: 'message', count: 30, firstAt: T0 });
+      await add({ prefix: 'leased-', action: 'message', count: 5, firstAt: T0, leaseUntil: T0 + LEASE });
+      await add({ prefix: 'dead-', action: 'agent', status: 'dead', count: 3, firstAt: T0 });
       const before = await rowsRead(client, UNDELIVERED_COUNTS_SQL, []);
       await client.query('ANALYZE events');
       const after = await rowsRead(client, UNDELIVERED_COUNTS_SQL, []);
       assert.ok(before < 200 && after < 200, `rows of events read by a scrape's counts: ${before} without statistics, ${after} with`);
       const counts = Object.fromEntries((await store.queueStats(T0)).counts.map((c) => [`${c.action}/${c.status}`, c.events]));
       assert.deepEqual(counts, { 'message/queued': 35, 'agent/dead': 3, 'message/delivered': 20_000 });
-    } finally {
-      await client.end();
-      await store.close();
-    }
+    });
   });
 });
 
