@@ -105,6 +105,9 @@ function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
   // connection closes. The bad bytes get nothing.
   const inFlight = answering.get(socket);
   const last = lastParsed.get(socket);
+  const code: ErrorCode = err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
+    : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
+    : 'invalid_request';
   if (last && !last.complete) {
     // The bad bytes are the last request's own body (a broken chunk): it can never be whole. While
     // its answer has not begun it is refused now (400, as Node does without this handler), not
@@ -116,12 +119,9 @@ function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
       socket.destroy();
       return;
     }
+    // This answer is the request's own: its log line says so, not 499 ("the client left").
+    if (last.gatehouse) Object.assign(last.gatehouse, { rawStatus: errorCatalogue[code].status, errorCode: code });
   } else if (inFlight && !inFlight.writableFinished) return closeAfterAnswer(inFlight);
-  const code: ErrorCode = err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
-    : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
-    : 'invalid_request';
-  // This answer is the in-flight request's own (its broken body): its log line says so, not 499.
-  if (inFlight?.req.gatehouse) Object.assign(inFlight.req.gatehouse, { rawStatus: errorCatalogue[code].status, errorCode: code });
   writeRawError(socket, code);
 }
 

@@ -105,32 +105,39 @@ export const DELIVERED_RECOUNT_MS = 60_000;
  * queueStats' delivered counts. Counting every delivered event reads them all (measured at
  * 1,000,000: 130 ms of the SQLite driver's event loop, 450 ms of a Postgres backend) and a
  * scrape comes every 15 s or so; so they are recounted in the background once the last count is
- * DELIVERED_RECOUNT_MS old, and a scrape meanwhile gets the last count. Only the first call
- * waits for one. A failed recount keeps the last count (the next call tries again).
+ * DELIVERED_RECOUNT_MS old (or the clock went back), and a scrape meanwhile gets the last count.
+ * Only the first call waits for one. A failed recount is reported to `onError` and tried again
+ * DELIVERED_RECOUNT_MS later, the last count kept meanwhile.
  */
 export class DeliveredCounts {
   private counts: Map<WebhookAction, number> | undefined;
-  private countedAt = 0;
+  /** When the last count, or the last failed attempt at one, started. */
+  private triedAt = 0;
   private counting: Promise<Map<WebhookAction, number>> | undefined;
 
-  constructor(private readonly recount: () => Promise<Map<WebhookAction, number>>) {}
+  constructor(
+    private readonly recount: () => Promise<Map<WebhookAction, number>>,
+    private readonly onError: (err: unknown) => void = () => {},
+  ) {}
 
   async get(now: number): Promise<Map<WebhookAction, number>> {
     if (this.counts === undefined) return this.start(now);
-    if (now - this.countedAt >= DELIVERED_RECOUNT_MS) void this.start(now).catch(() => {});
+    if (now - this.triedAt >= DELIVERED_RECOUNT_MS || now < this.triedAt) void this.start(now).catch(() => {});
     return this.counts;
   }
 
   private start(now: number): Promise<Map<WebhookAction, number>> {
-    this.counting ??= this.recount().then(
+    if (this.counting) return this.counting;
+    this.triedAt = now;
+    this.counting = this.recount().then(
       (counts) => {
         this.counts = counts;
-        this.countedAt = now;
         this.counting = undefined;
         return counts;
       },
       (err: unknown) => {
         this.counting = undefined;
+        this.onError(err);
         throw err;
       },
     );

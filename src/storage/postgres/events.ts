@@ -36,6 +36,8 @@ const CLAIMING_RECENTLY_MS = 10_000;
  */
 const FRESH_AHEAD_MS = 2_000;
 const FRESH_MIN_EVENTS = 64;
+/** The longest a recount of the delivered events (for /metrics, in the background) is waited for. */
+const DELIVERED_COUNT_TIMEOUT_MS = 10 * 60_000;
 
 /**
  * A claim of up to $5 events of action $4 due by $6 (≤ $1, the time now; lease $2 ms, owner $3), and, when it comes
@@ -76,7 +78,7 @@ export const CLAIM_DUE_SQL = `WITH free AS (
  * so each part takes its index (events_free, events_leased, events_dead), reading as many rows as
  * there are, not the delivered ones. Exported for the test that checks its plan.
  */
-export const UNDELIVERED_COUNTS_SQL = `SELECT action, status, sum(n)::int AS n FROM (
+export const UNDELIVERED_COUNTS_SQL = `SELECT action, status, sum(n)::bigint AS n FROM (
      SELECT action, 'queued' AS status, count(*) AS n FROM events WHERE status = 'queued' AND lease_until IS NULL GROUP BY action
      UNION ALL SELECT action, 'queued', count(*) FROM events WHERE status = 'queued' AND lease_until IS NOT NULL GROUP BY action
      UNION ALL SELECT action, 'dead', count(*) FROM events WHERE status = 'dead' GROUP BY action) c
@@ -171,7 +173,10 @@ export class PostgresEventStore implements EventStore {
   private readonly lastDbLookAt = new Map<WebhookAction, number>();
   /** Per action, how many events its deliverer took per second lately (a moving average over one-second windows). */
   private readonly takeRate = new Map<WebhookAction, { since: number; taken: number; perSecond: number }>();
-  private readonly delivered = new DeliveredCounts(() => this.countDelivered());
+  private readonly delivered = new DeliveredCounts(
+    () => this.countDelivered(),
+    (err) => this.options.logger?.warn({ err: (err as Error).message }, 'metrics: could not count the delivered events; the last count stands'),
+  );
 
   private constructor(
     private readonly pool: pg.Pool,
@@ -789,9 +794,16 @@ export class PostgresEventStore implements EventStore {
     return { counts, oldestDueAt: oldest !== null && oldest <= now ? oldest : undefined };
   }
 
-  /** Every delivered event counted, per action (a read of them all: see DeliveredCounts). */
+  /**
+   * Every delivered event counted, per action (a read of them all: see DeliveredCounts), with
+   * DELIVERED_COUNT_TIMEOUT_MS rather than the pool's query_timeout: on a store of tens of
+   * millions it takes longer, and runs in the background.
+   */
   private async countDelivered(): Promise<Map<WebhookAction, number>> {
-    const { rows } = await this.pool.query<{ action: WebhookAction; n: number }>("SELECT action, count(*)::int AS n FROM events WHERE status = 'delivered' GROUP BY action");
+    const { rows } = await this.pool.query<{ action: WebhookAction; n: number }>({
+      text: "SELECT action, count(*) AS n FROM events WHERE status = 'delivered' GROUP BY action",
+      query_timeout: DELIVERED_COUNT_TIMEOUT_MS,
+    } as pg.QueryConfig);
     return new Map(rows.map((row) => [row.action, row.n]));
   }
 
