@@ -1,11 +1,11 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import Database from 'better-sqlite3';
 import { request } from '../helpers/http.js';
-import { runCli, startServerProcess, type CliResult, type ServerProcess } from '../helpers/process.js';
+import { ROOT, runCli, startServerProcess, type CliResult, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 
 const X_SECRET = 'x-hook-secret-0123456789';
@@ -270,5 +270,27 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     assert.equal(none.code, 0, none.stderr);
     assert.match(none.stdout, /\b0\b/);
     assert.deepEqual((await list('--status', 'dead')), []);
+  });
+
+  it('the daily purge of examples/gatehouse-purge.service runs as written: delivered events older than 30 days go', async () => {
+    const unit = readFileSync(path.join(ROOT, 'examples/gatehouse-purge.service'), 'utf8');
+    const execStart = /^ExecStart=\S+ \S+\/bin\/gatehouse\.js (.+)$/m.exec(unit)?.[1];
+    assert.ok(execStart, 'ExecStart runs node on bin/gatehouse.js');
+    const args = execStart.split(' ');
+    const configAt = args.indexOf('--config');
+    assert.ok(configAt > 0, 'the unit names its config');
+    args[configAt + 1] = configFile;
+    const db = new Database(dbFile, { fileMustExist: true });
+    try {
+      db.pragma('busy_timeout = 5000');
+      db.prepare('UPDATE events SET delivered_at = ? WHERE id = ?').run(Date.now() - 31 * DAY_MS, ids.a2);
+      db.prepare('UPDATE events SET delivered_at = ? WHERE id = ?').run(Date.now() - 29 * DAY_MS, ids.a3);
+    } finally {
+      db.close();
+    }
+    const result = await runCli(args);
+    assert.equal(result.code, 0, result.stderr);
+    assert.match(result.stdout, /purged 1 delivered event\(s\) older than 30d/);
+    assert.deepEqual(Object.keys(statuses(await list())).sort(), [ids.a3, ids.b2].sort());
   });
 });
