@@ -9,7 +9,7 @@ import pg from 'pg';
 import pino from 'pino';
 import { parseConfig } from '../../src/config/load.js';
 import type { PostgresStorageConfig } from '../../src/config/schema.js';
-import type { EventStore } from '../../src/storage/events.js';
+import { DELIVERED_RECOUNT_MS, type DeliveredCounts, type EventStore } from '../../src/storage/events.js';
 import { CLAIM_DUE_SQL, PostgresEventStore, UNDELIVERED_COUNTS_SQL } from '../../src/storage/postgres/events.js';
 import { PostgresLockoutStore } from '../../src/storage/postgres/lockout.js';
 import { MIGRATIONS, POSTGRES_SCHEMA_VERSION } from '../../src/storage/postgres/migrations.js';
@@ -479,6 +479,27 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
       assert.ok(before < 200 && after < 200, `rows of events read by a scrape's counts: ${before} without statistics, ${after} with`);
       const counts = Object.fromEntries((await store.queueStats(T0)).counts.map((c) => [`${c.action}/${c.status}`, c.events]));
       assert.deepEqual(counts, { 'message/queued': 35, 'agent/dead': 3, 'message/delivered': 20_000 });
+    });
+  });
+
+  it('closing the store does not wait for a recount of the delivered events under way (it is cancelled)', async () => {
+    // Found by review: pool.end() waited for the recount's connection, up to its 10-minute timeout, past systemd's stop timeout.
+    await onFilledDatabase(async (store, client) => {
+      await store.queueStats(T0); // the first count
+      await client.query('BEGIN');
+      await client.query('LOCK TABLE events IN ACCESS EXCLUSIVE MODE'); // the next count waits here, as a long one would run
+      try {
+        // The recount alone (a scrape's other statements would wait on the lock too).
+        await (store as unknown as { delivered: DeliveredCounts }).delivered.get(T0 + DELIVERED_RECOUNT_MS);
+        await waitFor('the recount waiting', async () => {
+          const { rows } = await client.query("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%status = ''delivered'' GROUP BY action%'");
+          return rows[0].n > 0 ? true : undefined;
+        });
+        const closed = await Promise.race([store.close().then(() => 'closed'), new Promise((r) => setTimeout(() => r('still waiting after 10 s'), 10_000))]);
+        assert.equal(closed, 'closed');
+      } finally {
+        await client.query('ROLLBACK');
+      }
     });
   });
 });

@@ -9,7 +9,7 @@ import {
 } from '../events.js';
 import { PostgresListener } from './listener.js';
 import { openMigratedPool, schemaVersion } from './migrations.js';
-import { describeUrl, inTransaction, isRetryableTransactionError } from './pool.js';
+import { describeUrl, inTransaction, isRetryableTransactionError, withClient } from './pool.js';
 
 /** NOTIFY channel: "an event may be due" (accepted, requeued). The payload is the sending store's owner id. */
 const DUE_CHANNEL = 'gatehouse_events_due';
@@ -175,8 +175,10 @@ export class PostgresEventStore implements EventStore {
   private readonly takeRate = new Map<WebhookAction, { since: number; taken: number; perSecond: number }>();
   private readonly delivered = new DeliveredCounts(
     () => this.countDelivered(),
-    (err) => this.options.logger?.warn({ err: (err as Error).message }, 'metrics: could not count the delivered events; the last count stands'),
+    (err) => this.closed || this.options.logger?.warn({ err: (err as Error).message }, 'metrics: could not count the delivered events; the last count stands'),
   );
+  /** The backend pid of the connection counting delivered events, while it does (close() cancels it). */
+  private countingBackend: number | undefined;
 
   private constructor(
     private readonly pool: pg.Pool,
@@ -800,10 +802,17 @@ export class PostgresEventStore implements EventStore {
    * millions it takes longer, and runs in the background.
    */
   private async countDelivered(): Promise<Map<WebhookAction, number>> {
-    const { rows } = await this.pool.query<{ action: WebhookAction; n: number }>({
-      text: "SELECT action, count(*) AS n FROM events WHERE status = 'delivered' GROUP BY action",
-      query_timeout: DELIVERED_COUNT_TIMEOUT_MS,
-    } as pg.QueryConfig);
+    const { rows } = await withClient(this.pool, async (client) => {
+      this.countingBackend = (await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+      try {
+        return await client.query<{ action: WebhookAction; n: number }>({
+          text: "SELECT action, count(*) AS n FROM events WHERE status = 'delivered' GROUP BY action",
+          query_timeout: DELIVERED_COUNT_TIMEOUT_MS,
+        } as pg.QueryConfig);
+      } finally {
+        this.countingBackend = undefined;
+      }
+    });
     return new Map(rows.map((row) => [row.action, row.n]));
   }
 
@@ -940,6 +949,8 @@ export class PostgresEventStore implements EventStore {
     // Fresh events no deliverer took: their leases are freed, so another instance delivers them now, not once they run out.
     await this.freeLeases(this.dropFresh());
     await this.listener?.close();
+    // A recount under way would hold its connection, and so pool.end(), for as long as it takes (minutes on a big store).
+    if (this.countingBackend !== undefined) await this.pool.query('SELECT pg_cancel_backend($1)', [this.countingBackend]).catch(() => {});
     await this.pool.end();
   }
 }
