@@ -492,6 +492,8 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
         // The recount alone (a scrape's other statements would wait on the lock too).
         await (store as unknown as { delivered: DeliveredCounts }).delivered.get(T0 + DELIVERED_RECOUNT_MS);
         await waitFor('the recount waiting', async () => {
+          // Inside this transaction the activity view is a snapshot taken at its first read: cleared for each look.
+          await client.query('SELECT pg_stat_clear_snapshot()');
           const { rows } = await client.query("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%status = ''delivered'' GROUP BY action%'");
           return rows[0].n > 0 ? true : undefined;
         });
