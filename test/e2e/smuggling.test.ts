@@ -466,8 +466,9 @@ describe('what the attack review got through: trailers, pipelining, CONNECT, Exp
 
   it('bad bytes behind a request already answered: its log line keeps its own outcome (no error of the bytes behind it)', async () => {
     // (Found by review: the 400 for the bytes behind was noted on the request answered before them.)
-    const exchange = await rawExchange(gatehouse.url, 'GET /healthz HTTP/1.1\r\nHost: g\r\n\r\nGARBAGE / NOT-HTTP\r\n\r\n', { idleMs: 1_000 });
-    // The bad bytes get a 400 or nothing, as the answer before them had finished or not (Node 24: not yet).
+    const exchange = await rawExchange(gatehouse.url, 'GET /healthz HTTP/1.1\r\nHost: g\r\n\r\nGARBAGE / NOT-HTTP\r\n\r\n', { idleMs: 3_000 });
+    // The bad bytes get a 400 when the answer before them had finished, else nothing and the
+    // connection closes a second after that answer (Node 24's timing).
     assert.equal(exchange.responses[0]?.status, 200, exchange.raw.slice(0, 300));
     assert.ok(exchange.closedByServer);
     await new Promise((r) => setTimeout(r, 100));
