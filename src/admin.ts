@@ -165,7 +165,9 @@ async function refreshGauges(config: Config, sources: AdminSources, gmailStateOf
     try {
       const stats = await sources.store.queueStats(now);
       // Every configured action shows every status, 0 included: alerts on `dead > 0` need the series.
-      for (const action of Object.keys(config.webhooks.targets)) for (const status of DELIVERY_STATUSES) g.queueEvents.set({ action, status }, 0);
+      // Delivered is left out while it is unknown (the first count after a start still running), never shown as 0.
+      const known = stats.deliveredCounted ? DELIVERY_STATUSES : DELIVERY_STATUSES.filter((s) => s !== 'delivered');
+      for (const action of Object.keys(config.webhooks.targets)) for (const status of known) g.queueEvents.set({ action, status }, 0);
       for (const { action, status, events } of stats.counts) g.queueEvents.set({ action, status }, events);
       g.queueOldestDue.set(stats.oldestDueAt === undefined ? 0 : Math.max(0, now - stats.oldestDueAt) / 1000);
     } catch (err) {

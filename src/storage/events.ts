@@ -91,9 +91,11 @@ export interface QueueStats {
   /**
    * Events per action and status; pairs with none are left out. Queued and dead ones are counted
    * at each call (through indexes: as many rows as there are); delivered ones, which pile up
-   * until purged, as of the last recount (DeliveredCounts).
+   * until purged, as of the last recount (DeliveredCounts), and only when `deliveredCounted`.
    */
   counts: { action: WebhookAction; status: DeliveryStatus; events: number }[];
+  /** false while no delivered count has landed yet (the first one after a start is still running, or failed): delivered is unknown, not 0. */
+  deliveredCounted: boolean;
   /** The earliest `nextAttemptAt` among queued events already due (leased ones included), if any. */
   oldestDueAt: number | undefined;
 }
@@ -101,13 +103,19 @@ export interface QueueStats {
 /** How old the delivered counts of queueStats may get before a recount is started. */
 export const DELIVERED_RECOUNT_MS = 60_000;
 
+/** How long the first scrape after a start waits for the first delivered count before it goes without. */
+export const DELIVERED_FIRST_WAIT_MS = 2_000;
+
 /**
  * queueStats' delivered counts. Counting every delivered event reads them all (measured at
  * 1,000,000: 130 ms of the SQLite driver's event loop, 450 ms of a Postgres backend) and a
  * scrape comes every 15 s or so; so they are recounted in the background once the last count is
  * DELIVERED_RECOUNT_MS old (or the clock went back), and a scrape meanwhile gets the last count.
- * Only the first call waits for one. A failed recount is reported to `onError` and tried again
- * DELIVERED_RECOUNT_MS later, the last count kept meanwhile.
+ * Before the first count has landed a call waits for it at most `firstWaitMs`, then gets
+ * undefined (unknown): at tens of millions of delivered events the first count outlasts a
+ * scrape's timeout, and the queued and dead counts must not wait for it. A failed recount is
+ * reported to `onError` and tried again DELIVERED_RECOUNT_MS later, the last count kept meanwhile
+ * (with none yet, at the next call).
  */
 export class DeliveredCounts {
   private counts: Map<WebhookAction, number> | undefined;
@@ -118,12 +126,26 @@ export class DeliveredCounts {
   constructor(
     private readonly recount: () => Promise<Map<WebhookAction, number>>,
     private readonly onError: (err: unknown) => void = () => {},
+    private readonly firstWaitMs = DELIVERED_FIRST_WAIT_MS,
   ) {}
 
-  async get(now: number): Promise<Map<WebhookAction, number>> {
-    if (this.counts === undefined) return this.start(now);
+  /** The last count, or undefined while there is none yet (the first one still running, or failed). */
+  async get(now: number): Promise<Map<WebhookAction, number> | undefined> {
+    if (this.counts === undefined) return this.waitForFirst(now);
     if (now - this.triedAt >= DELIVERED_RECOUNT_MS || now < this.triedAt) void this.start(now).catch(() => {});
     return this.counts;
+  }
+
+  private async waitForFirst(now: number): Promise<Map<WebhookAction, number> | undefined> {
+    let timer: NodeJS.Timeout | undefined;
+    const givenUp = new Promise<undefined>((resolve) => {
+      timer = setTimeout(() => resolve(undefined), this.firstWaitMs);
+    });
+    try {
+      return await Promise.race([this.start(now).catch(() => undefined), givenUp]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   private start(now: number): Promise<Map<WebhookAction, number>> {

@@ -25,7 +25,7 @@ export async function openEventStore(storage: StorageConfig, options: { role: 's
   if (storage.driver === 'postgres') {
     return PostgresEventStore.open(storage, { logger: options.logger, migrate: options.role !== 'cli', listen: options.role === 'server' });
   }
-  if (options.role === 'server') return new SqliteEventStore(storage.path, { singleWriter: true });
+  if (options.role === 'server') return new SqliteEventStore(storage.path, { singleWriter: true, logger: options.logger });
   if (options.role === 'setup') return new SqliteEventStore(storage.path);
   try {
     return new SqliteEventStore(storage.path, { mustExist: true });

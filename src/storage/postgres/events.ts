@@ -786,14 +786,15 @@ export class PostgresEventStore implements EventStore {
   async queueStats(now: number): Promise<QueueStats> {
     const { rows } = await this.pool.query<{ action: WebhookAction; status: DeliveryStatus; n: number }>(UNDELIVERED_COUNTS_SQL);
     const counts = rows.map((row) => ({ action: row.action, status: row.status, events: row.n }));
-    for (const [action, events] of await this.delivered.get(now)) counts.push({ action, status: 'delivered', events });
+    const delivered = await this.delivered.get(now);
+    for (const [action, events] of delivered ?? []) counts.push({ action, status: 'delivered', events });
     const due = await this.pool.query<{ at: number | null }>(
       `SELECT least(${oldestUnleasedSql('$1')},
                     (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND lease_until IS NOT NULL)) AS at`,
       [webhookActions],
     );
     const oldest = due.rows[0]?.at ?? null;
-    return { counts, oldestDueAt: oldest !== null && oldest <= now ? oldest : undefined };
+    return { counts, deliveredCounted: delivered !== undefined, oldestDueAt: oldest !== null && oldest <= now ? oldest : undefined };
   }
 
   /**

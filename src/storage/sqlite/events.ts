@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type Database from 'better-sqlite3';
+import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction } from '../../config/schema.js';
 import { openDatabase } from '../../sqlite.js';
 import { acquireWriterLock, type WriterLock } from './writer-lock.js';
@@ -109,17 +110,21 @@ export class SqliteEventStore implements EventStore {
   private readonly statements;
 
   private readonly writerLock: WriterLock | undefined;
-  private readonly delivered = new DeliveredCounts(() => this.countDelivered());
+  private readonly delivered: DeliveredCounts;
   private readonly deliveredCountStep: number;
 
   /**
    * `mustExist`: open an existing store only (the CLI), rather than create an empty one at a
    * mistyped path. `singleWriter`: the server's store, refused while another server has the file
    * (see acquireWriterLock); released by close(). `deliveredCountStep`: see countDelivered (tests
-   * take small steps).
+   * take small steps). `logger`: where a failed count of the delivered events is said.
    */
-  constructor(file: string, options: { mustExist?: boolean; singleWriter?: boolean; deliveredCountStep?: number } = {}) {
+  constructor(file: string, options: { mustExist?: boolean; singleWriter?: boolean; deliveredCountStep?: number; logger?: Pick<Logger, 'warn'> } = {}) {
     this.deliveredCountStep = options.deliveredCountStep ?? DELIVERED_COUNT_STEP;
+    this.delivered = new DeliveredCounts(
+      () => this.countDelivered(),
+      (err) => this.db.open && options.logger?.warn({ err: (err as Error).message }, 'metrics: could not count the delivered events; the last count stands'),
+    );
     this.writerLock = options.singleWriter ? acquireWriterLock(file) : undefined;
     try {
       this.db = openDatabase(file, options);
@@ -357,8 +362,9 @@ export class SqliteEventStore implements EventStore {
 
   async queueStats(now: number): Promise<QueueStats> {
     const counts = this.statements.undeliveredCounts.all().map((row) => ({ action: row.action, status: row.status, events: row.n }));
-    for (const [action, events] of await this.delivered.get(now)) counts.push({ action, status: 'delivered', events });
-    return { counts, oldestDueAt: this.statements.oldestDue.get(now)?.at ?? undefined };
+    const delivered = await this.delivered.get(now);
+    for (const [action, events] of delivered ?? []) counts.push({ action, status: 'delivered', events });
+    return { counts, deliveredCounted: delivered !== undefined, oldestDueAt: this.statements.oldestDue.get(now)?.at ?? undefined };
   }
 
   /**
