@@ -32,6 +32,11 @@ const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
 const ONLY = process.env.BENCH_ONLY?.split(',');
 /** Each gatehouse case alternates with node-bare this many times; its ratio is the median of the rounds. */
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+/**
+ * The webhook ingest cases' `webhooks.delivery.concurrency` (default 32). An experiment's knob: 1
+ * leaves the receiver nearly alone during the burst (what receiving costs without deliveries beside it).
+ */
+const DELIVERY_CONCURRENCY = Number(process.env.BENCH_DELIVERY_CONCURRENCY ?? 32);
 /** Where the report goes (the CI smoke writes elsewhere, so latest.json keeps the last real run). */
 const OUTPUT = path.resolve(ROOT, process.env.BENCH_OUTPUT ?? 'bench/results/latest.json');
 /**
@@ -314,7 +319,7 @@ async function main() {
         listen: { host: '127.0.0.1', port: 0 },
         endpoints: [{ path: '/webhook/bench', secret, action: 'system-event' }],
         targets: { 'system-event': { url: `http://127.0.0.1:${target.port}/events` } },
-        delivery: { concurrency: 32 },
+        delivery: { concurrency: DELIVERY_CONCURRENCY },
       },
     };
     const file = path.join(work, `ingest${suffix ? '-pg' : ''}.json5`);
