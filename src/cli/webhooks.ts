@@ -1,12 +1,13 @@
 import type { Command } from 'commander';
 import { loadStorageConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
-import { openEventStore } from '../storage/open.js';
+import { describeStorage, openEventStore } from '../storage/open.js';
 import { DELIVERY_STATUSES as STATUSES, type DeliveryStatus, type EventStore, type StoredEvent } from '../storage/events.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 import { registerGmailCommands } from './gmail.js';
 import { toJsonWithIsoDates } from './terminal.js';
 import { parseDuration } from './gateway.js';
+import { unreachable } from './storage.js';
 
 
 /**
@@ -22,7 +23,8 @@ export function registerWebhooksCommands(program: Command): void {
     .description('inspect and manage stored webhook events and their deliveries');
 
   const withStore = async <T>(configFile: string, work: (store: EventStore) => Promise<T>): Promise<T> => {
-    const store = await openEventStore(loadStorageConfig(configFile), { role: 'cli' });
+    const storage = loadStorageConfig(configFile);
+    const store = await openEventStore(storage, { role: 'cli' }).catch(unreachable(describeStorage(storage)));
     try {
       return await work(store);
     } finally {

@@ -43,6 +43,31 @@ describe('exit codes: 0 ok, 2 an unknown command or flag, 1 every other problem'
   });
 });
 
+describe('storage that cannot be reached', () => {
+  it('every command that reads the store says so in one line, without a stack (README: "Problems are printed to stderr, one line each")', async () => {
+    // Found by a newcomer following the README: `deliveries list` printed pg-pool's stack.
+    const closedPort = 'postgres://gatehouse@127.0.0.1:9/gatehouse';
+    const config = writeConfig('unreachable.json5', `{
+      gateway: { upstream: { target: "${TARGET}" } },
+      storage: { driver: "postgres", url: "${closedPort}" },
+      webhooks: { enabled: true, targets: { message: { url: "${TARGET}" } } },
+      channels: { tg: { kind: "qr" } },
+    }`);
+    const commands = [
+      ['webhooks', 'deliveries', 'list'], ['webhooks', 'deliveries', 'show', 'evt_x'], ['webhooks', 'deliveries', 'retry', 'evt_x'],
+      ['webhooks', 'deliveries', 'retry', '--dead'], ['webhooks', 'deliveries', 'purge', '--delivered', '--older-than', '30d'],
+      ['storage', 'status'], ['storage', 'migrate'], ['channels', 'list'],
+    ];
+    const results = [];
+    for (let i = 0; i < commands.length; i += 3) results.push(...await Promise.all(commands.slice(i, i + 3).map((args) => runCli([...args, '--config', config]))));
+    results.forEach((result, i) => {
+      const label = `gatehouse ${commands[i]!.join(' ')}`;
+      assert.equal(result.code, 1, `${label}: ${result.stderr}`);
+      assert.match(result.stderr, /^gatehouse: cannot use the storage postgres:\/\/gatehouse@127\.0\.0\.1:9\/gatehouse: .*ECONNREFUSED.*\n$/, label);
+    });
+  });
+});
+
 describe('output piped into a reader that stops early', () => {
   it('`… | head -1` prints no EPIPE stack and ends cleanly', async () => {
     // 70 kB of schema: more than a pipe holds, so writes continue after head has gone.
