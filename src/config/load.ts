@@ -285,10 +285,14 @@ function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, in
   return issues.flatMap((issue) => {
     const where = [...at, ...(issue.path as (string | number)[])];
     if (issue.code === 'unrecognized_keys') {
-      const known = knownKeys(schema, input, issue.path as (string | number)[]);
+      const node = schemaAt(schema, input, issue.path as (string | number)[]);
+      const known = knownKeys(node, getAt(input, issue.path as (string | number)[]));
       return issue.keys.map((key) => {
+        // A key of another branch (`path` under driver "postgres"): which one it belongs to says more than a near name.
+        const branches = branchesWithKey(node, key);
         const nearest = nearestKey(key, known);
-        return `${formatPath([...where, key])}: unknown key${nearest ? ` (did you mean "${nearest}"?)` : ''}`;
+        const hint = branches.length > 0 ? ` (only with ${branches.join(' or ')})` : nearest ? ` (did you mean "${nearest}"?)` : '';
+        return `${formatPath([...where, key])}: unknown key${hint}`;
       });
     }
     return [`${formatPath(where)}: ${issue.message}`];
@@ -296,22 +300,44 @@ function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, in
 }
 
 /**
- * The keys the schema allows for the object at `at` (read from the schema itself, so every
- * section is covered): wrappers are unwrapped, a discriminated union picks the input's branch.
+ * The schema at `at` as declared (wrappers and unions still on it), following the input's
+ * branch of each union on the way: every section is covered, read from the schema itself.
  */
-function knownKeys(schema: z.ZodType, input: unknown, at: readonly (string | number)[]): string[] {
-  let here: z.core.$ZodType | undefined = unwrap(schema as unknown as z.core.$ZodType, input);
-  for (let i = 0; i < at.length; i++) {
-    if (!here) return [];
+function schemaAt(schema: z.ZodType, input: unknown, at: readonly (string | number)[]): z.core.$ZodType | undefined {
+  let here: z.core.$ZodType | undefined = schema as unknown as z.core.$ZodType;
+  for (let i = 0; here && i < at.length; i++) {
+    const def = unwrap(here, getAt(input, at.slice(0, i)))?._zod.def as unknown as Record<string, any> | undefined;
+    if (def?.type === 'object') here = def.shape[at[i]!];
+    else if (def?.type === 'array') here = def.element;
+    else if (def?.type === 'record') here = def.valueType;
+    else return undefined;
+  }
+  return here;
+}
+
+/** The keys the schema `node` allows for `value` (a discriminated union: the value's branch). */
+function knownKeys(node: z.core.$ZodType | undefined, value: unknown): string[] {
+  const def = (node && unwrap(node, value))?._zod.def as unknown as Record<string, any> | undefined;
+  return def?.type === 'object' ? Object.keys(def.shape) : [];
+}
+
+/** Where `node` is a discriminated union: the branches that have `key`, as `driver "sqlite"`. */
+function branchesWithKey(node: z.core.$ZodType | undefined, key: string): string[] {
+  let here = node;
+  for (let i = 0; here && i < 20; i++) {
     const def = here._zod.def as unknown as Record<string, any>;
-    if (def.type === 'object') here = def.shape[at[i]!];
-    else if (def.type === 'array') here = def.element;
-    else if (def.type === 'record') here = def.valueType;
-    else return [];
-    here = here && unwrap(here, getAt(input, at.slice(0, i + 1)));
+    if (['optional', 'default', 'prefault', 'nullable', 'readonly', 'catch', 'nonoptional'].includes(def.type)) here = def.innerType;
+    else if (def.type === 'pipe') here = def.in._zod.def.type === 'transform' ? def.out : def.in;
+    else break;
   }
   const def = here?._zod.def as unknown as Record<string, any> | undefined;
-  return def?.type === 'object' ? Object.keys(def.shape) : [];
+  const discriminator = def?.discriminator as string | undefined;
+  if (def?.type !== 'union' || discriminator === undefined) return [];
+  return (def.options as z.core.$ZodType[]).flatMap((option) => {
+    const shape = (unwrap(option, undefined)?._zod.def as any)?.shape;
+    const values: unknown[] = shape?.[discriminator]?._zod.def.values ?? [];
+    return shape && key in shape ? values.map((v) => `${discriminator} ${JSON.stringify(v)}`) : [];
+  });
 }
 
 function unwrap(schema: z.core.$ZodType, value: unknown): z.core.$ZodType | undefined {
