@@ -76,17 +76,22 @@ export function registerWebhooksCommands(program: Command): void {
 
   deliveries
     .command('retry [id]')
-    .description('requeue one event (delivered or dead), or every dead one with --dead')
+    .description('deliver one event again now, with a fresh attempt budget (delivered, dead, or queued waiting for a retry); or every dead one (--dead), or every one waiting for a retry (--queued)')
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .option('--dead', 'requeue every dead event')
-    .action(async (id: string | undefined, options: { config: string; dead?: boolean }) => {
-      if ((id === undefined) === !options.dead) throw new UsageError('give an event id or --dead (not both)');
+    .option('--queued', 'every queued event waiting for a retry: due now')
+    .action(async (id: string | undefined, options: { config: string; dead?: boolean; queued?: boolean }) => {
+      if ([id !== undefined, options.dead, options.queued].filter(Boolean).length !== 1) throw new UsageError('give one of: an event id, --dead, --queued');
       if (options.dead) {
         const count = await withStore(options.config, (store) => store.requeueDead(Date.now()));
         return print(`requeued ${count} dead event(s)`);
       }
+      if (options.queued) {
+        const count = await withStore(options.config, (store) => store.requeueWaiting(Date.now()));
+        return print(`${count} queued event(s) waiting for a retry are due now`);
+      }
       const done = await withStore(options.config, (store) => store.requeue(id!, Date.now()));
-      if (!done) throw new UsageError(`no event ${id} to requeue (unknown, or already queued)`);
+      if (!done) throw new UsageError(`no event ${id} to retry (unknown, or queued and already due: being delivered or next in line)`);
       print(`requeued ${id}`);
     });
 

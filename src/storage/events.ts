@@ -221,9 +221,15 @@ export interface EventStore {
   onDue?(wake: () => void): () => void;
   list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]>;
   get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined>;
-  /** Puts an event back in the queue with a fresh attempt budget; false when unknown or already queued. */
+  /**
+   * Puts an event back in the queue, due at `now`, with a fresh attempt budget: a delivered or
+   * dead one, or a queued one waiting for a retry (its next attempt after `now`, no lease). false
+   * when unknown, or queued and already due (being delivered, or next in line): left as is.
+   */
   requeue(id: string, now: number): Promise<boolean>;
   requeueDead(now: number): Promise<number>;
+  /** Every queued event waiting for a retry (next attempt after `now`, no lease): due at `now`, with a fresh attempt budget. */
+  requeueWaiting(now: number): Promise<number>;
   /** Deletes events delivered before `olderThan`, with their attempts and replay keys (a replay of one is then new). */
   purgeDelivered(olderThan: number): Promise<number>;
   status(now: number): Promise<StoreStatus>;

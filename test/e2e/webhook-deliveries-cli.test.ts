@@ -297,3 +297,80 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     assert.equal((await cli('show', ids.a3)).code, 0, 'the 29-day-old one stays');
   });
 });
+
+/**
+ * Events waiting out a long backoff (the target said Retry-After: 3600), as a copied queue's are
+ * (found by a newcomer after `storage copy`: nothing made them go before their time).
+ */
+describe('gatehouse webhooks deliveries retry: queued events waiting for a retry (beside a running server)', () => {
+  let dir: string;
+  let configFile: string;
+  let target: RecordingServer;
+  let server: ServerProcess;
+  let down = true;
+  /** Event ids the target answered 200 to. */
+  const delivered: string[] = [];
+  const cli = (...args: string[]): Promise<CliResult> => runCli(['webhooks', 'deliveries', ...args, '--config', configFile]);
+  const deliveredTo = (id: string) => delivered.filter((d) => d === id).length;
+
+  before(async () => {
+    dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-retry-queued-'));
+    target = await startRecordingUpstream((req, res) => {
+      if (!down) delivered.push(JSON.parse(req.body).id);
+      res.writeHead(down ? 503 : 200, { 'content-type': 'application/json', ...(down ? { 'retry-after': '3600' } : {}) });
+      res.end('{}');
+    });
+    configFile = path.join(dir, 'gatehouse.json5');
+    writeFileSync(configFile, JSON.stringify({
+      storage: { path: path.join(dir, 'gatehouse.db') },
+      log: { level: 'debug' }, // the test follows successful deliveries in the log
+      gateway: { listen: { host: '127.0.0.1', port: 0 }, upstream: { target: target.url }, auth: { apiKey: API_KEY } },
+      webhooks: {
+        enabled: true,
+        listen: { host: '127.0.0.1', port: 0 },
+        endpoints: [{ path: '/webhook/x', secret: X_SECRET, action: 'message' }],
+        targets: { message: { url: `${target.url}/message` } },
+        delivery: { maxBackoffMs: 7_200_000, timeoutMs: 2000 },
+      },
+    }));
+    server = startServerProcess(configFile);
+  });
+  after(async () => {
+    await server.stop('SIGKILL');
+    await target.close();
+  });
+
+  it('retry <id> and retry --queued make them due now; an event already due is refused; one flag at a time', async () => {
+    const hooks = (await server.waitFor((l) => l.msg === 'webhook receiver listening')).url;
+    const ids: string[] = [];
+    for (const n of [1, 2, 3]) {
+      const reply = await request(hooks, '/webhook/x', { method: 'POST', headers: { 'content-type': 'application/json', 'x-webhook-secret': X_SECRET }, body: JSON.stringify({ n }) });
+      assert.equal(reply.status, 202, reply.body);
+      ids.push(reply.json().id);
+    }
+    for (const id of ids) await server.waitFor((l) => l.id === id && l.outcome === 'queued');
+    const waiting = JSON.parse((await cli('show', ids[0]!, '--json')).stdout).event;
+    assert.ok(Date.parse(waiting.nextAttemptAt) - Date.now() > 3_000_000, `next attempt in about an hour (${waiting.nextAttemptAt})`);
+    down = false;
+
+    const one = await cli('retry', ids[0]!);
+    assert.equal(one.code, 0, one.stderr);
+    await server.waitFor((l) => l.id === ids[0] && l.outcome === 'delivered');
+    assert.equal(deliveredTo(ids[0]!), 1);
+    assert.equal(deliveredTo(ids[1]!), 0, 'only that one');
+
+    const both = await cli('retry', '--queued');
+    assert.equal(both.code, 0, both.stderr);
+    assert.match(both.stdout, /^2 queued event\(s\) waiting for a retry are due now$/m);
+    for (const id of ids.slice(1)) await server.waitFor((l) => l.id === id && l.outcome === 'delivered');
+    assert.deepEqual(ids.map(deliveredTo), [1, 1, 1]);
+    const none = await cli('retry', '--queued');
+    assert.match(none.stdout, /^0 queued event/m);
+
+    for (const args of [['retry', '--dead', '--queued'], ['retry', ids[0]!, '--queued']]) {
+      const refused = await cli(...args);
+      assert.equal(refused.code, 1, args.join(' '));
+      assert.match(refused.stderr, /^gatehouse: give one of: an event id, --dead, --queued\n$/);
+    }
+  });
+});

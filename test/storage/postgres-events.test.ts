@@ -267,6 +267,18 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     assert.equal((await a.claimDue(T0 + 1_001, 1, LEASE, 'message'))[0]?.id, mine!.id);
   });
 
+  it('a retry from the CLI leaves an attempt under way alone, even one claimed by an instance whose clock is ahead of the CLI\'s', async () => {
+    const [server, cli] = [await instance(), await instance()];
+    const { id } = await cli.accept(event({ idempotencyKey: 'retry-while-leased' }));
+    const [held] = await server.claimDue(T0, 1, LEASE, 'message');
+    assert.equal(held?.id, id);
+    // The CLI's clock is 10 s behind: the event's next attempt (T0) is "later" for it, but the event is leased.
+    assert.equal(await cli.requeue(id, T0 - 10_000), false);
+    assert.equal(await cli.requeueWaiting(T0 - 10_000), 0);
+    assert.equal(await server.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' }, held!.claimId), true, 'the holder still settles it');
+    assert.equal((await cli.get(id))?.event.status, 'delivered');
+  });
+
   it('the same delivery id (or signed request) accepted by two instances at once is stored once', async () => {
     const [a, b] = [await instance(), await instance()];
     const keys = Array.from({ length: 60 }, (_, i) => `dup-${i}`);

@@ -360,7 +360,35 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.deepEqual(got?.attempts.map((a) => a.attempt), [1, 2, 3]);
     });
 
-    it('returns false for a queued event (leaving it as is) and for an unknown id', async () => {
+    it('a queued event waiting for its retry is due now, with a fresh round (a copied queue need not wait out its backoff)', async () => {
+      const id = await acceptAt(T0);
+      await store.recordAttempt(id, attempt(1), { status: 'queued', nextAttemptAt: T0 + 60_000 });
+      assert.deepEqual(await store.claimDue(T0 + 10_000, 1, LEASE, 'message'), [], 'not due yet');
+      assert.equal(await store.requeue(id, T0 + 10_000), true);
+      const got = await store.get(id);
+      assert.deepEqual([got?.event.status, got?.event.nextAttemptAt, got?.event.roundAttempts, got?.event.attempts], ['queued', T0 + 10_000, 0, 1]);
+      assert.deepEqual((await store.claimDue(T0 + 10_000, 1, LEASE, 'message')).map((e) => e.id), [id]);
+    });
+
+    it('requeueWaiting makes every queued event waiting for a retry due now, and nothing else', async () => {
+      const [waiting, waitingAgent, due, delivered, dead] = [await acceptAt(T0), await acceptAt(T0, 'agent'), await acceptAt(T0), await acceptAt(T0), await acceptAt(T0)];
+      await store.recordAttempt(waiting, attempt(1), { status: 'queued', nextAttemptAt: T0 + 60_000 });
+      await store.recordAttempt(waitingAgent, attempt(1), { status: 'queued', nextAttemptAt: T0 + 120_000 });
+      await store.recordAttempt(due, attempt(1), { status: 'queued', nextAttemptAt: T0 + 5_000 });
+      await store.recordAttempt(delivered, attempt(1, T0, 200), { status: 'delivered' });
+      await store.recordAttempt(dead, attempt(1), { status: 'dead' });
+      assert.equal(await store.requeueWaiting(T0 + 10_000), 2);
+      assert.equal(await store.requeueWaiting(T0 + 10_000), 0, 'nothing left waiting');
+      for (const id of [waiting, waitingAgent]) {
+        const got = await store.get(id);
+        assert.deepEqual([got?.event.nextAttemptAt, got?.event.roundAttempts], [T0 + 10_000, 0], id);
+      }
+      assert.deepEqual([(await store.get(due))?.event.nextAttemptAt, (await store.get(due))?.event.roundAttempts], [T0 + 5_000, 1], 'already due: as it was');
+      assert.equal((await store.get(delivered))?.event.status, 'delivered');
+      assert.equal((await store.get(dead))?.event.status, 'dead');
+    });
+
+    it('returns false for a queued event already due (leaving it as is) and for an unknown id', async () => {
       const id = await acceptAt(T0);
       await store.recordAttempt(id, attempt(1), { status: 'queued', nextAttemptAt: T0 + 5_000 });
       assert.equal(await store.requeue(id, T0 + 60_000), false);

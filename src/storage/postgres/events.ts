@@ -744,9 +744,11 @@ export class PostgresEventStore implements EventStore {
 
   async requeue(id: string, now: number): Promise<boolean> {
     const { rowCount } = await this.pool.query(
+      // A queued event only while it waits for a retry, leased by no one: an attempt under way
+      // (even one claimed by an instance whose clock is ahead of this one's) is left to finish.
       `UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $2::bigint, delivered_at = NULL,
               lease_until = NULL, claim_id = NULL, lease_owner = NULL
-        WHERE id = $1 AND status <> 'queued'`,
+        WHERE id = $1 AND (status <> 'queued' OR (next_attempt_at > $2::bigint AND lease_until IS NULL))`,
       [id, now],
     );
     if (rowCount) this.requeued();
@@ -756,6 +758,15 @@ export class PostgresEventStore implements EventStore {
   async requeueDead(now: number): Promise<number> {
     const { rowCount } = await this.pool.query(
       "UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'dead'",
+      [now],
+    );
+    if (rowCount) this.requeued();
+    return rowCount ?? 0;
+  }
+
+  async requeueWaiting(now: number): Promise<number> {
+    const { rowCount } = await this.pool.query(
+      "UPDATE events SET round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'queued' AND lease_until IS NULL AND next_attempt_at > $1::bigint",
       [now],
     );
     if (rowCount) this.requeued();

@@ -148,8 +148,10 @@ export class SqliteEventStore implements EventStore {
       nextDue: db.prepare<[number], { id: string; next_attempt_at: number }>('SELECT id, next_attempt_at FROM events WHERE status = \'queued\' ORDER BY next_attempt_at LIMIT ?'),
       get: db.prepare<[string], EventRow>('SELECT * FROM events WHERE id = ?'),
       attempts: db.prepare<[string], { attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
-      requeue: db.prepare<[number, string]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ?, delivered_at = NULL WHERE id = ? AND status != \'queued\''),
+      // A queued event waiting for a retry (next attempt later) is in no one's hands: the server leases only due ones.
+      requeue: db.prepare<{ now: number; id: string }>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = @now, delivered_at = NULL WHERE id = @id AND (status != \'queued\' OR next_attempt_at > @now)'),
       requeueDead: db.prepare<[number]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ? WHERE status = \'dead\''),
+      requeueWaiting: db.prepare<{ now: number }>('UPDATE events SET round_attempts = 0, next_attempt_at = @now WHERE status = \'queued\' AND next_attempt_at > @now'),
       // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
       purge: db.prepare<[number]>(PURGE_CHUNK_SQL),
       counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
@@ -445,11 +447,15 @@ export class SqliteEventStore implements EventStore {
   }
 
   async requeue(id: string, now: number): Promise<boolean> {
-    return this.statements.requeue.run(now, id).changes > 0;
+    return this.statements.requeue.run({ now, id }).changes > 0;
   }
 
   async requeueDead(now: number): Promise<number> {
     return this.statements.requeueDead.run(now).changes;
+  }
+
+  async requeueWaiting(now: number): Promise<number> {
+    return this.statements.requeueWaiting.run({ now }).changes;
   }
 
   async purgeDelivered(olderThan: number): Promise<number> {
