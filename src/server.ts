@@ -54,16 +54,29 @@ export async function startGatehouse(
     ? await PostgresLockoutStore.open(config.storage, { logger })
     : undefined;
   const lockoutStore = options.lockoutStore ?? sharedLockout ?? new MemoryLockoutStore();
+  // What can refuse the webhook side's start comes before any listener, so a refused start has
+  // listened on nothing: a key missing for sealed tokens, a SQLite file another server holds.
+  let ownStore: EventStore | undefined;
+  if (config.webhooks.enabled && options.eventStore === undefined) {
+    try {
+      if (needsSecretKey(config)) secretKeyFromEnv();
+      ownStore = await openEventStore(config.storage, { role: 'server', logger });
+    } catch (err) {
+      await sharedLockout?.close();
+      throw err;
+    }
+  }
   let gateway: RunningGateway;
   try {
     gateway = await (options.startGateway ?? startGateway)(config, { logger, lockoutStore });
   } catch (err) {
+    await ownStore?.close();
     await sharedLockout?.close();
     throw err;
   }
   let webhooks: RunningWebhooks | undefined;
   try {
-    webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore);
+    webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore ?? ownStore);
   } catch (err) {
     await gateway.close(0); // nothing is half-started: the process can exit with the error
     await sharedLockout?.close();
@@ -207,8 +220,8 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     return undefined;
   }
   const hasChannels = Object.keys(config.channels).length > 0;
-  // Both keep sealed tokens: no key, no start (said with how to make one), before storage is opened.
-  const secretKey = config.webhooks.gmail || hasChannels ? secretKeyFromEnv() : undefined;
+  // No key, no start (said with how to make one), before storage is opened.
+  const secretKey = needsSecretKey(config) ? secretKeyFromEnv() : undefined;
   const store = injectedStore ?? await openEventStore(config.storage, { role: 'server', logger });
   const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
   const deliverer = new Deliverer(store, config.webhooks, logger);
@@ -276,6 +289,11 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
       await channelStore?.close();
     },
   };
+}
+
+/** Gmail and channels keep sealed tokens: they need GATEHOUSE_SECRET_KEY. */
+function needsSecretKey(config: Config): boolean {
+  return Boolean(config.webhooks.gmail) || Object.keys(config.channels).length > 0;
 }
 
 async function warmUp(logger: Logger, app: GatewayApp): Promise<void> {

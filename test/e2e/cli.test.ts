@@ -119,6 +119,8 @@ describe('gatehouse start', () => {
       const second = await runCli(['start', '--config', configOn('single-writer-b.json5')], { timeoutMs: 15_000 });
       assert.equal(second.code, 1, second.stderr);
       assert.match(second.stderr, new RegExp(`in use by another gatehouse server \\(pid ${first.child.pid}\\)`));
+      // Found by a newcomer: the refused server had logged "gateway listening" first.
+      assert.doesNotMatch(second.stdout, /listening/, 'refused before anything listens');
       const list = await runCli(['webhooks', 'deliveries', 'list', '--config', configOn('single-writer-cli.json5')]);
       assert.equal(list.code, 0, list.stderr);
       assert.match(list.stdout, /no events/);
