@@ -79,6 +79,7 @@ export async function startGatehouse(
     webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore ?? ownStore);
   } catch (err) {
     await gateway.close(0); // nothing is half-started: the process can exit with the error
+    await ownStore?.close(); // startWebhooks closes it on most paths, not all; closing twice is harmless
     await sharedLockout?.close();
     throw err;
   }

@@ -289,7 +289,7 @@ function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, in
       const known = knownKeys(node, getAt(input, issue.path as (string | number)[]));
       return issue.keys.map((key) => {
         // A key of another branch (`path` under driver "postgres"): which one it belongs to says more than a near name.
-        const branches = branchesWithKey(node, key);
+        const branches = branchesWithKey(node, getAt(input, issue.path as (string | number)[]), key);
         const nearest = nearestKey(key, known);
         const hint = branches.length > 0 ? ` (only with ${branches.join(' or ')})` : nearest ? ` (did you mean "${nearest}"?)` : '';
         return `${formatPath([...where, key])}: unknown key${hint}`;
@@ -321,8 +321,8 @@ function knownKeys(node: z.core.$ZodType | undefined, value: unknown): string[] 
   return def?.type === 'object' ? Object.keys(def.shape) : [];
 }
 
-/** Where `node` is a discriminated union: the branches that have `key`, as `driver "sqlite"`. */
-function branchesWithKey(node: z.core.$ZodType | undefined, key: string): string[] {
+/** Where `node` is a discriminated union: the branches other than `value`'s that have `key` (its own), as `driver "sqlite"`. */
+function branchesWithKey(node: z.core.$ZodType | undefined, value: unknown, key: string): string[] {
   let here = node;
   for (let i = 0; here && i < 20; i++) {
     const def = here._zod.def as unknown as Record<string, any>;
@@ -336,7 +336,9 @@ function branchesWithKey(node: z.core.$ZodType | undefined, key: string): string
   return (def.options as z.core.$ZodType[]).flatMap((option) => {
     const shape = (unwrap(option, undefined)?._zod.def as any)?.shape;
     const values: unknown[] = shape?.[discriminator]?._zod.def.values ?? [];
-    return shape && key in shape ? values.map((v) => `${discriminator} ${JSON.stringify(v)}`) : [];
+    const chosen = value !== null && typeof value === 'object' ? (value as Record<string, unknown>)[discriminator] : undefined;
+    // Own keys only: `toString` or `constructor` is in every shape's prototype chain, in no branch.
+    return shape && Object.hasOwn(shape, key) ? values.filter((v) => v !== chosen).map((v) => `${discriminator} ${JSON.stringify(v)}`) : [];
   });
 }
 

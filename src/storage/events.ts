@@ -111,17 +111,19 @@ export const DELIVERED_FIRST_WAIT_MS = 2_000;
  * 1,000,000: 130 ms of the SQLite driver's event loop, 450 ms of a Postgres backend) and a
  * scrape comes every 15 s or so; so they are recounted in the background once the last count is
  * DELIVERED_RECOUNT_MS old (or the clock went back), and a scrape meanwhile gets the last count.
- * Before the first count has landed a call waits for it at most `firstWaitMs`, then gets
- * undefined (unknown): at tens of millions of delivered events the first count outlasts a
- * scrape's timeout, and the queued and dead counts must not wait for it. A failed recount is
- * reported to `onError` and tried again DELIVERED_RECOUNT_MS later, the last count kept meanwhile
- * (with none yet, at the next call).
+ * Before the first count has landed a call waits for it until `firstWaitMs` after it started,
+ * then gets undefined (unknown): at tens of millions of delivered events the first count outlasts a
+ * scrape's timeout, and the queued and dead counts must not wait for it. A failed count (the
+ * first one too) is reported to `onError` and tried again DELIVERED_RECOUNT_MS later, the last
+ * count (if any) kept meanwhile.
  */
 export class DeliveredCounts {
   private counts: Map<WebhookAction, number> | undefined;
   /** When the last count, or the last failed attempt at one, started. */
   private triedAt = 0;
   private counting: Promise<Map<WebhookAction, number>> | undefined;
+  /** The last try failed. */
+  private failed = false;
 
   constructor(
     private readonly recount: () => Promise<Map<WebhookAction, number>>,
@@ -131,18 +133,28 @@ export class DeliveredCounts {
 
   /** The last count, or undefined while there is none yet (the first one still running, or failed). */
   async get(now: number): Promise<Map<WebhookAction, number> | undefined> {
-    if (this.counts === undefined) return this.waitForFirst(now);
-    if (now - this.triedAt >= DELIVERED_RECOUNT_MS || now < this.triedAt) void this.start(now).catch(() => {});
-    return this.counts;
+    const recountDue = now - this.triedAt >= DELIVERED_RECOUNT_MS || now < this.triedAt;
+    if (this.counts !== undefined) {
+      if (recountDue) void this.start(now).catch(() => {});
+      return this.counts;
+    }
+    // None yet because the last try failed: the next try comes an interval later, not at every scrape
+    // (a count that a statement timeout always cuts short would otherwise run back to back).
+    if (this.failed && this.counting === undefined && !recountDue) return undefined;
+    return this.waitForFirst(now);
   }
 
+  /** Waits for the first count until firstWaitMs after it started: a scrape during a long first count answers at once. */
   private async waitForFirst(now: number): Promise<Map<WebhookAction, number> | undefined> {
+    const counting = this.start(now).catch(() => undefined);
+    const waitMs = this.firstWaitMs - (now - this.triedAt);
+    if (waitMs <= 0) return undefined;
     let timer: NodeJS.Timeout | undefined;
     const givenUp = new Promise<undefined>((resolve) => {
-      timer = setTimeout(() => resolve(undefined), this.firstWaitMs);
+      timer = setTimeout(() => resolve(undefined), waitMs);
     });
     try {
-      return await Promise.race([this.start(now).catch(() => undefined), givenUp]);
+      return await Promise.race([counting, givenUp]);
     } finally {
       clearTimeout(timer);
     }
@@ -155,10 +167,12 @@ export class DeliveredCounts {
       (counts) => {
         this.counts = counts;
         this.counting = undefined;
+        this.failed = false;
         return counts;
       },
       (err: unknown) => {
         this.counting = undefined;
+        this.failed = true;
         this.onError(err);
         throw err;
       },

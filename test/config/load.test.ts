@@ -74,6 +74,8 @@ describe('config: each problem names its exact path', () => {
     assert.deepEqual(problemsOf(withGateway({}, { storage: { driver: 'postgres', url: 'postgres://u@h/db', path: 'x.db' } })), ['storage.path: unknown key (only with driver "sqlite")']);
     assert.deepEqual(problemsOf(withGateway({}, { storage: { path: 'x.db', url: 'postgres://u@h/db' } })), ['storage.url: unknown key (only with driver "postgres")']);
     assert.deepEqual(problemsOf(withGateway({}, { storage: { driver: 'postgres', url: 'postgres://u@h/db', pol: {} } })), ['storage.pol: unknown key (did you mean "pool"?)']);
+    // Found by review: names every object inherits matched every branch, the user's own included.
+    assert.deepEqual(problemsOf(withGateway({}, { storage: { path: 'x.db', toString: 1 } })), ['storage.toString: unknown key']);
     const verify = problemsOf(withGateway({}, { webhooks: { enabled: true, targets: { message: { url: TARGET } }, endpoints: [{ path: '/webhook/a', action: 'message', verify: { type: 'secret', secret: 's'.repeat(24), toleranceSeconds: 60 } }] } }));
     assert.equal(verify.length, 1, verify.join('\n'));
     assert.match(verify[0]!, /^webhooks\.endpoints\[0\]\.verify\.toleranceSeconds: unknown key \(only with type "[a-z-]+"( or type "[a-z-]+")*\)$/);

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -338,6 +338,7 @@ describe('gatehouse webhooks deliveries retry: queued events waiting for a retry
   after(async () => {
     await server.stop('SIGKILL');
     await target.close();
+    rmSync(dir, { recursive: true, force: true });
   });
 
   it('retry <id> and retry --queued make them due now; an event already due is refused; one flag at a time', async () => {

@@ -41,23 +41,26 @@ describe('DeliveredCounts (the delivered counts of /metrics)', () => {
     assert.deepEqual(await counts.get(DELIVERED_RECOUNT_MS + 1), counted(2));
   });
 
-  it('a failed recount is reported, the last count kept, and tried again a full interval later, not at every call', async () => {
+  it('a failed count (the first one too) is reported, the last count kept, and tried again a full interval later, not at every call', async () => {
+    const R = DELIVERED_RECOUNT_MS;
     const { recount, calls } = scriptedRecount();
     const errors: unknown[] = [];
     const counts = new DeliveredCounts(recount, (err) => errors.push(err));
     const first = counts.get(0);
     calls[0]!(new Error('statement timeout'));
     assert.equal(await first, undefined, 'no count yet: unknown');
-    const second = counts.get(1); // nothing counted yet: a new count at once, waited for
+    assert.equal(await counts.get(R - 1), undefined);
+    assert.equal(calls.length, 1, 'found by review: a count that always fails ran again at every scrape');
+    const second = counts.get(R);
     calls[1]!(counted(5));
     assert.deepEqual(await second, counted(5));
-    assert.deepEqual(await counts.get(1 + DELIVERED_RECOUNT_MS), counted(5));
+    assert.deepEqual(await counts.get(2 * R), counted(5));
     calls[2]!(new Error('connection lost'));
     await settle();
     assert.deepEqual(errors.map((e) => (e as Error).message), ['statement timeout', 'connection lost']);
-    assert.deepEqual(await counts.get(2 + DELIVERED_RECOUNT_MS), counted(5), 'the last count stands');
+    assert.deepEqual(await counts.get(2 * R + 1), counted(5), 'the last count stands');
     assert.equal(calls.length, 3, 'no retry at once after a failure');
-    await counts.get(1 + 2 * DELIVERED_RECOUNT_MS);
+    await counts.get(3 * R);
     assert.equal(calls.length, 4, 'retried an interval later');
   });
 
@@ -69,6 +72,9 @@ describe('DeliveredCounts (the delivered counts of /metrics)', () => {
     assert.ok(Date.now() - started >= 45, 'it waited for the count first');
     assert.equal(await counts.get(1), undefined);
     assert.equal(calls.length, 1, 'calls meanwhile wait for the count under way, not a new one');
+    const later = Date.now();
+    assert.equal(await counts.get(50), undefined);
+    assert.ok(Date.now() - later < 40, 'firstWaitMs after the count started, a call no longer waits for it');
     calls[0]!(counted(7));
     await settle();
     assert.deepEqual(await counts.get(2), counted(7));

@@ -139,6 +139,27 @@ describe('SqliteEventStore: the file', () => {
     assert.deepEqual(counts, { 'message/queued': 1, 'message/delivered': 5, 'agent/delivered': 2 });
   });
 
+  it('retry --dead and --queued change every event, 500 at a time (found by review: one UPDATE of a copied million held the write lock for seconds)', async () => {
+    const own = (store as unknown as { db: Database.Database }).db;
+    const insert = own.prepare("INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at, attempts, round_attempts) VALUES (?, '/webhook/a', 'message', ?, '{}', ?, ?, 3, 3)");
+    own.transaction(() => {
+      for (let i = 0; i < 1_201; i++) insert.run(`evt_w${i}`, T0, 'queued', T0 + 3_600_000); // waiting out a backoff
+      for (let i = 0; i < 1_001; i++) insert.run(`evt_d${i}`, T0, 'dead', T0);
+      insert.run('evt_due', T0, 'queued', T0); // already due: not waiting
+    })();
+    const statements = (store as unknown as { statements: Record<string, Database.Statement> }).statements;
+    const runs: Record<string, number> = {};
+    for (const name of ['requeueWaiting', 'requeueDead']) {
+      const statement = statements[name]!;
+      statements[name] = { run: (...args: unknown[]) => ((runs[name] = (runs[name] ?? 0) + 1), statement.run(...(args as [])))} as unknown as Database.Statement;
+    }
+    assert.equal(await store.requeueWaiting(T0 + 1_000), 1_201);
+    assert.equal(await store.requeueDead(T0 + 1_000), 1_001);
+    assert.deepEqual(runs, { requeueWaiting: 4, requeueDead: 4 }, 'three chunks and the empty one that ends it');
+    const left = own.prepare("SELECT status, next_attempt_at AS at, round_attempts AS round, COUNT(*) AS n FROM events GROUP BY 1, 2, 3 ORDER BY n").all();
+    assert.deepEqual(left, [{ status: 'queued', at: T0, round: 3, n: 1 }, { status: 'queued', at: T0 + 1_000, round: 0, n: 2_202 }]);
+  });
+
   it('a purge chunk finds old delivered events through events_delivered, not by reading every delivered one', () => {
     // Found by review: each chunk (and the last, empty one) walked events_next under the write lock: 460 ms at 1,000,000.
     const plan = otherConnection().prepare(`EXPLAIN QUERY PLAN ${PURGE_CHUNK_SQL}`).all(T0).map((row) => (row as { detail: string }).detail);

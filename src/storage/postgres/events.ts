@@ -795,9 +795,9 @@ export class PostgresEventStore implements EventStore {
   }
 
   async queueStats(now: number): Promise<QueueStats> {
+    const delivered = await this.delivered.get(now); // first: it may wait, and the rest is then read as of the same moment
     const { rows } = await this.pool.query<{ action: WebhookAction; status: DeliveryStatus; n: number }>(UNDELIVERED_COUNTS_SQL);
     const counts = rows.map((row) => ({ action: row.action, status: row.status, events: row.n }));
-    const delivered = await this.delivered.get(now);
     for (const [action, events] of delivered ?? []) counts.push({ action, status: 'delivered', events });
     const due = await this.pool.query<{ at: number | null }>(
       `SELECT least(${oldestUnleasedSql('$1')},

@@ -66,6 +66,22 @@ CREATE INDEX IF NOT EXISTS event_replay_keys_event ON event_replay_keys (event_i
  */
 export const PURGE_CHUNK_SQL = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < ? LIMIT 500)";
 
+/**
+ * Runs `chunk` (one short transaction that changes at most a few hundred rows, and fewer once
+ * there are no more) until it changes nothing; returns how many it changed in all. The event loop
+ * is free between chunks, and so is the write lock: the server's commits (in another process) get
+ * in between, instead of waiting behind one long statement past their busy timeout.
+ */
+async function inChunks(chunk: () => number): Promise<number> {
+  let total = 0;
+  for (;;) {
+    const changes = chunk();
+    if (changes === 0) return total;
+    total += changes;
+    await new Promise((r) => setImmediate(r));
+  }
+}
+
 /** exportAll's batches: this many events at most, and about this many bytes of envelopes (a batch is one multi-row insert on the other side). */
 const EXPORT_BATCH_EVENTS = 500;
 const EXPORT_BATCH_BYTES = 8 * 1024 * 1024;
@@ -150,8 +166,9 @@ export class SqliteEventStore implements EventStore {
       attempts: db.prepare<[string], { attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
       // A queued event waiting for a retry (next attempt later) is in no one's hands: the server leases only due ones.
       requeue: db.prepare<{ now: number; id: string }>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = @now, delivered_at = NULL WHERE id = @id AND (status != \'queued\' OR next_attempt_at > @now)'),
-      requeueDead: db.prepare<[number]>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = ? WHERE status = \'dead\''),
-      requeueWaiting: db.prepare<{ now: number }>('UPDATE events SET round_attempts = 0, next_attempt_at = @now WHERE status = \'queued\' AND next_attempt_at > @now'),
+      // Both in chunks (see inChunks): a copied queue can hold a million, and one UPDATE of them all holds the write lock for seconds.
+      requeueDead: db.prepare<{ now: number }>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = @now WHERE rowid IN (SELECT rowid FROM events WHERE status = \'dead\' LIMIT 500)'),
+      requeueWaiting: db.prepare<{ now: number }>('UPDATE events SET round_attempts = 0, next_attempt_at = @now WHERE rowid IN (SELECT rowid FROM events WHERE status = \'queued\' AND next_attempt_at > @now LIMIT 500)'),
       // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
       purge: db.prepare<[number]>(PURGE_CHUNK_SQL),
       counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
@@ -363,8 +380,8 @@ export class SqliteEventStore implements EventStore {
   }
 
   async queueStats(now: number): Promise<QueueStats> {
+    const delivered = await this.delivered.get(now); // first: it may wait, and the rest is then read as of the same moment
     const counts = this.statements.undeliveredCounts.all().map((row) => ({ action: row.action, status: row.status, events: row.n }));
-    const delivered = await this.delivered.get(now);
     for (const [action, events] of delivered ?? []) counts.push({ action, status: 'delivered', events });
     return { counts, deliveredCounted: delivered !== undefined, oldestDueAt: this.statements.oldestDue.get(now)?.at ?? undefined };
   }
@@ -451,21 +468,15 @@ export class SqliteEventStore implements EventStore {
   }
 
   async requeueDead(now: number): Promise<number> {
-    return this.statements.requeueDead.run(now).changes;
+    return inChunks(() => this.statements.requeueDead.run({ now }).changes);
   }
 
   async requeueWaiting(now: number): Promise<number> {
-    return this.statements.requeueWaiting.run({ now }).changes;
+    return inChunks(() => this.statements.requeueWaiting.run({ now }).changes);
   }
 
   async purgeDelivered(olderThan: number): Promise<number> {
-    let purged = 0;
-    for (;;) {
-      const { changes } = this.statements.purge.run(olderThan);
-      if (changes === 0) return purged;
-      purged += changes;
-      await new Promise((r) => setImmediate(r)); // let the server's commits in between chunks
-    }
+    return inChunks(() => this.statements.purge.run(olderThan).changes);
   }
 
   /**
