@@ -756,19 +756,16 @@ export class PostgresEventStore implements EventStore {
   }
 
   async requeueDead(now: number): Promise<number> {
-    const { rowCount } = await this.pool.query(
-      "UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'dead'",
-      [now],
-    );
-    if (rowCount) this.requeued();
-    return rowCount ?? 0;
+    return this.requeueAll("UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'dead'", now);
   }
 
   async requeueWaiting(now: number): Promise<number> {
-    const { rowCount } = await this.pool.query(
-      "UPDATE events SET round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'queued' AND lease_until IS NULL AND next_attempt_at > $1::bigint",
-      [now],
-    );
+    return this.requeueAll("UPDATE events SET round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'queued' AND lease_until IS NULL AND next_attempt_at > $1::bigint", now);
+  }
+
+  /** One UPDATE (row locks only: the instances keep accepting and claiming the rest) making events due at `now` ($1); wakes the deliverers. */
+  private async requeueAll(sql: string, now: number): Promise<number> {
+    const { rowCount } = await this.pool.query(sql, [now]);
     if (rowCount) this.requeued();
     return rowCount ?? 0;
   }
