@@ -17,6 +17,15 @@ export interface Listening {
  * keeps one line more than allowed, so `checkFraming` can tell "exactly at the limit" from "cut"
  * and refuse the latter (its body framing may have come from a line nobody else can see).
  */
+/** The TLS files as they are now (the config check read them; one can change before the start): a problem is one line, not a stack. */
+function httpsServer(name: string, tls: { cert: string; key: string }, options: http.ServerOptions, serve: http.RequestListener): https.Server {
+  try {
+    return https.createServer({ ...options, cert: readFileSync(tls.cert), key: readFileSync(tls.key) }, serve);
+  } catch (err) {
+    throw new UsageError(`${name}: cannot serve TLS with ${tls.cert} and ${tls.key}: ${(err as Error).message}`);
+  }
+}
+
 export async function listen(
   name: string,
   at: { host: string; port: number },
@@ -36,9 +45,7 @@ export async function listen(
     joinDuplicateHeaders: false,
   };
   const serve = oneAtATime(handler);
-  const server = tls
-    ? https.createServer({ ...options, cert: readFileSync(tls.cert), key: readFileSync(tls.key) }, serve)
-    : http.createServer(options, serve);
+  const server = tls ? httpsServer(name, tls, options, serve) : http.createServer(options, serve);
   server.maxHeadersCount = limits.maxHeaderCount + 1;
   server.maxRequestsPerSocket = 0;
   server.on('clientError', answerParseError);

@@ -1,3 +1,4 @@
+import { createPrivateKey, X509Certificate, type KeyObject } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import JSON5 from 'json5';
@@ -75,8 +76,43 @@ export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; ba
   if (config.gateway.tls) {
     config.gateway.tls.cert = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.cert);
     config.gateway.tls.key = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.key);
+    const problems = tlsProblems(config.gateway.tls);
+    if (problems.length > 0) throw new ConfigError(problems);
   }
   return deepFreeze(config);
+}
+
+/**
+ * The gateway's certificate and key, read and checked as `config check` runs (found by a
+ * newcomer: a missing file passed the check, then `start` failed with a stack): each readable,
+ * PEM, and the key the certificate's.
+ */
+function tlsProblems(tls: { cert: string; key: string }): string[] {
+  const problems: string[] = [];
+  const read = (file: string, at: string): Buffer | undefined => {
+    try {
+      return readFileSync(file);
+    } catch (err) {
+      problems.push(`${at}: ${file} ${describeFileError(err)}`);
+      return undefined;
+    }
+  };
+  const certPem = read(tls.cert, 'gateway.tls.cert');
+  const keyPem = read(tls.key, 'gateway.tls.key');
+  let cert: X509Certificate | undefined;
+  let key: KeyObject | undefined;
+  try {
+    if (certPem) cert = new X509Certificate(certPem);
+  } catch (err) {
+    problems.push(`gateway.tls.cert: ${tls.cert} is not a PEM certificate (${(err as Error).message})`);
+  }
+  try {
+    if (keyPem) key = createPrivateKey(keyPem);
+  } catch (err) {
+    problems.push(`gateway.tls.key: ${tls.key} is not an unencrypted PEM private key (${(err as Error).message})`);
+  }
+  if (cert && key && !cert.checkPrivateKey(key)) problems.push(`gateway.tls.key: ${tls.key} is not the private key of the certificate in ${tls.cert}`);
+  return problems;
 }
 
 /**
@@ -106,6 +142,10 @@ function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?:
   // A value whose variable or file is missing has already been reported: its schema complaint
   // ("must be at least 16 characters" about the empty stand-in) would only mislead.
   const reported = new Set(problems.map((p) => p.slice(0, p.indexOf(': '))));
+  // Nor a complaint about what contains it, that the stand-in made incomplete (found by a newcomer:
+  // an unset JWT_SECRET also said "exactly one of jwksUri, secret or publicKey is required (got none)").
+  const missing = [...reported];
+  const containsMissing = (where: string) => missing.some((m) => m.startsWith(`${where}.`) || m.startsWith(`${where}[`));
   let result = schema.safeParse(input);
   for (let round = 0; !result.success && round < 5; round++) {
     const coerced = coerceWholeReferences(input, result.error.issues, ctx.wholeReferences, at);
@@ -115,7 +155,7 @@ function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?:
   }
   if (result.success && problems.length === 0) return result.data;
   for (let round = 0; !result.success && round < 5; round++) {
-    const fresh = formatIssues(result.error.issues, schema, input, at).filter((p) => !reported.has(p.slice(0, p.indexOf(': '))));
+    const fresh = formatIssues(result.error.issues, schema, input, at).filter((p) => !reported.has(p.slice(0, p.indexOf(': '))) && !containsMissing(p.slice(0, p.indexOf(': '))));
     problems.push(...fresh);
     for (const p of fresh) reported.add(p.slice(0, p.indexOf(': ')));
     const repaired = setAsideFailures(input, result.error.issues);

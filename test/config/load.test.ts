@@ -1,12 +1,15 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { generateKeyPairSync } from 'node:crypto';
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { formatPath, loadConfig, parseConfig } from '../../src/config/load.js';
-import { ConfigError } from '../../src/errors.js';
+import { ConfigError, UsageError } from '../../src/errors.js';
 
 const TARGET = 'http://127.0.0.1:9000';
+const TLS_FIXTURES = fileURLToPath(new URL('../fixtures/tls/', import.meta.url));
 const GOOD_KEY = 'config-test-key-0123456789abcdefghijklmn';
 const PUBLIC_KEY = '-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE\n-----END PUBLIC KEY-----';
 
@@ -355,12 +358,16 @@ describe('config: loadConfig reads a JSON5 file', () => {
   it('parses JSON5 and resolves relative paths against the config file folder', () => {
     const file = path.join(dir, 'gatehouse.json5');
     writeFileSync(path.join(dir, 'api.key'), GOOD_KEY);
+    mkdirSync(path.join(dir, 'certs'), { recursive: true });
+    copyFileSync(path.join(TLS_FIXTURES, 'cert.pem'), path.join(dir, 'certs', 'gw.crt'));
+    const absoluteKey = path.join(dir, 'elsewhere-gw.key');
+    copyFileSync(path.join(TLS_FIXTURES, 'key.pem'), absoluteKey);
     writeFileSync(file, `// comments and trailing commas are fine
 {
   storage: { path: './state/gatehouse.db' },
   gateway: {
     upstream: { target: '${TARGET}', },
-    tls: { cert: 'certs/gw.crt', key: '/etc/gw.key' },
+    tls: { cert: 'certs/gw.crt', key: '${absoluteKey}' },
     auth: { apiKey: { file: 'api.key' } },
   },
 }`);
@@ -368,9 +375,35 @@ describe('config: loadConfig reads a JSON5 file', () => {
     assert.equal(loadedFrom, file);
     assert.deepEqual(config.storage, { driver: 'sqlite', path: path.join(dir, 'state', 'gatehouse.db') });
     assert.equal(config.gateway.tls?.cert, path.join(dir, 'certs', 'gw.crt'));
-    assert.equal(config.gateway.tls?.key, '/etc/gw.key');
+    assert.equal(config.gateway.tls?.key, absoluteKey);
     assert.equal(config.gateway.auth.apiKey, GOOD_KEY);
     assert.ok(Object.isFrozen(config.storage));
+  });
+
+  it('gateway.tls: each file readable, PEM, and the key the certificate\'s (found by a newcomer: a missing one passed the check, then start failed with a stack)', () => {
+    const otherKey = path.join(dir, 'other.key');
+    writeFileSync(otherKey, generateKeyPairSync('ec', { namedCurve: 'P-256' }).privateKey.export({ type: 'pkcs8', format: 'pem' }));
+    writeFileSync(path.join(dir, 'not.pem'), 'hello');
+    const cert = path.join(TLS_FIXTURES, 'cert.pem');
+    const tlsProblems = (tls: { cert: string; key: string }) => problemsOf(withGateway({ tls }), { baseDir: dir });
+    assert.equal(parseConfig(withGateway({ tls: { cert, key: path.join(TLS_FIXTURES, 'key.pem') } })).gateway.tls?.cert, cert, 'the fixture pair passes');
+    assert.deepEqual(tlsProblems({ cert: 'missing.crt', key: 'missing.key' }), [
+      `gateway.tls.cert: ${path.join(dir, 'missing.crt')} does not exist`,
+      `gateway.tls.key: ${path.join(dir, 'missing.key')} does not exist`,
+    ]);
+    const [notPem] = tlsProblems({ cert: 'not.pem', key: path.join(TLS_FIXTURES, 'key.pem') });
+    assert.match(notPem!, /^gateway\.tls\.cert: \S+not\.pem is not a PEM certificate/);
+    assert.deepEqual(tlsProblems({ cert, key: otherKey }), [`gateway.tls.key: ${otherKey} is not the private key of the certificate in ${cert}`]);
+  });
+
+  it('a TLS file gone between the check and the start: the listener says so in one line (a UsageError), not with a stack', async () => {
+    const { listen } = await import('../../src/listener.js');
+    const config = parseConfig(withGateway({}));
+    const missing = path.join(dir, 'gone.crt');
+    await assert.rejects(
+      listen('gateway.listen', { host: '127.0.0.1', port: 0 }, { cert: missing, key: missing }, config.gateway.limits, () => {}),
+      (err: unknown) => err instanceof UsageError && err.message.startsWith(`gateway.listen: cannot serve TLS with ${missing} and ${missing}: ENOENT`),
+    );
   });
 
   it('a missing file is a ConfigError naming the file', () => {
@@ -415,5 +448,17 @@ describe('config: a missing variable is reported once', () => {
       assert.ok(err instanceof ConfigError);
       assert.deepEqual(err.problems, ['gateway.auth.apiKey: environment variable GATEHOUSE_UNSET_FOR_TEST is not set']);
     }
+  });
+
+  it('nor about what contains it (found by a newcomer: "exactly one of jwksUri, secret or publicKey is required (got none)"), while other problems are still said', () => {
+    const problems = problemsOf({
+      gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { bearer: { jwt: { secret: '${JWT_SECRET}' } }, failures: { max: 0 } } },
+      webhooks: { enabled: true, endpoints: [{ path: '/webhook/ci', secret: '${CI_HOOK_SECRET}', action: 'message' }], targets: { message: { url: 'http://127.0.0.1:1/' } } },
+    }, { env: {} });
+    assert.deepEqual([...problems].sort(), [
+      'gateway.auth.bearer.jwt.secret: environment variable JWT_SECRET is not set',
+      'webhooks.endpoints[0].secret: environment variable CI_HOOK_SECRET is not set',
+    ].concat(problems.filter((p) => p.startsWith('gateway.auth.failures.max: '))).sort());
+    assert.equal(problems.filter((p) => p.startsWith('gateway.auth.failures.max: ')).length, 1, 'an unrelated problem is still reported');
   });
 });
