@@ -25,6 +25,8 @@ interface ExpandContext {
   problems: string[];
   /** Paths whose whole value was one `${VAR}`: a schema expecting a number or boolean there gets one. */
   wholeReferences: Map<string, (string | number)[]>;
+  /** Each such path's reference as written (`${PORT}`), for problems about the value it gave. */
+  referenceText: Map<string, string>;
 }
 
 export interface LoadedConfig {
@@ -136,7 +138,7 @@ export function loadStorageConfig(file: string, env: NodeJS.ProcessEnv = process
  * skips after a type error still run. `at` prefixes the paths (a section parsed alone).
  */
 function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string }, at: (string | number)[] = []): z.output<S> {
-  const ctx: ExpandContext = { env: options.env ?? process.env, baseDir: options.baseDir ?? process.cwd(), problems: [], wholeReferences: new Map() };
+  const ctx: ExpandContext = { env: options.env ?? process.env, baseDir: options.baseDir ?? process.cwd(), problems: [], wholeReferences: new Map(), referenceText: new Map() };
   let input = expandReferences(raw, at, ctx);
   const problems = ctx.problems;
   // A value whose variable or file is missing has already been reported: its schema complaint
@@ -155,7 +157,7 @@ function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?:
   }
   if (result.success && problems.length === 0) return result.data;
   for (let round = 0; !result.success && round < 5; round++) {
-    const fresh = formatIssues(result.error.issues, schema, input, at).filter((p) => !reported.has(p.slice(0, p.indexOf(': '))) && !containsMissing(p.slice(0, p.indexOf(': '))));
+    const fresh = formatIssues(result.error.issues, schema, input, at, ctx.referenceText).filter((p) => !reported.has(p.slice(0, p.indexOf(': '))) && !containsMissing(p.slice(0, p.indexOf(': '))));
     problems.push(...fresh);
     for (const p of fresh) reported.add(p.slice(0, p.indexOf(': ')));
     const repaired = setAsideFailures(input, result.error.issues);
@@ -241,7 +243,10 @@ function removeAt(value: unknown, at: readonly (string | number)[]): unknown {
 function expandReferences(value: unknown, at: (string | number)[], ctx: ExpandContext): unknown {
   if (typeof value === 'string') {
     if (!value.includes('${')) return value;
-    if (WHOLE_ENV_REFERENCE.test(value)) ctx.wholeReferences.set(JSON.stringify(at), at);
+    if (WHOLE_ENV_REFERENCE.test(value)) {
+      ctx.wholeReferences.set(JSON.stringify(at), at);
+      ctx.referenceText.set(JSON.stringify(at), value);
+    }
     return value.replace(ENV_REFERENCE, (_match, name: string, colon: string | undefined, operator: string | undefined, word: string | undefined) => {
       // `${A:-${B}}` would end at the first `}`: a default of "${B" and a stray "}" after it, silently.
       if (word?.includes('${')) {
@@ -321,7 +326,7 @@ export function formatPath(at: readonly PropertyKey[]): string {
   return out || '(root)';
 }
 
-function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, input: unknown, at: (string | number)[]): string[] {
+function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, input: unknown, at: (string | number)[], referenceText: Map<string, string>): string[] {
   return issues.flatMap((issue) => {
     const where = [...at, ...(issue.path as (string | number)[])];
     if (issue.code === 'unrecognized_keys') {
@@ -335,7 +340,15 @@ function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, in
         return `${formatPath([...where, key])}: unknown key${hint}`;
       });
     }
-    return [`${formatPath(where)}: ${issue.message}`];
+    const value = getAt(input, issue.path as (string | number)[]);
+    // zod's default for a missing value reads "Invalid input: expected string, received undefined".
+    const message = value === undefined && issue.code === 'invalid_type' && issue.message.startsWith('Invalid input:') ? `required (expected ${issue.expected})` : issue.message;
+    // A value from the environment: which variable gave it (found by a newcomer: PORT=abc said only
+    // "expected number"), and the text only where a number or boolean was wanted: never a secret's.
+    const reference = referenceText.get(JSON.stringify(where));
+    const shown = issue.code === 'invalid_type' && ['number', 'boolean'].includes(issue.expected) && typeof value === 'string' ? ` is ${JSON.stringify(value.slice(0, 40))}` : '';
+    const source = reference === undefined ? '' : shown ? ` (${reference}${shown})` : ` (from ${reference})`;
+    return [`${formatPath(where)}: ${message}${source}`];
   });
 }
 

@@ -439,6 +439,22 @@ describe('config: loadConfig reads a JSON5 file', () => {
   });
 });
 
+describe('config: what a newcomer reads about a wrong value', () => {
+  it('names the variable a value came from (its text only where a number or boolean was wanted, never a secret\'s), says "required", shows a duration\'s form', () => {
+    const problems = problemsOf({
+      gateway: { listen: { port: '${PORT}' }, upstream: {}, auth: { apiKey: '${API_KEY}' } },
+      webhooks: { enabled: true, delivery: { retryFor: 72 }, targets: { message: { url: 'http://127.0.0.1:1/' } } },
+    }, { env: { PORT: 'abc', API_KEY: 'short-secret-value' } });
+    assert.deepEqual(problems, [
+      'gateway.listen.port: Invalid input: expected number, received string (${PORT} is "abc")',
+      'gateway.upstream.target: required (expected string)',
+      'gateway.auth.apiKey: apiKey must be at least 32 characters (from ${API_KEY})',
+      'webhooks.delivery.retryFor: a duration as text, like "72h", "30m", "7d" or "90s"',
+    ]);
+    assert.ok(!problems.join('\n').includes('short-secret-value'), 'a secret\'s value is never shown');
+  });
+});
+
 describe('config: a missing variable is reported once', () => {
   it('no second complaint about the empty stand-in value', () => {
     try {
