@@ -1,8 +1,9 @@
 import cluster from 'node:cluster';
 import { unwatchFile, watchFile, type Stats } from 'node:fs';
 import type { Command } from 'commander';
-import { loadConfig } from '../config/load.js';
-import { ConfigError } from '../errors.js';
+import { environmentVariableBehind, loadConfig } from '../config/load.js';
+import type { Config } from '../config/schema.js';
+import { ConfigError, UsageError } from '../errors.js';
 import { createLogger } from '../log.js';
 import { countConfigReload } from '../metrics.js';
 import { startGatehouse } from '../server.js';
@@ -27,6 +28,8 @@ export function registerStartCommand(program: Command): void {
       const running = await startGatehouse(config, {
         logger,
         startGateway: workers > 1 ? (c, deps) => startGatewayWorkers(c, workers, deps) : undefined,
+      }).catch((err: unknown) => {
+        throw withPortVariable(err, config);
       });
       // The pid is in the text too: pretty (terminal) output drops the pid field, and the README says to signal it.
       logger.info({ config: file, pid: process.pid }, `gatehouse started (pid ${process.pid})`);
@@ -66,4 +69,15 @@ export function registerStartCommand(program: Command): void {
       logger.info('stopped');
       logger.flush?.();
     });
+}
+
+/**
+ * "gateway.listen 127.0.0.1:8080 is already in use", for a port written as `${GATEHOUSE_PORT:-8080}`,
+ * also says which variable moves it (found by a newcomer: the demo named it for its own ports only).
+ * Matched on the text: a gateway worker's failure reaches here as its message.
+ */
+function withPortVariable(err: unknown, config: Config): unknown {
+  const listener = err instanceof UsageError ? /^(\w+)\.listen \S+ is already in use$/.exec(err.message)?.[1] : undefined;
+  const variable = listener && environmentVariableBehind(config, `${listener}.listen.port`);
+  return variable ? new UsageError(`${(err as Error).message} (set ${variable} to another port)`) : err;
 }

@@ -11,6 +11,7 @@ export const FILE_REFERENCE_KEYS = new Set(['secret', 'apiKey', 'publicKey', 'si
 /** `${VAR}`, `${VAR:-default}`, `${VAR-default}`, `${VAR:?message}`, `${VAR?message}` (POSIX sh, docker compose). */
 const ENV_REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])([^}]*))?\}/g;
 const WHOLE_ENV_REFERENCE = new RegExp(`^${ENV_REFERENCE.source}$`);
+const ENV_REFERENCE_NAME = /^\$\{([A-Za-z_][A-Za-z0-9_]*)/;
 /** Where the config file is looked for when `--config` is absent and GATEHOUSE_CONFIG is unset. */
 export const DEFAULT_CONFIG_FILE = 'gateway.json5';
 
@@ -71,9 +72,18 @@ function parseJsonFast(text: string): unknown {
   }
 }
 
+/** Per validated config: the environment variable each value written as one whole `${VAR}` came from, by path. */
+const variablesBehind = new WeakMap<Config, Map<string, string>>();
+
+/** The environment variable a value of `config` came from (`gateway.listen.port` → `GATEHOUSE_PORT`), when it was written as one whole `${VAR}`. */
+export function environmentVariableBehind(config: Config, at: string): string | undefined {
+  return variablesBehind.get(config)?.get(at);
+}
+
 /** Validates an already-parsed config object (used by loadConfig and by tests). */
 export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string } = {}): Config {
-  const config = validate(configSchema, raw, options);
+  const references = new Map<string, string>();
+  const config = validate(configSchema, raw, { ...options, references });
   if (config.storage.driver === 'sqlite') config.storage.path = path.resolve(options.baseDir ?? process.cwd(), config.storage.path);
   if (config.gateway.tls) {
     config.gateway.tls.cert = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.cert);
@@ -81,7 +91,9 @@ export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; ba
     const problems = tlsProblems(config.gateway.tls);
     if (problems.length > 0) throw new ConfigError(problems);
   }
-  return deepFreeze(config);
+  const frozen = deepFreeze(config);
+  variablesBehind.set(frozen, new Map([...references].map(([at, text]) => [formatPath(JSON.parse(at) as (string | number)[]), ENV_REFERENCE_NAME.exec(text)![1]!])));
+  return frozen;
 }
 
 /**
@@ -137,8 +149,8 @@ export function loadStorageConfig(file: string, env: NodeJS.ProcessEnv = process
  * set aside (defaults fill in) and the input parsed again, so the cross-field checks that zod
  * skips after a type error still run. `at` prefixes the paths (a section parsed alone).
  */
-function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string }, at: (string | number)[] = []): z.output<S> {
-  const ctx: ExpandContext = { env: options.env ?? process.env, baseDir: options.baseDir ?? process.cwd(), problems: [], wholeReferences: new Map(), referenceText: new Map() };
+function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string; references?: Map<string, string> }, at: (string | number)[] = []): z.output<S> {
+  const ctx: ExpandContext = { env: options.env ?? process.env, baseDir: options.baseDir ?? process.cwd(), problems: [], wholeReferences: new Map(), referenceText: options.references ?? new Map() };
   let input = expandReferences(raw, at, ctx);
   const problems = ctx.problems;
   // A value whose variable or file is missing has already been reported: its schema complaint
