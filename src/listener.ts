@@ -11,12 +11,6 @@ export interface Listening {
   url: string;
 }
 
-/**
- * Opens a listener with every HTTP parser limit set explicitly (`gateway.limits`, `webhooks.limits`).
- * Node's silent cut of header lines past `maxHeadersCount` is the reason for `+ 1`: the parser
- * keeps one line more than allowed, so `checkFraming` can tell "exactly at the limit" from "cut"
- * and refuse the latter (its body framing may have come from a line nobody else can see).
- */
 /** The TLS files as they are now (the config check read them; one can change before the start): a problem is one line, not a stack. */
 function httpsServer(name: string, tls: { cert: string; key: string }, options: http.ServerOptions, serve: http.RequestListener): https.Server {
   try {
@@ -26,6 +20,12 @@ function httpsServer(name: string, tls: { cert: string; key: string }, options: 
   }
 }
 
+/**
+ * Opens a listener with every HTTP parser limit set explicitly (`gateway.limits`, `webhooks.limits`).
+ * Node's silent cut of header lines past `maxHeadersCount` is the reason for `+ 1`: the parser
+ * keeps one line more than allowed, so `checkFraming` can tell "exactly at the limit" from "cut"
+ * and refuse the latter (its body framing may have come from a line nobody else can see).
+ */
 export async function listen(
   name: string,
   at: { host: string; port: number },

@@ -156,10 +156,15 @@ function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?:
   // A value whose variable or file is missing has already been reported: its schema complaint
   // ("must be at least 16 characters" about the empty stand-in) would only mislead.
   const reported = new Set(problems.map((p) => p.slice(0, p.indexOf(': '))));
-  // Nor a complaint about what contains it, that the stand-in made incomplete (found by a newcomer:
-  // an unset JWT_SECRET also said "exactly one of jwksUri, secret or publicKey is required (got none)").
+  // A complaint about what contains one may only follow from it (found by a newcomer: an unset
+  // JWT_SECRET also said "exactly one of jwksUri, secret or publicKey is required (got none)"), or
+  // may not (a check of its own): said, with where to look first.
   const missing = [...reported];
-  const containsMissing = (where: string) => missing.some((m) => m.startsWith(`${where}.`) || m.startsWith(`${where}[`));
+  const mayFollow = (problem: string): string => {
+    const where = problem.slice(0, problem.indexOf(': '));
+    const inside = missing.filter((m) => m.startsWith(`${where}.`) || m.startsWith(`${where}[`));
+    return inside.length === 0 ? problem : `${problem} (perhaps only because of the problem at ${inside.join(', ')})`;
+  };
   let result = schema.safeParse(input);
   for (let round = 0; !result.success && round < 5; round++) {
     const coerced = coerceWholeReferences(input, result.error.issues, ctx.wholeReferences, at);
@@ -169,7 +174,7 @@ function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?:
   }
   if (result.success && problems.length === 0) return result.data;
   for (let round = 0; !result.success && round < 5; round++) {
-    const fresh = formatIssues(result.error.issues, schema, input, at, ctx.referenceText).filter((p) => !reported.has(p.slice(0, p.indexOf(': '))) && !containsMissing(p.slice(0, p.indexOf(': '))));
+    const fresh = formatIssues(result.error.issues, schema, input, at, ctx.referenceText).filter((p) => !reported.has(p.slice(0, p.indexOf(': ')))).map(mayFollow);
     problems.push(...fresh);
     for (const p of fresh) reported.add(p.slice(0, p.indexOf(': ')));
     const repaired = setAsideFailures(input, result.error.issues);
@@ -356,10 +361,13 @@ function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, in
     // zod's default for a missing value reads "Invalid input: expected string, received undefined".
     const message = value === undefined && issue.code === 'invalid_type' && issue.message.startsWith('Invalid input:') ? `required (expected ${issue.expected})` : issue.message;
     // A value from the environment: which variable gave it (found by a newcomer: PORT=abc said only
-    // "expected number"), and the text only where a number or boolean was wanted: never a secret's.
-    const reference = referenceText.get(JSON.stringify(where));
-    const shown = issue.code === 'invalid_type' && ['number', 'boolean'].includes(issue.expected) && typeof value === 'string' ? ` is ${JSON.stringify(value.slice(0, 40))}` : '';
-    const source = reference === undefined ? '' : shown ? ` (${reference}${shown})` : ` (from ${reference})`;
+    // "expected number"). Its name only, never the default written beside it (that may be a
+    // secret); the text only where a number or boolean was wanted, and only a short plain one (a
+    // miswired DATABASE_URL or token is not echoed).
+    const variable = ENV_REFERENCE_NAME.exec(referenceText.get(JSON.stringify(where)) ?? '')?.[1];
+    const plain = typeof value === 'string' && /^[\w.+ -]{0,12}$/.test(value);
+    const shown = issue.code === 'invalid_type' && ['number', 'boolean'].includes(issue.expected) && plain ? ` is ${JSON.stringify(value)}` : '';
+    const source = variable === undefined ? '' : shown ? ` (${variable}${shown})` : ` (from ${variable})`;
     return [`${formatPath(where)}: ${message}${source}`];
   });
 }

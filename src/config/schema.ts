@@ -68,7 +68,7 @@ const httpLimits = (requestTimeoutMs: number) =>
 /** An OAuth scope-token (RFC 6749 §3.3): printable ASCII except space, `"` and `\\`. */
 const scopeToken = z.string().regex(/^[\x21\x23-\x5b\x5d-\x7e]{1,128}$/, 'a scope is 1-128 printable ASCII characters without space, " or \\ (RFC 6749 scope-token)');
 /** A period like "1s", "30s", "1m", "1h", "1d", as seconds. */
-const period = z.string({ error: 'per must be text: a whole number followed by s, m, h or d (e.g. "1m")' }).regex(/^[1-9]\d{0,5}[smhd]$/, 'per must be a whole number followed by s, m, h or d (e.g. "1m")')
+const period = z.string({ error: (issue) => `per ${issue.input === undefined ? 'is required' : 'must be text'}: a whole number followed by s, m, h or d (e.g. "1m")` }).regex(/^[1-9]\d{0,5}[smhd]$/, 'per must be a whole number followed by s, m, h or d (e.g. "1m")')
   .transform((text) => Number(text.slice(0, -1)) * { s: 1, m: 60, h: 3600, d: 86_400 }[text.at(-1) as 's' | 'm' | 'h' | 'd']);
 /** `/api/…` patterns: `*` one segment, `**` (last) any rest. */
 const pathPatterns = z.array(z.string().superRefine((pattern, ctx) => {
@@ -369,7 +369,7 @@ const isChannelPath = (path: string) => path === CHANNEL_PATHS.slice(0, -1) || p
 const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
 const RETRY_FOR_DEFAULT = '72h';
 /** A duration as text (`72h`, `30m`, `7d`, `90s`), parsed to milliseconds. */
-const retryBudget = z.string({ error: 'a duration as text, like "72h", "30m", "7d" or "90s"' })
+const retryBudget = z.string({ error: (issue) => `${issue.input === undefined ? 'required: ' : ''}a duration as text, like "72h", "30m", "7d" or "90s"` })
   .regex(/^[1-9]\d*(ms|s|m|h|d)$/, 'a duration like "72h", "30m", "7d" or "90s"')
   .transform((text) => {
     const [, amount, unit] = /^(\d+)(ms|s|m|h|d)$/.exec(text)!;
