@@ -11,7 +11,6 @@ export const FILE_REFERENCE_KEYS = new Set(['secret', 'apiKey', 'publicKey', 'si
 /** `${VAR}`, `${VAR:-default}`, `${VAR-default}`, `${VAR:?message}`, `${VAR?message}` (POSIX sh, docker compose). */
 const ENV_REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])([^}]*))?\}/g;
 const WHOLE_ENV_REFERENCE = new RegExp(`^${ENV_REFERENCE.source}$`);
-const ENV_REFERENCE_NAME = /^\$\{([A-Za-z_][A-Za-z0-9_]*)/;
 /** Where the config file is looked for when `--config` is absent and GATEHOUSE_CONFIG is unset. */
 export const DEFAULT_CONFIG_FILE = 'gateway.json5';
 
@@ -24,10 +23,11 @@ interface ExpandContext {
   env: NodeJS.ProcessEnv;
   baseDir: string;
   problems: string[];
-  /** Paths whose whole value was one `${VAR}`: a schema expecting a number or boolean there gets one. */
-  wholeReferences: Map<string, (string | number)[]>;
-  /** Each such path's reference as written (`${PORT}`), for problems about the value it gave. */
-  referenceText: Map<string, string>;
+  /**
+   * Paths (JSON) whose whole value was one `${VAR}`, and VAR: a schema expecting a number or
+   * boolean there gets one, and a problem with the value names the variable.
+   */
+  wholeReferences: Map<string, string>;
 }
 
 export interface LoadedConfig {
@@ -82,8 +82,8 @@ export function environmentVariableBehind(config: Config, at: string): string | 
 
 /** Validates an already-parsed config object (used by loadConfig and by tests). */
 export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string } = {}): Config {
-  const references = new Map<string, string>();
-  const config = validate(configSchema, raw, { ...options, references });
+  const wholeReferences = new Map<string, string>();
+  const config = validate(configSchema, raw, { ...options, wholeReferences });
   if (config.storage.driver === 'sqlite') config.storage.path = path.resolve(options.baseDir ?? process.cwd(), config.storage.path);
   if (config.gateway.tls) {
     config.gateway.tls.cert = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.cert);
@@ -92,7 +92,7 @@ export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; ba
     if (problems.length > 0) throw new ConfigError(problems);
   }
   const frozen = deepFreeze(config);
-  variablesBehind.set(frozen, new Map([...references].map(([at, text]) => [formatPath(JSON.parse(at) as (string | number)[]), ENV_REFERENCE_NAME.exec(text)![1]!])));
+  variablesBehind.set(frozen, new Map([...wholeReferences].map(([at, variable]) => [formatPath(JSON.parse(at) as (string | number)[]), variable])));
   return frozen;
 }
 
@@ -149,8 +149,8 @@ export function loadStorageConfig(file: string, env: NodeJS.ProcessEnv = process
  * set aside (defaults fill in) and the input parsed again, so the cross-field checks that zod
  * skips after a type error still run. `at` prefixes the paths (a section parsed alone).
  */
-function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string; references?: Map<string, string> }, at: (string | number)[] = []): z.output<S> {
-  const ctx: ExpandContext = { env: options.env ?? process.env, baseDir: options.baseDir ?? process.cwd(), problems: [], wholeReferences: new Map(), referenceText: options.references ?? new Map() };
+function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string; wholeReferences?: Map<string, string> }, at: (string | number)[] = []): z.output<S> {
+  const ctx: ExpandContext = { env: options.env ?? process.env, baseDir: options.baseDir ?? process.cwd(), problems: [], wholeReferences: options.wholeReferences ?? new Map() };
   let input = expandReferences(raw, at, ctx);
   const problems = ctx.problems;
   // A value whose variable or file is missing has already been reported: its schema complaint
@@ -174,7 +174,7 @@ function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?:
   }
   if (result.success && problems.length === 0) return result.data;
   for (let round = 0; !result.success && round < 5; round++) {
-    const fresh = formatIssues(result.error.issues, schema, input, at, ctx.referenceText).filter((p) => !reported.has(p.slice(0, p.indexOf(': ')))).map(mayFollow);
+    const fresh = formatIssues(result.error.issues, schema, input, at, ctx.wholeReferences).filter((p) => !reported.has(p.slice(0, p.indexOf(': ')))).map(mayFollow);
     problems.push(...fresh);
     for (const p of fresh) reported.add(p.slice(0, p.indexOf(': ')));
     const repaired = setAsideFailures(input, result.error.issues);
@@ -186,7 +186,7 @@ function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?:
 }
 
 /** Where a number or boolean was expected and a whole-string `${VAR}` gave its text, that text converted. */
-function coerceWholeReferences(input: unknown, issues: readonly z.core.$ZodIssue[], wholeReferences: Map<string, (string | number)[]>, prefix: (string | number)[]): unknown {
+function coerceWholeReferences(input: unknown, issues: readonly z.core.$ZodIssue[], wholeReferences: Map<string, string>, prefix: (string | number)[]): unknown {
   let out = input;
   for (const issue of issues) {
     const at = issue.path as (string | number)[];
@@ -260,10 +260,8 @@ function removeAt(value: unknown, at: readonly (string | number)[]): unknown {
 function expandReferences(value: unknown, at: (string | number)[], ctx: ExpandContext): unknown {
   if (typeof value === 'string') {
     if (!value.includes('${')) return value;
-    if (WHOLE_ENV_REFERENCE.test(value)) {
-      ctx.wholeReferences.set(JSON.stringify(at), at);
-      ctx.referenceText.set(JSON.stringify(at), value);
-    }
+    const whole = WHOLE_ENV_REFERENCE.exec(value);
+    if (whole) ctx.wholeReferences.set(JSON.stringify(at), whole[1]!);
     return value.replace(ENV_REFERENCE, (_match, name: string, colon: string | undefined, operator: string | undefined, word: string | undefined) => {
       // `${A:-${B}}` would end at the first `}`: a default of "${B" and a stray "}" after it, silently.
       if (word?.includes('${')) {
@@ -343,7 +341,7 @@ export function formatPath(at: readonly PropertyKey[]): string {
   return out || '(root)';
 }
 
-function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, input: unknown, at: (string | number)[], referenceText: Map<string, string>): string[] {
+function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, input: unknown, at: (string | number)[], wholeReferences: Map<string, string>): string[] {
   return issues.flatMap((issue) => {
     const where = [...at, ...(issue.path as (string | number)[])];
     if (issue.code === 'unrecognized_keys') {
@@ -364,7 +362,7 @@ function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, in
     // "expected number"). Its name only, never the default written beside it (that may be a
     // secret); the text only where a number or boolean was wanted, and only a short plain one (a
     // miswired DATABASE_URL or token is not echoed).
-    const variable = ENV_REFERENCE_NAME.exec(referenceText.get(JSON.stringify(where)) ?? '')?.[1];
+    const variable = wholeReferences.get(JSON.stringify(where));
     const plain = typeof value === 'string' && /^[\w.+ -]{0,12}$/.test(value);
     const shown = issue.code === 'invalid_type' && ['number', 'boolean'].includes(issue.expected) && plain ? ` is ${JSON.stringify(value)}` : '';
     const source = variable === undefined ? '' : shown ? ` (${variable}${shown})` : ` (from ${variable})`;
