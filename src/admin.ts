@@ -17,6 +17,8 @@ import { METRICS_CONTENT_TYPE, renderMetrics, scrapeGauges, type MetricsSnapshot
 export interface GatewayProbe {
   /** Every verifier has its keys (a JWKS fetched at least once); true without a JWKS. */
   keysLoaded: boolean;
+  /** With gateway.tls: when the certificate served expires (ms since the epoch); the earliest across workers. */
+  certificateNotAfter?: number;
   /** With `metrics`: the snapshots of the other processes serving /api/ (none in-process). */
   snapshots: MetricsSnapshot[];
 }
@@ -76,6 +78,8 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
 
   async function metrics(res: ServerResponse): Promise<void> {
     const [probe] = await Promise.all([sources.probeGateway({ metrics: true }), refreshGauges(config, sources, gmailStateOf, logger)]);
+    scrapeGauges.tlsCertificateExpiresIn.reset();
+    if (probe.certificateNotAfter !== undefined) scrapeGauges.tlsCertificateExpiresIn.set({ listener: 'gateway' }, (probe.certificateNotAfter - Date.now()) / 1000);
     const body = await renderMetrics(probe.snapshots);
     res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
     res.end(body);

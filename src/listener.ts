@@ -1,3 +1,4 @@
+import { X509Certificate } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
@@ -9,15 +10,47 @@ export interface Listening {
   server: http.Server;
   /** e.g. http://127.0.0.1:8080 (the port actually bound when configured as 0). */
   url: string;
+  /** With TLS: the certificate served to new connections now. */
+  certificate?: ServedCertificate;
 }
 
-/** The TLS files as they are now (the config check read them; one can change before the start): a problem is one line, not a stack. */
-function httpsServer(name: string, tls: { cert: string; key: string }, options: http.ServerOptions, serve: http.RequestListener): https.Server {
+export interface ServedCertificate {
+  /** When it expires (ms since the epoch): the leaf's notAfter. */
+  notAfter: number;
+  /**
+   * Serves the pair now at these paths to every new connection (a renewal, a reload); open
+   * connections keep theirs. A pair that does not load changes nothing: a UsageError.
+   */
+  replace(tls: TlsFiles): void;
+}
+
+type TlsFiles = { cert: string; key: string };
+
+/** The TLS files as they are now (the config check read them; one can change since): a problem is one line, not a stack. */
+function readTlsFiles(name: string, tls: TlsFiles, use: (pair: { cert: Buffer; key: Buffer }) => void): number {
   try {
-    return https.createServer({ ...options, cert: readFileSync(tls.cert), key: readFileSync(tls.key) }, serve);
+    const pair = { cert: readFileSync(tls.cert), key: readFileSync(tls.key) };
+    const notAfter = Date.parse(new X509Certificate(pair.cert).validTo); // the first certificate of a chain: the leaf
+    use(pair);
+    return notAfter;
   } catch (err) {
     throw new UsageError(`${name}: cannot serve TLS with ${tls.cert} and ${tls.key}: ${(err as Error).message}`);
   }
+}
+
+function httpsServer(name: string, tls: TlsFiles, options: http.ServerOptions, serve: http.RequestListener): { server: https.Server; certificate: ServedCertificate } {
+  let server: https.Server | undefined;
+  const notAfter = readTlsFiles(name, tls, (pair) => {
+    server = https.createServer({ ...options, ...pair }, serve);
+  });
+  const certificate: ServedCertificate = {
+    notAfter,
+    replace(next) {
+      // setSecureContext builds the whole context before it swaps: a key that is not the cert's throws first.
+      certificate.notAfter = readTlsFiles(name, next, (pair) => server!.setSecureContext(pair));
+    },
+  };
+  return { server: server!, certificate };
 }
 
 /**
@@ -45,7 +78,8 @@ export async function listen(
     joinDuplicateHeaders: false,
   };
   const serve = oneAtATime(handler);
-  const server = tls ? httpsServer(name, tls, options, serve) : http.createServer(options, serve);
+  const secure = tls ? httpsServer(name, tls, options, serve) : undefined;
+  const server = secure?.server ?? http.createServer(options, serve);
   server.maxHeadersCount = limits.maxHeaderCount + 1;
   server.maxRequestsPerSocket = 0;
   server.on('clientError', answerParseError);
@@ -73,7 +107,7 @@ export async function listen(
   });
   const address = server.address() as AddressInfo;
   const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
-  return { server, url: `${tls ? 'https' : 'http'}://${host}:${address.port}` };
+  return { server, url: `${tls ? 'https' : 'http'}://${host}:${address.port}`, certificate: secure?.certificate };
 }
 
 /** A bind failure a user can fix, as one line naming the listener (`webhooks.listen 127.0.0.1:7081 is already in use`). */

@@ -159,6 +159,12 @@ export const scrapeGauges = {
     labelNames: ['channel'] as const,
     registers: [registry],
   }),
+  tlsCertificateExpiresIn: new Gauge({
+    name: 'gatehouse_tls_certificate_expires_in_seconds',
+    help: 'Seconds until the certificate a TLS listener serves expires (negative once expired; the earliest across gateway workers).',
+    labelNames: ['listener'] as const,
+    registers: [registry],
+  }),
   gmailWatchExpiresIn: new Gauge({
     name: 'gatehouse_gmail_watch_expires_in_seconds',
     help: 'Seconds until the Gmail watch expires (negative once expired; absent before the first watch).',

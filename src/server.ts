@@ -27,7 +27,7 @@ export interface RunningGatehouse {
   webhooks?: Listening & { store: EventStore; deliverer: Deliverer };
   /** The admin listener (/metrics, /readyz), when `admin` is configured. */
   admin?: { url: string };
-  /** Swaps in a new config without dropping in-flight requests. Listen address and TLS need a restart. */
+  /** Swaps in a new config without dropping in-flight requests (and reads the TLS files again). Listen addresses need a restart. */
   reload(config: Config): Promise<void>;
   /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes. */
   close(graceMs?: number): Promise<void>;
@@ -119,7 +119,7 @@ export async function startGatehouse(
 export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next: Config): void {
   for (const [what, before, after] of [
     ['gateway.listen', config.gateway.listen, next.gateway.listen],
-    ['gateway.tls', config.gateway.tls, next.gateway.tls],
+    ['gateway.tls (whether it is configured)', config.gateway.tls !== undefined, next.gateway.tls !== undefined],
     ['gateway.limits', config.gateway.limits, next.gateway.limits],
     ['webhooks.limits', config.webhooks.limits, next.webhooks.limits],
     ['gateway.workers', config.gateway.workers, next.gateway.workers],
@@ -190,6 +190,16 @@ export const startGateway: GatewayStarter = async (initial, options) => {
     async reload(next) {
       const nextApp = await buildGatewayApp(next, { logger, lockout, rateLimits, channels: await channelsOf(next), limits });
       await warmUp(logger, nextApp);
+      // The TLS files are read again: a renewed certificate at the same paths is served from now on.
+      // One that does not load refuses the whole reload (turning TLS on or off needs a restart).
+      if (listening.certificate && next.gateway.tls) {
+        try {
+          listening.certificate.replace(next.gateway.tls);
+        } catch (err) {
+          nextApp.close();
+          throw err;
+        }
+      }
       const previous = app;
       app = nextApp;
       lockout.configure(next.gateway.auth.failures);
@@ -198,7 +208,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
       previous.close();
       describeGateway(logger, config, app, listening.url, 'gateway configuration now in force');
     },
-    probe: async () => ({ keysLoaded: app.authenticator.jwt?.keysLoaded ?? true, snapshots: [] }),
+    probe: async () => ({ keysLoaded: app.authenticator.jwt?.keysLoaded ?? true, certificateNotAfter: listening.certificate?.notAfter, snapshots: [] }),
     async close(graceMs) {
       await closeServer(listening.server, graceMs);
       app.close();

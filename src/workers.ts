@@ -38,7 +38,7 @@ type ToPrimary =
   | { type: 'failed'; error: string }
   /** `lockedFor`: seconds of lockout this failure triggered in the worker's own share (0: none). */
   | { type: 'failure'; key: string; now: number; settings: LockoutSettings; lockedFor: number }
-  | { type: 'probed'; id: number; keysLoaded: boolean; metrics?: MetricsSnapshot };
+  | { type: 'probed'; id: number; keysLoaded: boolean; certificateNotAfter?: number; metrics?: MetricsSnapshot };
 
 const STARTUP_TIMEOUT_MS = 30_000;
 const FIRST_RESTART_DELAY_MS = 500;
@@ -189,6 +189,7 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
       })));
       return {
         keysLoaded: answers.length > 0 && answers.every((a) => a?.keysLoaded === true),
+        certificateNotAfter: earliest(answers.map((a) => a?.certificateNotAfter)),
         snapshots: answers.flatMap((a) => (a?.metrics ? [a.metrics] : [])),
       };
     },
@@ -286,7 +287,7 @@ export async function runGatewayWorker(): Promise<void> {
         case 'probe':
           void (async () => {
             const probe = await running?.probe({ metrics: false });
-            toPrimary({ type: 'probed', id: message.id, keysLoaded: probe?.keysLoaded ?? false, metrics: message.metrics ? await metricsSnapshot() : undefined });
+            toPrimary({ type: 'probed', id: message.id, keysLoaded: probe?.keysLoaded ?? false, certificateNotAfter: probe?.certificateNotAfter, metrics: message.metrics ? await metricsSnapshot() : undefined });
           })();
           break;
       }
@@ -310,4 +311,10 @@ async function withTimeout<T>(promise: Promise<T>, ms: number, message: string):
   } finally {
     clearTimeout(timer);
   }
+}
+
+/** The earliest of the times given (undefined when none is). */
+function earliest(times: (number | undefined)[]): number | undefined {
+  const known = times.filter((t): t is number => t !== undefined);
+  return known.length > 0 ? Math.min(...known) : undefined;
 }
