@@ -14,7 +14,7 @@ import type { ChannelStore } from './channels/state.js';
 import { closeServer, listen, type Listening } from './listener.js';
 import { enableMetrics } from './metrics.js';
 import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
-import { secretKeyFromEnv } from './secrets.js';
+import { secretKeysFromEnv } from './secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from './webhooks/receiver.js';
 import { createVerifier } from './webhooks/verifiers/index.js';
 import { describeStorage, openChannelStore, openEventStore, openRateLimitStore } from './storage/open.js';
@@ -59,7 +59,7 @@ export async function startGatehouse(
   let ownStore: EventStore | undefined;
   if (config.webhooks.enabled && options.eventStore === undefined) {
     try {
-      if (needsSecretKey(config)) secretKeyFromEnv();
+      if (needsSecretKey(config)) secretKeysFromEnv();
       ownStore = await openEventStore(config.storage, { role: 'server', logger });
     } catch (err) {
       await sharedLockout?.close();
@@ -169,7 +169,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   const channelsOf = async (c: Config) => {
     if (Object.keys(c.channels).length === 0) return undefined;
     channelStore ??= await openChannelStore(c.storage, { role: 'server', logger });
-    return createChannelSender(c, { store: channelStore, secretKey: secretKeyFromEnv(), logger });
+    return createChannelSender(c, { store: channelStore, secretKeys: secretKeysFromEnv(), logger });
   };
   // The parser limits are the listener's: fixed at start, whatever a reload says.
   const limits = config.gateway.limits;
@@ -232,7 +232,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   }
   const hasChannels = Object.keys(config.channels).length > 0;
   // No key, no start (said with how to make one), before storage is opened.
-  const secretKey = needsSecretKey(config) ? secretKeyFromEnv() : undefined;
+  const secretKeys = needsSecretKey(config) ? secretKeysFromEnv() : undefined;
   const store = injectedStore ?? await openEventStore(config.storage, { role: 'server', logger });
   const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
   const deliverer = new Deliverer(store, config.webhooks, logger);
@@ -241,7 +241,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   let channelStore: ChannelStore | undefined;
   try {
     if (hasChannels) channelStore = await openChannelStore(config.storage, { role: 'server', logger });
-    gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store, logger, onAccepted, secretKey: secretKey! }) : undefined;
+    gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store, logger, onAccepted, secretKeys: secretKeys! }) : undefined;
   } catch (err) {
     await channelStore?.close();
     await store.close();
@@ -251,10 +251,10 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
   const gmailRoutes: IntegrationRoute[] = gmail?.push
     ? [{ path: gmail.push.path, action: config.webhooks.gmail!.action, verifyType: 'gmail push', verifier: createVerifier(gmail.push.verify), consume: gmail.push.consume, countsFailures: false }]
     : [];
-  const refresher = channelStore ? startGrantRefresher(config, { store: channelStore, secretKey: secretKey!, logger }) : undefined;
+  const refresher = channelStore ? startGrantRefresher(config, { store: channelStore, secretKeys: secretKeys!, logger }) : undefined;
   const limits = config.webhooks.limits; // the listener's, fixed at start
   const build = (c: Config): WebhookApp => {
-    const channels = channelStore ? channelRoutes(c, { store: channelStore, secretKey: secretKey!, logger }) : { routes: [], prefixRoutes: [] };
+    const channels = channelStore ? channelRoutes(c, { store: channelStore, secretKeys: secretKeys!, logger }) : { routes: [], prefixRoutes: [] };
     return buildWebhookApp(c, { logger, lockout, store, onAccepted, limits, routes: [...gmailRoutes, ...channels.routes], prefixRoutes: channels.prefixRoutes });
   };
   let app = build(config);

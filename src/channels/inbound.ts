@@ -2,7 +2,7 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import type { Logger } from 'pino';
 import type { ChannelConfig, Config } from '../config/schema.js';
 import { HttpError } from '../errors.js';
-import { openSecret, sealSecret } from '../secrets.js';
+import { openSecret, sealSecret, type SecretKeys } from '../secrets.js';
 import type { IntegrationRoute, PrefixRoute } from '../webhooks/receiver.js';
 import { discordVerifier } from '../webhooks/verifiers/discord.js';
 import { headerSecret } from '../webhooks/verifiers/secret.js';
@@ -29,7 +29,7 @@ export function platformOf(channel: ChannelConfig): string {
  * platform signatures do not count for the lockout: Telegram, Discord and Slack send from shared
  * addresses (anyone could get them locked out), and their secrets cannot be guessed anyway.
  */
-export function channelRoutes(config: Config, deps: { store: ChannelStore; secretKey: Buffer; logger: Logger }): { routes: IntegrationRoute[]; prefixRoutes: PrefixRoute[] } {
+export function channelRoutes(config: Config, deps: { store: ChannelStore; secretKeys: SecretKeys; logger: Logger }): { routes: IntegrationRoute[]; prefixRoutes: PrefixRoute[] } {
   const routes: IntegrationRoute[] = [];
   const prefixRoutes: PrefixRoute[] = [];
   const { store } = deps;
@@ -56,15 +56,15 @@ export function channelRoutes(config: Config, deps: { store: ChannelStore; secre
         break;
       }
       case 'bot-token':
-        routes.push({ ...route, countsFailures: false, failureCode: 'invalid_webhook_secret', verifier: telegramChannelVerifier(store, name, deps.secretKey), envelopeExtra: (body) => ({ channel: describe, ...telegramSender(body) }) });
+        routes.push({ ...route, countsFailures: false, failureCode: 'invalid_webhook_secret', verifier: telegramChannelVerifier(store, name, deps.secretKeys), envelopeExtra: (body) => ({ channel: describe, ...telegramSender(body) }) });
         break;
       case 'oauth-bot':
         routes.push({ ...route, countsFailures: false, verifier: discordVerifier(channel), envelopeExtra: (body) => ({ channel: describe, ...discordSender(body) }) });
-        prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKey));
+        prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKeys));
         break;
       case 'oauth':
         routes.push({ ...route, countsFailures: false, verifier: slackVerifier(channel), envelopeExtra: (body) => ({ channel: describe, from: dig(body, 'event', 'user') ?? null, text: textOf(dig(body, 'event', 'text')) }) });
-        prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKey));
+        prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKeys));
         break;
     }
   }
@@ -119,7 +119,7 @@ function deviceVerifier(store: ChannelStore, name: string, devices: WeakMap<Inco
  * Telegram: the secret token login gave setWebhook, from storage (a login while gatehouse runs
  * takes effect at once); no grant, no entry. Deduped by update_id.
  */
-function telegramChannelVerifier(store: ChannelStore, name: string, secretKey: Buffer): WebhookVerifier {
+function telegramChannelVerifier(store: ChannelStore, name: string, secretKeys: SecretKeys): WebhookVerifier {
   let cached: { sealed: string; check: ReturnType<typeof headerSecret> } | undefined;
   return {
     async checkHeaders(headers, now) {
@@ -133,7 +133,7 @@ function telegramChannelVerifier(store: ChannelStore, name: string, secretKey: B
       if (cached?.sealed !== grant.sealed) {
         let sealed: SealedGrant;
         try {
-          sealed = JSON.parse(openSecret(grant.sealed, secretKey, grantContext(name))) as SealedGrant;
+          sealed = JSON.parse(openSecret(grant.sealed, secretKeys, grantContext(name))) as SealedGrant;
         } catch (err) {
           // Another GATEHOUSE_SECRET_KEY than the login's: 503, so Telegram retries once it is fixed.
           return { ok: false, reason: (err as Error).message, unavailable: true };
@@ -172,7 +172,7 @@ function discordSender(body: Record<string, unknown>): { from: unknown; text: st
  * answer whose `state` matches a pending login of this channel is handed (sealed, through
  * storage) to the waiting CLI, once. Any other is 400 and counts for the lockout.
  */
-function oauthCallbackRoute(store: ChannelStore, name: string, secretKey: Buffer): PrefixRoute {
+function oauthCallbackRoute(store: ChannelStore, name: string, secretKeys: SecretKeys): PrefixRoute {
   return {
     prefix: `${CHANNEL_PATH_PREFIX}${name}/`,
     async handle(req, res, rest, tools) {
@@ -180,7 +180,7 @@ function oauthCallbackRoute(store: ChannelStore, name: string, secretKey: Buffer
       if (req.method !== 'GET') throw new HttpError('method_not_allowed', `${req.method} on the OAuth callback`, { allow: 'GET' });
       const query = (req.url ?? '').split('?')[1] ?? '';
       const state = new URLSearchParams(query).get('state');
-      if (!state || !await storeCall(() => store.answerOAuthRequest(name, state, sealSecret(query, secretKey, oauthAnswerContext(name)), Date.now()))) {
+      if (!state || !await storeCall(() => store.answerOAuthRequest(name, state, sealSecret(query, secretKeys, oauthAnswerContext(name)), Date.now()))) {
         await tools.lockout.recordFailure(tools.clientIp);
         throw new HttpError('invalid_oauth_state', 'no pending login with this state');
       }

@@ -3,7 +3,7 @@ import QRCode from 'qrcode';
 import type { ChannelConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
 import { consentRefused, newAuthorizationSecrets, receiveAuthorizationCode, type AuthorizationRequest, type AuthorizationResponse } from '../oauth-loopback.js';
-import { openSecret, sealSecret } from '../secrets.js';
+import { openSecret, sealSecret, type SecretKeys } from '../secrets.js';
 import { discord, exchangeCode, PlatformError, telegram } from './platforms.js';
 import type { ChannelStore } from './state.js';
 
@@ -27,7 +27,7 @@ export interface LoginContext {
   name: string;
   channel: ChannelConfig;
   store: ChannelStore;
-  secretKey: Buffer;
+  secretKeys: SecretKeys;
   /** The webhook listener's base URL (qr pairing links when the channel has no publicUrl). */
   webhookBaseUrl: string;
   io: LoginIo;
@@ -114,7 +114,7 @@ async function loginBotToken(ctx: LoginContext, channel: Extract<ChannelConfig, 
     return { value: undefined, detail: `updates go to ${webhookUrl} with a new secret token` };
   });
   const sealed: SealedGrant = { kind: 'bot-token', secretToken };
-  await ctx.store.saveGrant({ name: ctx.name, kind: channel.kind, sealed: sealSecret(JSON.stringify(sealed), ctx.secretKey, grantContext(ctx.name)), details: { botId: bot.id, username: bot.username, webhookUrl }, expiresAt: null }, now());
+  await ctx.store.saveGrant({ name: ctx.name, kind: channel.kind, sealed: sealSecret(JSON.stringify(sealed), ctx.secretKeys, grantContext(ctx.name)), details: { botId: bot.id, username: bot.username, webhookUrl }, expiresAt: null }, now());
   ctx.io.step(true, 'stored', 'secret token stored encrypted');
 }
 
@@ -148,7 +148,7 @@ async function loginOAuthBot(ctx: LoginContext, channel: Extract<ChannelConfig, 
   await ctx.store.saveGrant({
     name: ctx.name,
     kind: channel.kind,
-    sealed: sealSecret(JSON.stringify(sealed), ctx.secretKey, grantContext(ctx.name)),
+    sealed: sealSecret(JSON.stringify(sealed), ctx.secretKeys, grantContext(ctx.name)),
     details: { guildId: tokens.guild?.id ?? response.params.get('guild_id'), guildName: tokens.guild?.name, scope: tokens.scope, bot: bot.username },
     expiresAt: tokens.expires_in ? now() + Number(tokens.expires_in) * 1000 : null,
   }, now());
@@ -179,7 +179,7 @@ async function loginOAuth(ctx: LoginContext, channel: Extract<ChannelConfig, { k
   await ctx.store.saveGrant({
     name: ctx.name,
     kind: channel.kind,
-    sealed: sealSecret(JSON.stringify(sealed), ctx.secretKey, grantContext(ctx.name)),
+    sealed: sealSecret(JSON.stringify(sealed), ctx.secretKeys, grantContext(ctx.name)),
     details: { teamId: tokens.team?.id, teamName: tokens.team?.name, botUserId: tokens.bot_user_id, scope: tokens.scope },
     expiresAt: null,
   }, now());
@@ -212,7 +212,7 @@ async function receiveCode(
   for (;;) {
     const sealed = await ctx.store.takeOAuthAnswer(state, now());
     if (sealed) {
-      const params = new URLSearchParams(openSecret(sealed, ctx.secretKey, oauthAnswerContext(ctx.name)));
+      const params = new URLSearchParams(openSecret(sealed, ctx.secretKeys, oauthAnswerContext(ctx.name)));
       if (params.get('error')) throw consentRefused(undefined, params);
       return { code: params.get('code')!, redirectUri, codeVerifier, params };
     }

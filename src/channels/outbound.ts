@@ -4,7 +4,7 @@ import type { ChannelConfig, Config } from '../config/schema.js';
 import { errorCatalogue, HttpError } from '../errors.js';
 import { noteError } from '../gateway/request-context.js';
 import { readBody } from '../read-body.js';
-import { openSecret } from '../secrets.js';
+import { openSecret, type SecretKeys } from '../secrets.js';
 import { grantContext, type SealedGrant } from './login.js';
 import { discord, messageTextProblem, PlatformError, slack, telegram } from './platforms.js';
 import { storeCall } from './inbound.js';
@@ -29,7 +29,7 @@ export interface ChannelSender {
  * answers with the platform's message id, or 502 with the platform's error. For a `qr` channel
  * the message waits in the device's outbox (`to` = device id or name).
  */
-export function createChannelSender(config: Config, deps: { store: ChannelStore; secretKey: Buffer; logger: Logger }): ChannelSender {
+export function createChannelSender(config: Config, deps: { store: ChannelStore; secretKeys: SecretKeys; logger: Logger }): ChannelSender {
   const { store, logger } = deps;
   const json = (res: ServerResponse, status: number, body: unknown) => {
     const text = JSON.stringify(body);
@@ -41,7 +41,7 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
     const grant = await storeCall(() => store.grant(name));
     if (!grant) throw new HttpError('channel_not_connected', `channel ${name} has no stored grant: run \`gatehouse channels login ${name}\``);
     try {
-      return JSON.parse(openSecret(grant.sealed, deps.secretKey, grantContext(name))) as SealedGrant;
+      return JSON.parse(openSecret(grant.sealed, deps.secretKeys, grantContext(name))) as SealedGrant;
     } catch (err) {
       // GATEHOUSE_SECRET_KEY differs from the one the login used: the server's problem, said plainly.
       logger.error({ channel: name, problem: (err as Error).message }, 'cannot open a stored channel grant');

@@ -6,7 +6,7 @@ import type { ChannelStore } from '../channels/state.js';
 import { loadConfig } from '../config/load.js';
 import type { ChannelConfig, Config } from '../config/schema.js';
 import { UsageError } from '../errors.js';
-import { secretKeyFromEnv } from '../secrets.js';
+import { secretKeysFromEnv } from '../secrets.js';
 import { describeStorage, openChannelStore } from '../storage/open.js';
 import { unreachable } from './storage.js';
 import { describeTime, openBrowser, toJsonWithIsoDates } from './terminal.js';
@@ -49,7 +49,7 @@ export function registerChannelsCommands(program: Command): void {
     .option('--port <port>', 'OAuth kinds: the loopback redirect\'s port (register http://127.0.0.1:<port>/ with the platform)')
     .option('--timeout <minutes>', 'how long to wait for the browser or the device', '10')
     .action(async (name: string, o: { config: string; browser: boolean; public: boolean; port?: string; timeout: string }) => {
-      const secretKey = secretKeyFromEnv(); // refuse before any ceremony: nothing could be stored
+      const secretKeys = secretKeysFromEnv(); // refuse before any ceremony: nothing could be stored
       const loopbackPort = o.port === undefined ? undefined : Number(o.port);
       if (loopbackPort !== undefined && !(Number.isInteger(loopbackPort) && loopbackPort > 0 && loopbackPort < 65536)) throw new UsageError(`--port must be a TCP port (got "${o.port}")`);
       const minutes = Number(o.timeout);
@@ -61,7 +61,7 @@ export function registerChannelsCommands(program: Command): void {
           name,
           channel: channel!,
           store,
-          secretKey,
+          secretKeys,
           webhookBaseUrl: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
           browser: o.browser,
           publicCallback: o.public,

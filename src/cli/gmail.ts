@@ -5,7 +5,7 @@ import { MemoryLockoutStore } from '../gateway/lockout.js';
 import { runGmailSetup, formatSection, type SetupStep } from '../integrations/gmail/setup.js';
 import type { GmailAccountState } from '../integrations/gmail/state.js';
 import { createLogger } from '../log.js';
-import { secretKeyFromEnv } from '../secrets.js';
+import { secretKeysFromEnv } from '../secrets.js';
 import { startWebhooks } from '../server.js';
 import { describeStorage, openEventStore, openGmailStore } from '../storage/open.js';
 import { unreachable } from './storage.js';
@@ -80,14 +80,14 @@ export function registerGmailCommands(webhooks: Command): void {
         throw new UsageError(`--push-endpoint must be an https URL (got "${options.pushEndpoint}")`);
       }
       // Refuse before anything is asked of the user: without the key the grant could not be stored.
-      const secretKey = options.dryRun ? undefined : secretKeyFromEnv();
+      const secretKeys = options.dryRun ? undefined : secretKeysFromEnv();
       const json = Boolean(o.json);
       const say = (text: string) => (json ? process.stderr : process.stdout).write(`${text}\n`);
       if (!json) say(options.dryRun ? `gmail setup for ${options.account} (dry run: nothing is changed)` : `gmail setup for ${options.account}`);
       let result;
       try {
         result = await runGmailSetup(options, {
-          secretKey,
+          secretKeys,
           report: (s) => !json && say(`  ${MARK[s.status]} ${s.step.padEnd(12)} ${s.status === 'unchanged' ? '(unchanged) ' : ''}${s.detail}`),
           showUrl: (url) => say(`\nOpen this URL in a browser signed in as ${options.account}, and approve:\n\n  ${url}\n`),
           openBrowser,

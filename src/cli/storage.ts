@@ -3,7 +3,11 @@ import type { Command } from 'commander';
 import { loadStorageConfig } from '../config/load.js';
 import type { PostgresStorageConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
-import { describeStorage, openEventStore } from '../storage/open.js';
+import { grantContext as channelGrantContext } from '../channels/login.js';
+import { grantContext as gmailGrantContext } from '../integrations/gmail/run.js';
+import { openSealed, PREVIOUS_SECRET_KEYS_VARIABLE, SECRET_KEY_VARIABLE, sealSecret, secretKeysFromEnv } from '../secrets.js';
+import { describeStorage, openChannelStore, openEventStore, openGmailStore } from '../storage/open.js';
+import type { SealedChange } from '../storage/sealed.js';
 import { importChannelState, NotEmpty } from '../storage/postgres/channels.js';
 import { PostgresEventStore } from '../storage/postgres/events.js';
 import { importGmailState } from '../storage/postgres/gmail.js';
@@ -14,10 +18,10 @@ import { WriterLockBusyError } from '../storage/sqlite/writer-lock.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
 /**
- * `gatehouse storage migrate|status|copy`: the storage a config names, on either driver. `migrate`
- * brings the schema up to date (servers also do at start, under an advisory lock on Postgres);
- * `status` shows the schema version and the queue; `copy` moves an SQLite store into an empty
- * PostgreSQL database.
+ * `gatehouse storage migrate|status|copy|reseal`: the storage a config names, on either driver.
+ * `migrate` brings the schema up to date (servers also do at start, under an advisory lock on
+ * Postgres); `status` shows the schema version and the queue; `copy` moves an SQLite store into
+ * an empty PostgreSQL database; `reseal` finishes a GATEHOUSE_SECRET_KEY rotation.
  */
 export function registerStorageCommands(program: Command): void {
   const storage = program.command('storage').description('the durable storage (SQLite file or PostgreSQL database)');
@@ -63,6 +67,69 @@ export function registerStorageCommands(program: Command): void {
     });
 
   registerCopyCommand(storage);
+  registerResealCommand(storage);
+}
+
+/**
+ * `storage reseal`: after a GATEHOUSE_SECRET_KEY rotation (the old key in
+ * GATEHOUSE_SECRET_KEY_PREVIOUS), seals every stored grant again under the current key, so the
+ * old one can be dropped. Every grant is opened first: if one opens with none of the keys,
+ * nothing is written. Each is replaced only while it still holds what was read (a running
+ * server may refresh it meanwhile), so running it again is safe and reports what is left.
+ */
+function registerResealCommand(storage: Command): void {
+  storage
+    .command('reseal')
+    .description(`seal every stored secret (Gmail and channel grants) again under the current ${SECRET_KEY_VARIABLE}, after a key rotation`)
+    .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
+    .option('--json', 'the counts as JSON')
+    .action(async (options: { config: string; json?: boolean }) => {
+      const settings = loadStorageConfig(options.config);
+      const keys = secretKeysFromEnv();
+      const where = describeStorage(settings);
+      const events = await openEventStore(settings, { role: 'cli' }).catch(unreachable(where));
+      try {
+        const channels = await openChannelStore(settings, { role: 'cli' }).catch(unreachable(where));
+        try {
+          const gmail = openGmailStore(events);
+          const stored = [
+            ...(await gmail.sealedGrants()).map((g) => ({ what: `Gmail account ${g.account}`, of: 'gmail' as const, key: g.account, sealed: g.sealed, context: gmailGrantContext(g.account) })),
+            ...(await channels.grants()).map((g) => ({ what: `channel ${g.name}`, of: 'channels' as const, key: g.name, sealed: g.sealed, context: channelGrantContext(g.name) })),
+          ];
+          const changes: Record<'gmail' | 'channels', SealedChange[]> = { gmail: [], channels: [] };
+          const unreadable: string[] = [];
+          for (const secret of stored) {
+            try {
+              const { plaintext, underCurrentKey } = openSealed(secret.sealed, keys, secret.context);
+              if (!underCurrentKey) changes[secret.of].push({ key: secret.key, from: secret.sealed, to: sealSecret(plaintext, keys, secret.context) });
+            } catch (err) {
+              unreadable.push(`${secret.what}: ${(err as Error).message}`);
+            }
+          }
+          if (unreadable.length > 0) {
+            throw new UsageError(`nothing resealed: ${unreadable.length} stored secret(s) open with none of the keys given (put the key they were sealed with in ${PREVIOUS_SECRET_KEYS_VARIABLE}):\n  ${unreadable.join('\n  ')}`);
+          }
+          const toReseal = changes.gmail.length + changes.channels.length;
+          const resealed = { gmail: await gmail.replaceSealedGrants(changes.gmail), channels: await channels.replaceSealedGrants(changes.channels) };
+          const counts = {
+            stored: stored.length,
+            resealed: resealed.gmail + resealed.channels,
+            alreadyCurrent: stored.length - toReseal,
+            changedMeanwhile: toReseal - resealed.gmail - resealed.channels,
+            gmail: resealed.gmail,
+            channels: resealed.channels,
+          };
+          if (options.json) return print(JSON.stringify({ storage: where, ...counts }));
+          print(`${where}: ${counts.resealed} of ${counts.stored} stored secret(s) sealed again under ${SECRET_KEY_VARIABLE} (Gmail ${counts.gmail}, channels ${counts.channels}); ${counts.alreadyCurrent} already were`);
+          if (counts.changedMeanwhile > 0) print(`${counts.changedMeanwhile} changed meanwhile (a running server sealed it again): run storage reseal again to check`);
+          else if (keys.previous.length > 0) print(`every stored secret is now under ${SECRET_KEY_VARIABLE}: ${PREVIOUS_SECRET_KEYS_VARIABLE} can be removed (from every instance)`);
+        } finally {
+          await channels.close();
+        }
+      } finally {
+        await events.close();
+      }
+    });
 }
 
 /**

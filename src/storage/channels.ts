@@ -1,4 +1,5 @@
 import { createHash, randomBytes, randomInt } from 'node:crypto';
+import type { SealedChange } from './sealed.js';
 
 /**
  * The channels state contract: what logins, the receiver's channel routes, the outbound API and
@@ -97,6 +98,8 @@ export interface ChannelStore {
   answerOAuthRequest(channel: string, state: string, sealedAnswer: string, now: number): Promise<boolean>;
   /** The sealed answer once the callback came, taken once (the request is gone after), else undefined. */
   takeOAuthAnswer(state: string, now: number): Promise<string | undefined>;
+  /** One transaction: each channel's sealed grant replaced only while it is still `from` (`storage reseal`); returns how many were. */
+  replaceSealedGrants(changes: SealedChange[]): Promise<number>;
   close(): Promise<void>;
 }
 

@@ -1,4 +1,5 @@
 import type { NewEvent } from './events.js';
+import type { SealedChange } from './sealed.js';
 
 /**
  * The Gmail state contract: what gatehouse keeps per Gmail account, with no SQL in sight. Each
@@ -53,7 +54,12 @@ export interface GmailStore {
    * mailbox notification is processed at a time. Waits its turn.
    */
   exclusively<T>(account: string, work: () => Promise<T>): Promise<T>;
+  /** Every account's sealed grant (`storage reseal`). */
+  sealedGrants(): Promise<{ account: string; sealed: string }[]>;
+  /** One transaction: each grant replaced only while it is still `from`; returns how many were. */
+  replaceSealedGrants(changes: SealedChange[]): Promise<number>;
 }
+
 
 /** Seen ids are kept this long: longer than any resync looks back (see src/integrations/gmail/mailbox.ts). */
 export const SEEN_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;

@@ -25,17 +25,18 @@ import { request } from '../helpers/http.js';
 
 describe('channels: a grant sealed under another key', () => {
   const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-wrong-key-'));
-  const loginKey = randomBytes(32);
-  const serverKey = randomBytes(32);
+  const loginKey = { current: randomBytes(32), previous: [] };
+  const serverKey = { current: randomBytes(32), previous: [] };
   const logger = pino({ level: 'silent' });
   let fake: FakeTelegram;
   let store: ChannelStore;
   let server: http.Server;
   let url: string;
+  let config: ReturnType<typeof parseConfig>;
 
   before(async () => {
     fake = await startFakeTelegram();
-    const config = parseConfig({
+    config = parseConfig({
       storage: { path: path.join(dir, 'g.db') },
       gateway: { upstream: { target: 'http://127.0.0.1:9' } },
       webhooks: { enabled: true, targets: { message: { url: 'http://127.0.0.1:9' } } },
@@ -43,8 +44,8 @@ describe('channels: a grant sealed under another key', () => {
     });
     store = await openChannelStore(config.storage, { role: 'cli' });
     await store.saveGrant({ name: 'tg', kind: 'bot-token', sealed: sealSecret(JSON.stringify({ kind: 'bot-token', secretToken: 'the-secret-token-0123456789' }), loginKey, grantContext('tg')), details: {}, expiresAt: null }, Date.now());
-    const sender = createChannelSender(config, { store, secretKey: serverKey, logger });
-    const inbound = channelRoutes(config, { store, secretKey: serverKey, logger }).routes[0]!;
+    const sender = createChannelSender(config, { store, secretKeys: serverKey, logger });
+    const inbound = channelRoutes(config, { store, secretKeys: serverKey, logger }).routes[0]!;
     server = http.createServer((req, res) => {
       if (req.url!.startsWith('/_gatehouse/')) return void sender.handle(req, res).catch((err) => respondWithError(req, res, err, logger));
       void Promise.resolve(inbound.verifier.checkHeaders(req.headers, Date.now())).then((verdict) => {
@@ -73,5 +74,14 @@ describe('channels: a grant sealed under another key', () => {
     assert.equal(verdict.ok, false);
     assert.equal(verdict.unavailable, true);
     assert.match(verdict.reason, /not the key it was stored with/);
+  });
+
+  it('after a rotation, with the login\'s key in GATEHOUSE_SECRET_KEY_PREVIOUS: the grant opens again, so updates are checked against it (a wrong token is a forgery)', async () => {
+    const rotated = { current: serverKey.current, previous: [loginKey.current] };
+    const verifier = channelRoutes(config, { store, secretKeys: rotated, logger }).routes[0]!.verifier;
+    assert.deepEqual(await verifier.checkHeaders({ 'x-telegram-bot-api-secret-token': 'the-secret-token-0123456789' }, Date.now()), { ok: true });
+    const refused = await verifier.checkHeaders({ 'x-telegram-bot-api-secret-token': 'another-token-0123456789abc' }, Date.now());
+    assert.equal(refused.ok, false);
+    assert.equal((refused as { unavailable?: boolean }).unavailable, undefined, 'a wrong token is a forgery again, not an unreadable grant');
   });
 });

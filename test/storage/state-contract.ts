@@ -78,6 +78,24 @@ export function stateContract(harness: StateHarness): void {
       assert.deepEqual([after.clientId, after.sealedGrant, after.project, after.cursor, after.emailsEnqueued], ['client-2', 'sealed-2', 'project-3', '110', 1]);
     });
 
+    it('sealed grants (storage reseal): listed per account; replaced in one go, each only while it still holds what was read', async () => {
+      const { gmail } = one;
+      await gmail.saveGrant(ACCOUNT, 'client-1', 'sealed-old-a', 'p');
+      await gmail.saveGrant('bob@example.com', 'client-1', 'sealed-old-b', 'p');
+      assert.deepEqual(await gmail.sealedGrants(), [{ account: ACCOUNT, sealed: 'sealed-old-a' }, { account: 'bob@example.com', sealed: 'sealed-old-b' }]);
+      // Bob's grant is stored anew (a setup) after it was read: that one is left as it now is.
+      await (await other()).gmail.saveGrant('bob@example.com', 'client-1', 'sealed-by-setup', 'p');
+      const replaced = await gmail.replaceSealedGrants([
+        { key: ACCOUNT, from: 'sealed-old-a', to: 'sealed-new-a' },
+        { key: 'bob@example.com', from: 'sealed-old-b', to: 'sealed-new-b' },
+        { key: 'nobody@example.com', from: 'x', to: 'y' },
+      ]);
+      assert.equal(replaced, 1);
+      assert.deepEqual(await (await other()).gmail.sealedGrants(), [{ account: ACCOUNT, sealed: 'sealed-new-a' }, { account: 'bob@example.com', sealed: 'sealed-by-setup' }]);
+      assert.equal((await gmail.get(ACCOUNT))!.clientId, 'client-1', 'nothing else of the row changes');
+      assert.equal(await gmail.replaceSealedGrants([]), 0);
+    });
+
     it('a watch sets the cursor only when there is none, and clears the last error', async () => {
       const { gmail } = one;
       await gmail.saveGrant(ACCOUNT, 'c', 's', 'p');
@@ -227,6 +245,21 @@ export function stateContract(harness: StateHarness): void {
       assert.equal(await channels.grant('discord'), undefined);
       assert.equal((await channels.device(paired.device.id))!.revokedAt, T0 + 10);
       assert.equal(await channels.deviceByToken('discord', paired.token, T0 + 11), undefined);
+    });
+
+    it('sealed grants (storage reseal): replaced in one go, each only while it still holds what was read', async () => {
+      const { channels } = one;
+      await channels.saveGrant(grant('discord', 'sealed-old-d', T0 + 1000), T0);
+      await channels.saveGrant(grant('tg', 'sealed-old-t'), T0);
+      await channels.noteError('discord', 'refresh failed', T0 + 1);
+      // The Telegram grant is stored anew (a login) after it was read: that one is left as it now is.
+      await (await other()).channels.saveGrant(grant('tg', 'sealed-by-login'), T0 + 2);
+      assert.equal(await channels.replaceSealedGrants([
+        { key: 'discord', from: 'sealed-old-d', to: 'sealed-new-d' },
+        { key: 'tg', from: 'sealed-old-t', to: 'sealed-new-t' },
+      ]), 1);
+      const [discord, tg] = await (await other()).channels.grants();
+      assert.deepEqual([discord!.sealed, discord!.expiresAt, discord!.lastError, tg!.sealed], ['sealed-new-d', T0 + 1000, 'refresh failed', 'sealed-by-login'], 'only the sealed value changes');
     });
 
     it('the last event is written at most once a minute per channel', async () => {

@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { GmailConfig, VerifyConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
-import { openSecret } from '../../secrets.js';
+import { openSecret, type SecretKeys } from '../../secrets.js';
 import { openGmailStore } from '../../storage/open.js';
 import type { EventStore } from '../../webhooks/store.js';
 import type { DirectAnswer } from '../../webhooks/verifiers/types.js';
@@ -44,14 +44,14 @@ export function grantContext(account: string): string {
  * the receiver, or pulled) into events through the Mailbox. Refuses to start without a
  * stored grant or the key that opens it.
  */
-export async function startGmail(config: GmailConfig, deps: { store: EventStore; logger: Logger; onAccepted: () => void; secretKey: Buffer; now?: () => number }): Promise<RunningGmail> {
+export async function startGmail(config: GmailConfig, deps: { store: EventStore; logger: Logger; onAccepted: () => void; secretKeys: SecretKeys; now?: () => number }): Promise<RunningGmail> {
   const { account } = config;
   const now = deps.now ?? Date.now;
   const logger = deps.logger.child({ gmail: account });
   const state: GmailStore = openGmailStore(deps.store);
   const stored = await state.get(account);
   if (!stored?.cursor) throw new UsageError(`webhooks.gmail: ${account} is not set up in this storage: run \`gatehouse webhooks gmail setup --account ${account}\` first`);
-  const grant = JSON.parse(openSecret(stored.sealedGrant, deps.secretKey, grantContext(account))) as GmailGrant;
+  const grant = JSON.parse(openSecret(stored.sealedGrant, deps.secretKeys, grantContext(account))) as GmailGrant;
 
   // googleApiUrl, else the token endpoint the grant came from, else Google's own.
   const endpoints = googleEndpoints({ googleApiUrl: config.googleApiUrl, tokenUri: grant.tokenUri });

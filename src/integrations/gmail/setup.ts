@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import JSON5 from 'json5';
 import type { GmailConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
-import { openSecret, sealSecret } from '../../secrets.js';
+import { openSecret, sealSecret, type SecretKeys } from '../../secrets.js';
 import type { StorageConfig } from '../../config/schema.js';
 import { openEventStore, openGmailStore, peekStoredProject } from '../../storage/open.js';
 import { authorizeWithLoopback } from './authorize.js';
@@ -52,7 +52,7 @@ export interface SetupIo {
   showUrl(url: string): void;
   /** Opens the URL in a browser (best effort). */
   openBrowser?(url: string): void;
-  secretKey?: Buffer;
+  secretKeys?: SecretKeys;
 }
 
 interface DesktopClient {
@@ -97,8 +97,8 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
     return { section, steps };
   }
 
-  if (!io.secretKey) throw new UsageError('internal: no secret key');
-  const secretKey = io.secretKey;
+  if (!io.secretKeys) throw new UsageError('internal: no secret key');
+  const secretKeys = io.secretKeys;
   const store = await openEventStore(options.storage, { role: 'setup' });
   try {
     const state = openGmailStore(store);
@@ -108,7 +108,7 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
     // 1. Authorise (or reuse the stored grant while it still works).
     const auth = await step(report, 'authorise', async () => {
       if (stored && !options.reauthorize) {
-        const grant = JSON.parse(openSecret(stored.sealedGrant, secretKey, context)) as GmailGrant;
+        const grant = JSON.parse(openSecret(stored.sealedGrant, secretKeys, context)) as GmailGrant;
         // The token endpoint the grant came from, unless the config or the client file names one.
         const reusedAt = googleEndpoints({ googleApiUrl: options.googleApiUrl, authUri: client?.authUri, tokenUri: client?.tokenUri ?? grant.tokenUri });
         const reused = createOAuthClient(reusedAt, { clientId: stored.clientId, clientSecret: grant.clientSecret });
@@ -137,7 +137,7 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
         throw new UsageError(`you signed in as ${profile.data.emailAddress}, not ${options.account}: run setup again and choose ${options.account}`);
       }
       const grant: GmailGrant = { clientSecret: client.clientSecret, refreshToken, ...(client.tokenUri ? { tokenUri: client.tokenUri } : {}) };
-      await state.saveGrant(options.account, client.clientId, sealSecret(JSON.stringify(grant), secretKey, context), project);
+      await state.saveGrant(options.account, client.clientId, sealSecret(JSON.stringify(grant), secretKeys, context), project);
       return { value: fresh, status: 'done' as const, detail: `${options.account} authorised (gmail.readonly, pubsub); refresh token stored encrypted` };
     }, { project, api: 'Gmail' });
 

@@ -6,6 +6,7 @@ import {
   type ChannelDeviceRow, type ChannelGrant, type ChannelGrantRow, type ChannelPairingRow, type ChannelStore, type Device, type ExportedChannelState,
   type NewChannelGrant, type OutboxMessage, type PairingOutcome,
 } from '../channels.js';
+import type { SealedChange } from '../sealed.js';
 import { openMigratedPool } from './migrations.js';
 import { inTransaction } from './pool.js';
 
@@ -191,6 +192,14 @@ export class PostgresChannelStore implements ChannelStore {
     if (rows.length === 0) return undefined;
     await this.pool.query('DELETE FROM channel_oauth_requests WHERE expires_at < $1::bigint', [now]);
     return rows[0]!.answer;
+  }
+
+  async replaceSealedGrants(changes: SealedChange[]): Promise<number> {
+    return inTransaction(this.pool, async (client) => {
+      let replaced = 0;
+      for (const c of changes) replaced += (await client.query('UPDATE channel_grants SET sealed = $2 WHERE name = $1 AND sealed = $3', [c.key, c.to, c.from])).rowCount ?? 0;
+      return replaced;
+    });
   }
 
   async close(): Promise<void> {

@@ -4,6 +4,7 @@ import {
   historyIdAfter, KeyedQueue, SEEN_RETENTION_MS, toAccountState,
   type ExportedGmailState, type GmailAccountRow, type GmailAccountState, type GmailStore,
 } from '../gmail.js';
+import type { SealedChange } from '../sealed.js';
 import type { PostgresEventStore } from './events.js';
 import { NotEmpty } from './channels.js';
 import { withClient } from './pool.js';
@@ -109,6 +110,18 @@ export class PostgresGmailStore implements GmailStore {
         });
       }
     }));
+  }
+
+  async sealedGrants(): Promise<{ account: string; sealed: string }[]> {
+    return (await this.pool.query<{ account: string; sealed: string }>('SELECT account, sealed_grant AS sealed FROM gmail_accounts ORDER BY account')).rows;
+  }
+
+  async replaceSealedGrants(changes: SealedChange[]): Promise<number> {
+    return this.store.atomically(async ({ client }) => {
+      let replaced = 0;
+      for (const c of changes) replaced += (await client.query('UPDATE gmail_accounts SET sealed_grant = $2 WHERE account = $1 AND sealed_grant = $3', [c.key, c.to, c.from])).rowCount ?? 0;
+      return replaced;
+    });
   }
 }
 

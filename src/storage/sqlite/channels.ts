@@ -5,6 +5,7 @@ import {
   type ChannelDeviceRow, type ChannelGrant, type ChannelGrantRow, type ChannelOAuthRequestRow, type ChannelOutboxRow, type ChannelPairingRow,
   type ChannelStore, type Device, type ExportedChannelState, type NewChannelGrant, type OutboxMessage, type PairingOutcome,
 } from '../channels.js';
+import type { SealedChange } from '../sealed.js';
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS channel_grants (
@@ -71,6 +72,7 @@ export class SqliteChannelStore implements ChannelStore {
       grants: db.prepare<[], ChannelGrantRow>('SELECT * FROM channel_grants ORDER BY name'),
       saveGrant: db.prepare('INSERT INTO channel_grants (name, kind, sealed, details, connected_at, expires_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, sealed = excluded.sealed, details = excluded.details, connected_at = excluded.connected_at, expires_at = excluded.expires_at, last_error = NULL, last_error_at = NULL'),
       // Only over the grant the refresh started from: a login stored meanwhile wins.
+      replaceSealed: db.prepare('UPDATE channel_grants SET sealed = ? WHERE name = ? AND sealed = ?'),
       refreshGrant: db.prepare('UPDATE channel_grants SET sealed = ?, expires_at = ?, last_error = NULL, last_error_at = NULL WHERE name = ? AND sealed = ?'),
       deleteGrant: db.prepare('DELETE FROM channel_grants WHERE name = ?'),
       noteEvent: db.prepare('UPDATE channel_grants SET last_event_at = ? WHERE name = ?'),
@@ -216,6 +218,10 @@ export class SqliteChannelStore implements ChannelStore {
       if (taken) this.statements.dropExpiredOAuthRequests.run(now);
       return taken?.answer;
     }).immediate();
+  }
+
+  async replaceSealedGrants(changes: SealedChange[]): Promise<number> {
+    return this.db.transaction(() => changes.reduce((n, c) => n + this.statements.replaceSealed.run(c.to, c.key, c.from).changes, 0)).immediate();
   }
 
   async close(): Promise<void> {

@@ -6,6 +6,7 @@ import {
   historyIdAfter, KeyedQueue, SEEN_RETENTION_MS, toAccountState,
   type ExportedGmailState, type GmailAccountRow, type GmailAccountState, type GmailSeenRow, type GmailStore,
 } from '../gmail.js';
+import type { SealedChange } from '../sealed.js';
 import type { SqliteEventStore } from './events.js';
 
 const SCHEMA = `
@@ -58,6 +59,8 @@ export class SqliteGmailStore implements GmailStore {
       seen: db.prepare<[string, string], { message_id: string }>('SELECT message_id FROM gmail_seen WHERE account = ? AND message_id = ?'),
       remember: db.prepare('INSERT INTO gmail_seen (account, message_id, event_id, seen_at) VALUES (?, ?, ?, ?)'),
       forgetOld: db.prepare('DELETE FROM gmail_seen WHERE account = ? AND seen_at < ?'),
+      sealedGrants: db.prepare<[], { account: string; sealed: string }>('SELECT account, sealed_grant AS sealed FROM gmail_accounts ORDER BY account'),
+      replaceSealed: db.prepare('UPDATE gmail_accounts SET sealed_grant = ? WHERE account = ? AND sealed_grant = ?'),
       advance: db.prepare('UPDATE gmail_accounts SET cursor = ?, cursor_at = ?, last_notification_at = ?, last_error = NULL, emails_enqueued = emails_enqueued + ? WHERE account = ?'),
     };
   }
@@ -107,6 +110,14 @@ export class SqliteGmailStore implements GmailStore {
 
   exclusively<T>(account: string, work: () => Promise<T>): Promise<T> {
     return this.queue.run(account, work);
+  }
+
+  async sealedGrants(): Promise<{ account: string; sealed: string }[]> {
+    return this.statements.sealedGrants.all();
+  }
+
+  async replaceSealedGrants(changes: SealedChange[]): Promise<number> {
+    return this.store.atomically(() => changes.reduce((n, c) => n + this.statements.replaceSealed.run(c.to, c.key, c.from).changes, 0));
   }
 }
 
