@@ -303,6 +303,8 @@ export function checkFraming(req: http.IncomingMessage, limits: HttpLimits): Htt
 
   const coding = req.headers['transfer-encoding'];
   if (coding !== undefined && coding.toLowerCase() !== 'chunked') return new HttpError('invalid_request', `transfer-encoding ${coding}`);
+  // HTTP/1.0 has no chunked coding: RFC 9112 §6.1 has such a message treated as faulty framing (a server behind may frame it otherwise).
+  if (coding !== undefined && req.httpVersionMajor === 1 && req.httpVersionMinor === 0) return new HttpError('invalid_request', 'transfer-encoding in an HTTP/1.0 request');
   if ((req.method === 'GET' || req.method === 'HEAD' || req.method === 'TRACE') && hasBody(req)) {
     return new HttpError('invalid_request', `${req.method} with a body`);
   }

@@ -15,9 +15,20 @@ const OWNED_HEADERS = [
   'x-client-cert', 'ssl-client-cert', 'x-client-verify', 'x-client-dn',
   // A method override lets a client turn the method gatehouse saw into another one upstream.
   'x-http-method-override', 'x-http-method', 'x-method-override',
+  // Identity set by other edges (found by an outside attack): an upstream moved from behind Kong,
+  // AWS ALB, Azure App Service, Google IAP or Cloudflare Access still trusts them.
+  'x-authenticated-userid', 'x-authenticated-scope', 'x-authenticated-groups', 'x-credential-identifier', 'x-credential-username',
+  'x-anonymous-consumer', 'x-userinfo', 'x-ms-client-principal', 'x-ms-client-principal-id', 'x-ms-client-principal-name',
+  'x-ms-client-principal-idp', 'x-goog-authenticated-user-email', 'x-goog-authenticated-user-id', 'x-goog-iap-jwt-assertion',
 ];
-/** Whole families a client may not set: gatehouse's own, the proxy's forwarding headers, an auth proxy's identity. */
-const OWNED_PREFIXES = ['x-gatehouse-', 'x-forwarded-', 'x-auth-request-', 'x-ssl-', 'x-client-cert-', 'x-envoy-'];
+/**
+ * Whole families a client may not set: gatehouse's own, the proxy's forwarding headers, an auth
+ * proxy's identity (oauth2-proxy, Kong's consumer, ALB's OIDC, Azure's tokens, Cloudflare Access).
+ */
+const OWNED_PREFIXES = [
+  'x-gatehouse-', 'x-forwarded-', 'x-auth-request-', 'x-ssl-', 'x-client-cert-', 'x-envoy-',
+  'x-consumer-', 'x-amzn-oidc-', 'x-ms-token-', 'cf-access-',
+];
 const CREDENTIAL_HEADERS = ['x-api-key'];
 /**
  * Hop-by-hop (RFC 9110 7.6.1): about the client's connection, not the upstream's. A client's

@@ -20,6 +20,12 @@ const AMBIGUOUS_ENCODING = /%(2e|2f|5c|00|3b|25|3f|23)/i;
  * servlet stacks still can). Never valid UTF-8, so nothing legitimate is refused.
  */
 const OVERLONG_UTF8 = /%(c0|c1)|%e0%[89]|%f0%8/i;
+/*
+ * Encoded control characters (C0 and DEL): no API path holds one, and a line break in a decoded
+ * path is read differently by different matchers (a rule's `.` stopped at `%0a`, Express took
+ * `/orders/5%0a` as order "5\n", parseInt as 5) and lands in the upstream's logs as a new line.
+ */
+const ENCODED_CONTROL = /%([01][0-9a-f]|7f)/i;
 const MALFORMED_ENCODING = /%(?![0-9a-f]{2})/i;
 const DOT_SEGMENT = /\/\.\.?(?:\/|$)/;
 
@@ -35,6 +41,7 @@ export function checkApiPath(req: IncomingMessage): HttpError | undefined {
   if (!path.startsWith(API_PREFIX)) return new HttpError('not_found', `path outside ${API_PREFIX}`);
   if (!PATH_CHARS.test(path)) return new HttpError('invalid_path', 'character not allowed in path');
   if (MALFORMED_ENCODING.test(path) || AMBIGUOUS_ENCODING.test(path) || OVERLONG_UTF8.test(path)) return new HttpError('invalid_path', 'ambiguous percent-encoding');
+  if (ENCODED_CONTROL.test(path)) return new HttpError('invalid_path', 'encoded control character');
   // A fragment is never sent (RFC 9112 3.2): a `#` in the target is read differently by different servers.
   if (queryAt !== -1 && target.includes('#', queryAt)) return new HttpError('invalid_path', '"#" in the query');
   if (path.includes('//')) return new HttpError('invalid_path', 'empty path segment');

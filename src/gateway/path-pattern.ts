@@ -32,19 +32,27 @@ export function pathPatternProblem(pattern: string): string | undefined {
 /** A compiled set of path patterns: one anchored regular expression. */
 export type PathMatcher = (path: string) => boolean;
 
-/** Compiles patterns (already validated by pathPatternProblem) into one matcher, once per config. */
+/**
+ * Compiles patterns (already validated by pathPatternProblem) into one matcher, once per config.
+ * A pattern covers every path an upstream may take for the same resource, so a rule cannot be
+ * stepped around by a spelling the upstream reads as the same: ASCII letters in any case
+ * (Express, ASP.NET and IIS route case-insensitively by default), with or without a trailing
+ * slash (Express's default routing), and any character in a segment, line breaks included (the
+ * `s` flag: without it `.` stops at `\n`, and `/api/admin/x%0a` matched no rule at all).
+ */
 export function compilePathPatterns(patterns: readonly string[]): PathMatcher {
   const alternatives = patterns.map((pattern) => {
     const segments = pattern.slice(1).split('/');
+    if (segments.at(-1) === '') segments.pop(); // `/api/reports/` and `/api/reports` are one pattern
     let source = '';
     for (const segment of segments) {
       if (segment === '**') source += '(?:/.*)?';
       else if (segment === '*') source += '/[^/]+';
       else source += '/' + segment.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
     }
-    return source;
+    return segments.at(-1) === '**' ? source : `${source}/?`;
   });
-  const regex = new RegExp(`^(?:${alternatives.join('|')})$`);
+  const regex = new RegExp(`^(?:${alternatives.join('|')})$`, 'is');
   return (path) => regex.test(path);
 }
 

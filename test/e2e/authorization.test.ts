@@ -151,6 +151,23 @@ describe('routes × credentials × methods', () => {
     assert.equal(orders.received.length + main.received.length + billing.received.length, before, 'no upstream reached');
     assert.equal(billing.received.length, billingBefore);
   });
+
+  it('spellings an upstream reads as the same path do not dodge a rule: case, a trailing slash, an encoded line break (found by an outside attack)', async () => {
+    const total = () => main.received.length + billing.received.length + orders.received.length;
+    const before = total();
+    for (const [method, p] of [['GET', '/api/ADMIN/users'], ['POST', '/api/Admin/users/'], ['GET', '/api/TENANT/data'], ['POST', '/api/orders/7/'], ['POST', '/api/Orders/7'],
+      ['DELETE', '/api/orders/7%e2%80%a8']] as const) {
+      const reply = await request(gatehouse.url, p, { method, headers: credentials.ci });
+      assert.equal(reply.status, 403, `${method} ${p}`);
+      assert.equal(reply.json().error.code, 'insufficient_scope', `${method} ${p}`);
+    }
+    for (const p of ['/api/admin/users%0a', '/api/admin/users%0D', '/api/orders/7%0a']) {
+      const reply = await request(gatehouse.url, p, { method: 'POST', headers: credentials.ci });
+      assert.equal(reply.status, 400, p);
+      assert.equal(reply.json().error.code, 'invalid_path', p);
+    }
+    assert.equal(total(), before, 'no upstream reached');
+  });
 });
 
 describe('rate limits (one process)', () => {

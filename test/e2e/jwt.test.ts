@@ -371,4 +371,13 @@ describe('jwt: require all / any with an API key and a bearer token', () => {
     const before = upstream.received.length;
     assertInvalidToken(await request(any.url, '/api/any', { headers: { 'x-api-key': TEST_PLAIN_KEY, authorization: 'Bearer' } }), upstream, before);
   });
+
+  it('several Authorization lines are refused whatever the first one\'s scheme (found by an outside attack: a Basic line hid the Bearer behind it)', async () => {
+    const bad = await hs256({ sub: 'x' }, 'wrong-secret-0123456789abcdefghijklmnop');
+    for (const lines of [['Basic YTpi', `Bearer ${bad}`], ['Basic YTpi', 'Basic Yzpk'], [`Bearer ${await token()}`, 'Basic YTpi']]) {
+      const before = upstream.received.length;
+      const headers: [string, string][] = [['x-api-key', TEST_PLAIN_KEY], ...lines.map((l): [string, string] => ['authorization', l])];
+      assertInvalidToken(await request(any.url, '/api/any', { headers }), upstream, before);
+    }
+  });
 });

@@ -575,6 +575,19 @@ describe('the webhook listener: an event answered is the event stored, byte for 
     assert.equal(upstream.received.length, forwardedBefore);
   });
 
+  it('Transfer-Encoding in an HTTP/1.0 request: 400 invalid_request on both listeners (RFC 9112 §6.1: faulty framing), nothing stored or forwarded', async () => {
+    // Found by an outside attack: such a request was re-sent upstream as chunked.
+    const before = (await gatehouse.webhooks!.store.list({})).length;
+    const hook = await rawExchange(gatehouse.webhooks!.url, `POST /webhook/deploys HTTP/1.0\r\nHost: g\r\nX-Webhook-Secret: deploy-hook-secret-0123456789\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n${chunked('{}')}`);
+    assert.deepEqual(hook.responses.map((r) => r.status), [400], hook.raw.slice(0, 200));
+    assert.equal(JSON.parse(hook.responses[0]!.body).error.code, 'invalid_request');
+    assert.equal((await gatehouse.webhooks!.store.list({})).length, before);
+    const forwardedBefore = upstream.received.length;
+    const api = await rawExchange(gatehouse.url, `POST /api/x HTTP/1.0\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nTransfer-Encoding: chunked\r\n\r\n${chunked('{"a":1}')}`);
+    assert.deepEqual(api.responses.map((r) => r.status), [400], api.raw.slice(0, 200));
+    assert.equal(upstream.received.length, forwardedBefore);
+  });
+
   it('a broken chunk in a webhook body: 400 at once (not the body timeout\'s 408), nothing stored', async () => {
     const before = (await gatehouse.webhooks!.store.list({})).length;
     const head = 'POST /webhook/deploys HTTP/1.1\r\nHost: g\r\nX-Webhook-Secret: deploy-hook-secret-0123456789\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n';

@@ -33,6 +33,15 @@ describe('path patterns', () => {
     for (const no of ['/api/ordersx', '/api/order', '/api/users/42/profile/x', '/api/users//profile', '/api/users/1/2/profile', '/api/x/orders']) assert.ok(!m(no), no);
   });
 
+  it('a pattern covers the spellings upstreams read as the same path: any ASCII case, a trailing slash, line breaks inside a segment', () => {
+    // Found by an outside attack: Express routes case-insensitively and ignores a trailing slash,
+    // and `/api/admin/x%0a` decoded to a path the rule's `.` did not cover.
+    const m = compilePathPatterns(['/api/admin/**', '/api/reports', '/api/users/*', '/api/teams/']);
+    for (const yes of ['/api/ADMIN/x', '/api/Admin', '/api/admin/x\n', '/api/admin/\r\n', '/api/admin/x\u2028', '/api/reports/', '/api/REPORTS', '/api/users/7/',
+      '/api/users/7\n', '/api/Users/7', '/api/teams', '/api/teams/']) assert.ok(m(yes), JSON.stringify(yes));
+    for (const no of ['/api/reports/x', '/api/reports//', '/api/users/7/x', '/api/users/', '/api/adminx', '/api/\u0130dmin/x', '/api/teams/x']) assert.ok(!m(no), JSON.stringify(no));
+  });
+
   it('literal characters are literal (no regex leaks)', () => {
     const m = compilePathPatterns(['/api/v1.0/(x)+']);
     assert.ok(m('/api/v1.0/(x)+'));

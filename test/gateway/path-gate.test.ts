@@ -73,6 +73,12 @@ describe('path gate: ambiguous paths under /api/ are 400 invalid_path', () => {
     '/api/a"b',
     '/api/a<b',
     '/api/caf\u00e9',
+    // Encoded control characters (found by an outside attack: a decoded line break dodged every rule).
+    '/api/a%0ab',
+    '/api/a%0Db',
+    '/api/a%09b',
+    '/api/a%1fb',
+    '/api/a%7Fb',
   ];
   for (const url of ambiguous) {
     it(`rejects ${JSON.stringify(url)}`, () => assertRejected(url, 'invalid_path', 400));

@@ -150,9 +150,10 @@ export class Authenticator {
  * JWS in compact form (RFC 7515 §7.1: base64url without padding), so one token has one spelling.
  */
 function bearerToken(req: IncomingMessage): string | null | undefined {
+  // Node keeps only the first of several Authorization headers; we refuse the ambiguity instead,
+  // whatever the first one's scheme (a `Basic` line first hid a `Bearer` line behind it).
+  if ((req.headersDistinct.authorization?.length ?? 0) > 1) return null;
   const header = req.headers.authorization;
   if (header === undefined || !/^\s*bearer/i.test(header)) return undefined;
-  // Node keeps only the first of several Authorization headers; we refuse the ambiguity instead.
-  if ((req.headersDistinct.authorization?.length ?? 0) > 1) return null;
   return BEARER.exec(header)?.[1] ?? null;
 }
