@@ -6,11 +6,16 @@ import { generateApiKey, hashApiKey } from '../gateway/credentials/api-key.js';
 const DURATION = /^([1-9]\d*)(m|h|d|w|y)$/;
 const UNIT_MS = { m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000, y: 31_536_000_000 } as const;
 
-/** `90d` → milliseconds (units m, h, d, w, y); throws UsageError naming `flag` otherwise. */
+const MAX_DURATION_MS = 1000 * UNIT_MS.y;
+
+/** `90d` → milliseconds (units m, h, d, w, y; at most 1000y); throws UsageError naming `flag` otherwise. */
 export function parseDuration(value: string, flag: string): number {
   const match = DURATION.exec(value);
   if (!match) throw new UsageError(`${flag}: expected a duration like 90d, 12h, 30m, 2w, 1y, got "${value}"`);
-  return Number(match[1]) * UNIT_MS[match[2] as keyof typeof UNIT_MS];
+  const ms = Number(match[1]) * UNIT_MS[match[2] as keyof typeof UNIT_MS];
+  // Past this a date is no longer a date (and the database's bigint overflows): one line, not a stack.
+  if (!(ms <= MAX_DURATION_MS)) throw new UsageError(`${flag}: ${value} is longer than 1000y`);
+  return ms;
 }
 
 /** A duration from now (`90d`) or an ISO date-time, as an absolute expiry. */

@@ -45,7 +45,8 @@ export function registerWebhooksCommands(program: Command): void {
         throw new UsageError(`--status must be one of ${STATUSES.join(', ')} (got "${options.status}")`);
       }
       const limit = Number(options.limit);
-      if (!Number.isInteger(limit) || limit < 1) throw new UsageError(`--limit must be a positive integer (got "${options.limit}")`);
+      // Safe integers only: 1e20 is an integer to JavaScript, and a stack from the database's bigint.
+      if (!Number.isSafeInteger(limit) || limit < 1) throw new UsageError(`--limit must be a positive integer (got "${options.limit}")`);
       const events = await withStore(options.config, (store) => store.list({ status: options.status as DeliveryStatus | undefined, endpoint: options.endpoint, limit }));
       if (options.json) return print(toJsonWithIsoDates(events.map(summary)));
       if (events.length === 0) return print('no events');
@@ -104,7 +105,7 @@ export function registerWebhooksCommands(program: Command): void {
     .action(async (options: { config: string; delivered?: boolean; olderThan: string }) => {
       if (!options.delivered) throw new UsageError('purge needs --delivered (queued and dead events are never purged)');
       const cutoff = Date.now() - parseDuration(options.olderThan, '--older-than');
-      const count = await withStore(options.config, (store) => store.purgeDelivered(cutoff));
+      const count = await withStore(options.config, (store) => store.purgeDelivered(cutoff, Date.now()));
       print(`purged ${count} delivered event(s) older than ${options.olderThan}`);
     });
 }

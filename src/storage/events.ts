@@ -244,13 +244,18 @@ export interface EventStore {
   requeueDead(now: number): Promise<number>;
   /** Every queued event waiting for a retry (next attempt after `now`, no lease): due at `now`, with a fresh attempt budget. */
   requeueWaiting(now: number): Promise<number>;
-  /** Deletes events delivered before `olderThan`, with their attempts and replay keys (a replay of one is then new). */
-  purgeDelivered(olderThan: number): Promise<number>;
+  /**
+   * Deletes events delivered before `olderThan`, with their attempts and replay keys (a replay of
+   * one is then new). One whose delivery id is still remembered (received less than
+   * IDEMPOTENCY_WINDOW_MS before `now`) stays until it is not: purging it would let the same id in again.
+   */
+  purgeDelivered(olderThan: number, now: number): Promise<number>;
   status(now: number): Promise<StoreStatus>;
   queueStats(now: number): Promise<QueueStats>;
   /**
-   * Resolves once the store has taken a write (one that changes no row, by the path accept's
-   * writes take); rejects when the store cannot write now (/readyz).
+   * Resolves once the store has taken a write by the path accept's writes take (SQLite: a row of
+   * its own, rewritten; PostgreSQL: a statement that changes no row but is refused wherever
+   * writes are); rejects when the store cannot write now (/readyz). Events are never touched.
    */
   probeWrite(): Promise<void>;
   close(): Promise<void>;

@@ -17,7 +17,9 @@ const MAX_STORE_RETRY_MS = 5_000;
 
 /**
  * Capped exponential backoff with full jitter: a random delay in [0, min(initial·2^(n-1), max)].
- * A target's Retry-After wins (capped at max): it knows its own recovery better than we do.
+ * A target's Retry-After wins (capped at max): it knows its own recovery better than we do. But
+ * never sooner than `initialBackoffMs`: `Retry-After: 0` (or a date in the past) from a target in
+ * a bad state made a hot loop, thousands of attempts a second, each one a stored row.
  */
 export function retryDelayMs(
   attempt: number,
@@ -25,7 +27,7 @@ export function retryDelayMs(
   retryAfterMs?: number,
   random: () => number = Math.random,
 ): number {
-  if (retryAfterMs !== undefined) return Math.min(retryAfterMs, settings.maxBackoffMs);
+  if (retryAfterMs !== undefined) return Math.min(Math.max(retryAfterMs, settings.initialBackoffMs), settings.maxBackoffMs);
   const cap = Math.min(settings.initialBackoffMs * 2 ** Math.min(attempt - 1, 52), settings.maxBackoffMs);
   return Math.floor(random() * cap);
 }

@@ -1,7 +1,9 @@
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { once } from 'node:events';
+import path from 'node:path';
 import { before, after, describe, it } from 'node:test';
-import { auth, KEY, scrape, sendTraffic, signGood, start, TOKEN, upstream, target, useAdminFixtures, waitUntil, WRONG_KEY, writeConfig, type Started } from '../helpers/admin.js';
+import { auth, dir, KEY, scrape, sendTraffic, signGood, start, TOKEN, upstream, target, useAdminFixtures, waitUntil, WRONG_KEY, writeConfig, type Started } from '../helpers/admin.js';
 import { request } from '../helpers/http.js';
 import { runCli } from '../helpers/process.js';
 import { rawExchange } from '../helpers/raw-socket.js';
@@ -154,6 +156,34 @@ describe('admin listener, one process', () => {
     } finally {
       await d.server.stop('SIGKILL');
       await slow.close();
+    }
+  });
+});
+
+describe('admin listener: /readyz on a SQLite file the OS refuses writes to', () => {
+  it('answers 503 naming "store" (found by an outside attack: a write that changed no row passed), and 200 again once writes work', async (t) => {
+    const file = writeConfig('immutable.json5');
+    const wal = path.join(dir, 'immutable.json5.db-wal');
+    const s = await start(file);
+    const immutable = (on: boolean) => execFileSync('chattr', [on ? '+i' : '-i', wal]);
+    try {
+      assert.equal((await request(s.admin, '/readyz')).status, 200);
+      try {
+        immutable(true);
+      } catch (err) {
+        return t.skip(`chattr +i is not available here (${(err as Error).message.split('\n')[0]}): nothing can make the file refuse root's writes`);
+      }
+      const refused = await request(s.admin, '/readyz');
+      assert.equal(refused.status, 503, refused.body);
+      assert.deepEqual(refused.json().failing, ['store']);
+      assert.match(refused.json().checks.store, /^the store does not take writes \(/);
+      immutable(false);
+      await waitUntil(async () => (await request(s.admin, '/readyz')).status === 200, 'ready again once the file takes writes');
+    } finally {
+      try {
+        immutable(false);
+      } catch { /* never set, or already cleared */ }
+      await s.server.stop('SIGKILL');
     }
   });
 });

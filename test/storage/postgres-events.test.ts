@@ -236,9 +236,9 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     assert.ok(claimedBy.a.length > 0 && claimedBy.b.length > 0, `both instances claimed (${claimedBy.a.length} / ${claimedBy.b.length})`);
     await (a as PostgresEventStore).releaseLeases();
     await (b as PostgresEventStore).releaseLeases();
-    await a.purgeDelivered(Number.MAX_SAFE_INTEGER);
+    await a.purgeDelivered(Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
     for (const id of all) await a.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
-    await a.purgeDelivered(Number.MAX_SAFE_INTEGER);
+    await a.purgeDelivered(Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
   });
 
   it('a lease that expires (its instance died) is taken over; the old holder\'s late outcome and renewal are ignored', async () => {

@@ -60,7 +60,11 @@ describe('retryDelayMs (capped exponential backoff, full jitter)', () => {
   it('a Retry-After wins over the backoff, without jitter', () => {
     assert.equal(retryDelayMs(1, settings, 30_000, never), 30_000, 'longer than the attempt-1 window');
     assert.equal(retryDelayMs(10, settings, 2_000, never), 2_000, 'shorter than the attempt-10 window');
-    assert.equal(retryDelayMs(5, settings, 0, never), 0, 'Retry-After: 0 means now');
+  });
+
+  it('a Retry-After never brings the next attempt sooner than initialBackoffMs (found by an outside attack: Retry-After: 0 was a hot loop)', () => {
+    assert.equal(retryDelayMs(5, settings, 0, never), settings.initialBackoffMs, 'Retry-After: 0, or a date in the past');
+    assert.equal(retryDelayMs(5, settings, settings.initialBackoffMs - 1, never), settings.initialBackoffMs);
   });
 
   it('a Retry-After is capped at maxBackoffMs', () => {

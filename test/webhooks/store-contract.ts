@@ -228,7 +228,7 @@ export function eventStoreContract(harness: StoreHarness): void {
     it('purging the delivered event forgets its replay key with it', async () => {
       const { id } = await store.accept(event({ replayKey: 'sig' }));
       await store.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
-      assert.equal(await store.purgeDelivered(T0 + 10_000), 1);
+      assert.equal(await store.purgeDelivered(T0 + 10_000, T0 + 10_000), 1);
       assert.equal(await harness.countReplayKeys(), 0);
       assert.equal((await store.accept(event({ replayKey: 'sig', receivedAt: T0 + 20_000 }))).duplicate, false);
     });
@@ -436,11 +436,22 @@ export function eventStoreContract(harness: StoreHarness): void {
       await store.recordAttempt(recent, attempt(1, T0 + 50_000, 200), { status: 'delivered' });
       await store.recordAttempt(deadOld, attempt(1, T0, 400), { status: 'dead' });
 
-      assert.equal(await store.purgeDelivered(T0 + 10_000), 1);
+      assert.equal(await store.purgeDelivered(T0 + 10_000, T0 + 10_000), 1);
       assert.equal(await store.get(old), undefined);
       for (const id of [recent, deadOld, queued]) assert.ok(await store.get(id), id);
       assert.equal(await harness.countAttempts(old), 0, 'attempts of purged events are gone');
-      assert.equal(await store.purgeDelivered(T0 + 10_000), 0);
+      assert.equal(await store.purgeDelivered(T0 + 10_000, T0 + 10_000), 0);
+    });
+
+    it('an event whose delivery id is still remembered stays until the id is forgotten (found by an outside attack: a purge let the same id in again)', async () => {
+      const keyed = (await store.accept(event({ idempotencyKey: 'K' }))).id;
+      const plain = await acceptAt(T0);
+      for (const id of [keyed, plain]) await store.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
+      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + 60_000), 1, 'the one without a delivery id');
+      assert.ok(await store.get(keyed));
+      assert.deepEqual(await store.accept(event({ idempotencyKey: 'K', receivedAt: T0 + 60_000 })), { id: keyed, duplicate: true });
+      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS - 1), 0, 'the id is remembered for its whole window');
+      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS), 1, 'then purged');
     });
 
     it('releaseLeases frees every lease and counts them', async () => {

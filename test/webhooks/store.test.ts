@@ -162,8 +162,8 @@ describe('SqliteEventStore: the file', () => {
 
   it('a purge chunk finds old delivered events through events_delivered, not by reading every delivered one', () => {
     // Found by review: each chunk (and the last, empty one) walked events_next under the write lock: 460 ms at 1,000,000.
-    const plan = otherConnection().prepare(`EXPLAIN QUERY PLAN ${PURGE_CHUNK_SQL}`).all(T0).map((row) => (row as { detail: string }).detail);
-    assert.ok(plan.some((step) => /USING COVERING INDEX events_delivered \(delivered_at<\?\)/.test(step)), plan.join(' | '));
+    const plan = otherConnection().prepare(`EXPLAIN QUERY PLAN ${PURGE_CHUNK_SQL}`).all(T0, T0).map((row) => (row as { detail: string }).detail);
+    assert.ok(plan.some((step) => /USING (?:COVERING )?INDEX events_delivered \(delivered_at<\?\)/.test(step)), plan.join(' | '));
   });
 
   describe('single writer', () => {

@@ -770,13 +770,14 @@ export class PostgresEventStore implements EventStore {
     return rowCount ?? 0;
   }
 
-  async purgeDelivered(olderThan: number): Promise<number> {
+  async purgeDelivered(olderThan: number, now: number): Promise<number> {
     let purged = 0;
     for (;;) {
       // In chunks, each its own short transaction: no long lock over what the servers write.
       const { rowCount } = await this.pool.query(
-        "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE status = 'delivered' AND delivered_at < $1::bigint LIMIT 500)",
-        [olderThan],
+        `DELETE FROM events WHERE id IN (SELECT id FROM events WHERE status = 'delivered' AND delivered_at < $1::bigint
+           AND (idempotency_key IS NULL OR received_at <= $2::bigint) LIMIT 500)`,
+        [olderThan, now - IDEMPOTENCY_WINDOW_MS],
       );
       if (!rowCount) return purged;
       purged += rowCount;

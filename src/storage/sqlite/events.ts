@@ -57,6 +57,9 @@ CREATE TABLE IF NOT EXISTS event_replay_keys (
   PRIMARY KEY (endpoint, replay_key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS event_replay_keys_event ON event_replay_keys (event_id);
+-- /readyz's write (probeWrite): one row, rewritten at each probe. A statement that changes no row
+-- writes nothing to SQLite, so it passed on a file the OS refused every write to.
+CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY CHECK (id = 1), at INTEGER NOT NULL);
 `;
 
 /**
@@ -64,7 +67,7 @@ CREATE INDEX IF NOT EXISTS event_replay_keys_event ON event_replay_keys (event_i
  * BY: without statistics the planner walks events_next, every delivered event, instead).
  * Exported for the test that checks its plan.
  */
-export const PURGE_CHUNK_SQL = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < ? LIMIT 500)";
+export const PURGE_CHUNK_SQL = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < ? AND (idempotency_key IS NULL OR received_at <= ?) LIMIT 500)";
 
 /**
  * Runs `chunk` (one short transaction that changes at most a few hundred rows, and fewer once
@@ -170,7 +173,7 @@ export class SqliteEventStore implements EventStore {
       requeueDead: db.prepare<{ now: number }>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = @now WHERE rowid IN (SELECT rowid FROM events WHERE status = \'dead\' LIMIT 500)'),
       requeueWaiting: db.prepare<{ now: number }>('UPDATE events SET round_attempts = 0, next_attempt_at = @now WHERE rowid IN (SELECT rowid FROM events WHERE status = \'queued\' AND next_attempt_at > @now LIMIT 500)'),
       // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
-      purge: db.prepare<[number]>(PURGE_CHUNK_SQL),
+      purge: db.prepare<[number, number]>(PURGE_CHUNK_SQL),
       counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
       // queueStats: queued and dead through events_due (as many entries as there are); delivered
       // ones in DELIVERED_COUNT_STEP steps along it (the key after a step, then what is left).
@@ -181,7 +184,7 @@ export class SqliteEventStore implements EventStore {
       deliveredRest: db.prepare<[string, number, string], { n: number }>('SELECT COUNT(*) AS n FROM events WHERE status = \'delivered\' AND action = ? AND (next_attempt_at, id) > (?, ?)'),
       oldestDue: db.prepare<[number], { at: number | null }>('SELECT MIN(next_attempt_at) AS at FROM events WHERE status = \'queued\' AND next_attempt_at <= ?'),
       // Takes the write lock and changes nothing (no row has an empty id).
-      probeWrite: db.prepare('UPDATE events SET status = status WHERE id = \'\''),
+      probeWrite: db.prepare<[number]>('INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at'),
       // exportAll: pages in id order, and the attempts and replay keys of a page's id range (both indexed by event_id).
       exportPage: db.prepare<[string, number], EventRow>('SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?'),
       exportAttempts: db.prepare<[string, string], { event_id: string; attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>(
@@ -415,7 +418,7 @@ export class SqliteEventStore implements EventStore {
 
   /** Through the group commit, like accept: a file that cannot be written (locked, read-only, full) rejects. */
   async probeWrite(): Promise<void> {
-    await this.write(() => this.statements.probeWrite.run());
+    await this.write(() => this.statements.probeWrite.run(Date.now()));
   }
 
   /** The earliest time a queued event can be claimed: leased events count from their lease's end. */
@@ -475,8 +478,8 @@ export class SqliteEventStore implements EventStore {
     return inChunks(() => this.statements.requeueWaiting.run({ now }).changes);
   }
 
-  async purgeDelivered(olderThan: number): Promise<number> {
-    return inChunks(() => this.statements.purge.run(olderThan).changes);
+  async purgeDelivered(olderThan: number, now: number): Promise<number> {
+    return inChunks(() => this.statements.purge.run(olderThan, now - IDEMPOTENCY_WINDOW_MS).changes);
   }
 
   /**
