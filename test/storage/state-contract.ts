@@ -372,6 +372,24 @@ export function stateContract(harness: StateHarness): void {
       assert.equal((await channels.grant('discord'))!.sealed, 'from-login');
     });
 
+    it('refreshGrant: a storage reseal while the platform is asked never throws the refreshed tokens away (found by review: Discord rotates its refresh token)', async () => {
+      const { channels } = one;
+      const due = (g: ChannelGrant) => g.expiresAt !== null && g.expiresAt < T0 + 1000;
+      await channels.saveGrant(grant('discord', 'under-old-key', T0 + 500), T0);
+      const two = await other();
+      let reseal: Promise<number> | undefined;
+      const done = await channels.refreshGrant('discord', due, async () => {
+        // Not awaited here: on Postgres it waits for the refresh's row lock.
+        reseal = two.channels.replaceSealedGrants([{ key: 'discord', from: 'under-old-key', to: 'under-new-key' }]);
+        await sleep(50);
+        return { sealed: 'refreshed', expiresAt: T0 + 9000 };
+      });
+      await reseal;
+      assert.equal(done.refreshed, true);
+      const stored = (await channels.grant('discord'))!;
+      assert.deepEqual([stored.sealed, stored.expiresAt], ['refreshed', T0 + 9000]);
+    });
+
     it('instances: two instances taking one device\'s outbox at once hand each message over exactly once', async () => {
       const two = await other();
       const sent = [];

@@ -71,9 +71,11 @@ export class SqliteChannelStore implements ChannelStore {
       grant: db.prepare<[string], ChannelGrantRow>('SELECT * FROM channel_grants WHERE name = ?'),
       grants: db.prepare<[], ChannelGrantRow>('SELECT * FROM channel_grants ORDER BY name'),
       saveGrant: db.prepare('INSERT INTO channel_grants (name, kind, sealed, details, connected_at, expires_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, sealed = excluded.sealed, details = excluded.details, connected_at = excluded.connected_at, expires_at = excluded.expires_at, last_error = NULL, last_error_at = NULL'),
-      // Only over the grant the refresh started from: a login stored meanwhile wins.
       replaceSealed: db.prepare('UPDATE channel_grants SET sealed = ? WHERE name = ? AND sealed = ?'),
-      refreshGrant: db.prepare('UPDATE channel_grants SET sealed = ?, expires_at = ?, last_error = NULL, last_error_at = NULL WHERE name = ? AND sealed = ?'),
+      // Only over the grant the refresh started from: a login stored meanwhile wins (it sets
+      // connected_at). Not compared on `sealed`: a `storage reseal` meanwhile changes only that,
+      // and the refresh's new tokens (Discord rotates the refresh token) must not be thrown away.
+      refreshGrant: db.prepare('UPDATE channel_grants SET sealed = ?, expires_at = ?, last_error = NULL, last_error_at = NULL WHERE name = ? AND connected_at = ? AND expires_at IS ?'),
       deleteGrant: db.prepare('DELETE FROM channel_grants WHERE name = ?'),
       noteEvent: db.prepare('UPDATE channel_grants SET last_event_at = ? WHERE name = ?'),
       noteError: db.prepare('UPDATE channel_grants SET last_error = ?, last_error_at = ? WHERE name = ?'),
@@ -121,7 +123,7 @@ export class SqliteChannelStore implements ChannelStore {
     const current = await this.grant(name);
     if (!current || !due(current)) return { refreshed: false, grant: current };
     const next = await refresh(current);
-    const { changes } = this.statements.refreshGrant.run(next.sealed, next.expiresAt, name, current.sealed);
+    const { changes } = this.statements.refreshGrant.run(next.sealed, next.expiresAt, name, current.connectedAt, current.expiresAt);
     return { refreshed: changes === 1, grant: await this.grant(name) };
   }
 
