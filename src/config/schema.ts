@@ -209,11 +209,14 @@ const routes = z.array(z.strictObject({
 }).refine((route) => route.stripPrefix === undefined || route.prefix.startsWith(route.stripPrefix + '/'), { path: ['stripPrefix'], message: 'stripPrefix must be a leading part of prefix, ending at a "/"' }))
   .default([])
   .superRefine((list, ctx) => {
+    // Case aside: rules compare paths in any case, and a path in another case than its route's prefix is refused.
     const seen = new Map<string, number>();
     list.forEach((route, i) => {
-      const first = seen.get(route.prefix);
-      if (first !== undefined) ctx.addIssue({ code: 'custom', path: [i, 'prefix'], message: `duplicate prefix "${route.prefix}" (also at routes[${first}])` });
-      else seen.set(route.prefix, i);
+      const first = seen.get(route.prefix.toLowerCase());
+      if (first !== undefined) {
+        const same = list[first]!.prefix === route.prefix;
+        ctx.addIssue({ code: 'custom', path: [i, 'prefix'], message: `duplicate prefix "${route.prefix}" (also at routes[${first}]${same ? '' : `, as "${list[first]!.prefix}": prefixes are compared in any case`})` });
+      } else seen.set(route.prefix.toLowerCase(), i);
     });
   });
 

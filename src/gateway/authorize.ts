@@ -6,7 +6,10 @@ import { compileMethodSet, compilePathPatterns, type PathMatcher } from './path-
 interface CompiledRule {
   /** Its place in gateway.auth.rules, for the log. */
   index: number;
+  /** Where its requirements apply: every spelling of its paths (compilePathPatterns, loose). */
   paths: PathMatcher;
+  /** Where it counts as matched for `defaultAllow: false`: its paths as written. */
+  exactPaths: PathMatcher;
   methods: ReadonlySet<string> | undefined;
   scopes: readonly string[];
   claims: readonly (readonly [name: string, value: string])[];
@@ -22,8 +25,9 @@ export type Authorizer = (method: string, path: string, identity: Identity) => H
  * method lookup. Every rule whose paths and methods match must be satisfied: all its scopes
  * granted, each claim equal to the JWT's (or contained in it, for an array claim). A claim that
  * is missing, or not a string or array of strings, does not satisfy (fail closed); so an
- * API-key-only request never satisfies a claims rule. No rule matching: `defaultAllow`.
- * `path` is the decoded path (matchablePath).
+ * API-key-only request never satisfies a claims rule. No rule matching its paths as written:
+ * `defaultAllow` (a case or trailing-slash spelling brings a rule's requirements, never its
+ * permission). `path` is the decoded path (matchablePath).
  */
 export function compileAuthorizer(auth: Pick<AuthConfig, 'rules' | 'defaultAllow'>): Authorizer {
   const rules = auth.rules.map(compileRule);
@@ -33,7 +37,7 @@ export function compileAuthorizer(auth: Pick<AuthConfig, 'rules' | 'defaultAllow
     for (const rule of rules) {
       if (rule.methods !== undefined && !rule.methods.has(method)) continue;
       if (!rule.paths(path)) continue;
-      matched = true;
+      if (!matched && rule.exactPaths(path)) matched = true;
       const missing = missingGrant(rule, identity);
       if (missing !== undefined) return insufficientScope(rule.challenge, `rules[${rule.index}]: ${missing}`);
     }
@@ -49,6 +53,7 @@ function compileRule(rule: RuleConfig, index: number): CompiledRule {
   return {
     index,
     paths: compilePathPatterns(rule.paths),
+    exactPaths: compilePathPatterns(rule.paths, 'exact'),
     methods: compileMethodSet(rule.methods),
     scopes,
     claims: Object.entries(rule.claims ?? {}),

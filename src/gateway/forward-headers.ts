@@ -18,8 +18,7 @@ const OWNED_HEADERS = [
   // Identity set by other edges (found by an outside attack): an upstream moved from behind Kong,
   // AWS ALB, Azure App Service, Google IAP or Cloudflare Access still trusts them.
   'x-authenticated-userid', 'x-authenticated-scope', 'x-authenticated-groups', 'x-credential-identifier', 'x-credential-username',
-  'x-anonymous-consumer', 'x-userinfo', 'x-ms-client-principal', 'x-ms-client-principal-id', 'x-ms-client-principal-name',
-  'x-ms-client-principal-idp', 'x-goog-authenticated-user-email', 'x-goog-authenticated-user-id', 'x-goog-iap-jwt-assertion',
+  'x-anonymous-consumer', 'x-userinfo', 'x-goog-authenticated-user-email', 'x-goog-authenticated-user-id', 'x-goog-iap-jwt-assertion',
 ];
 /**
  * Whole families a client may not set: gatehouse's own, the proxy's forwarding headers, an auth
@@ -27,7 +26,7 @@ const OWNED_HEADERS = [
  */
 const OWNED_PREFIXES = [
   'x-gatehouse-', 'x-forwarded-', 'x-auth-request-', 'x-ssl-', 'x-client-cert-', 'x-envoy-',
-  'x-consumer-', 'x-amzn-oidc-', 'x-ms-token-', 'cf-access-',
+  'x-consumer-', 'x-amzn-oidc-', 'x-ms-client-principal', 'x-ms-token-', 'cf-access-',
 ];
 const CREDENTIAL_HEADERS = ['x-api-key'];
 /**

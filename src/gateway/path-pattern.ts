@@ -34,25 +34,31 @@ export type PathMatcher = (path: string) => boolean;
 
 /**
  * Compiles patterns (already validated by pathPatternProblem) into one matcher, once per config.
- * A pattern covers every path an upstream may take for the same resource, so a rule cannot be
- * stepped around by a spelling the upstream reads as the same: ASCII letters in any case
- * (Express, ASP.NET and IIS route case-insensitively by default), with or without a trailing
- * slash (Express's default routing), and any character in a segment, line breaks included (the
- * `s` flag: without it `.` stops at `\n`, and `/api/admin/x%0a` matched no rule at all).
+ * Any character matches inside a segment, line breaks included (the `s` flag: without it `.`
+ * stopped at `\n`, and `/api/admin/x%0a` matched no rule at all).
+ *
+ * `loose` (for what a rule requires, and where a rate limit counts): a pattern also covers every
+ * spelling an upstream may read as the same path, so a requirement cannot be stepped around:
+ * ASCII letters in any case (Express, ASP.NET and IIS route case-insensitively by default) and,
+ * unless it ends in `**`, a trailing slash (Express's default routing). `exact` (whether a rule
+ * matched at all, for `defaultAllow: false`): the pattern as written, so a spelling never lets
+ * in more than the rule's own path did.
  */
-export function compilePathPatterns(patterns: readonly string[]): PathMatcher {
+export function compilePathPatterns(patterns: readonly string[], mode: 'loose' | 'exact' = 'loose'): PathMatcher {
+  const loose = mode === 'loose';
   const alternatives = patterns.map((pattern) => {
     const segments = pattern.slice(1).split('/');
-    if (segments.at(-1) === '') segments.pop(); // `/api/reports/` and `/api/reports` are one pattern
+    const trailingSlash = segments.at(-1) === '';
+    if (loose && trailingSlash) segments.pop(); // `/api/reports/` and `/api/reports` are one pattern
     let source = '';
     for (const segment of segments) {
       if (segment === '**') source += '(?:/.*)?';
       else if (segment === '*') source += '/[^/]+';
       else source += '/' + segment.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
     }
-    return segments.at(-1) === '**' ? source : `${source}/?`;
+    return loose && segments.at(-1) !== '**' ? `${source}/?` : source;
   });
-  const regex = new RegExp(`^(?:${alternatives.join('|')})$`, 'is');
+  const regex = new RegExp(`^(?:${alternatives.join('|')})$`, loose ? 'is' : 's');
   return (path) => regex.test(path);
 }
 

@@ -16,8 +16,9 @@ export interface UpstreamRoutes {
   /**
    * The route of a request: the longest prefix its decoded path (matchablePath, what the rules
    * saw) starts with, else `/api/`. A target that reaches a prefix only once decoded
-   * (`/api/%62illing/`) is refused (400): the rules judged it as that route's path, so it may
-   * not go to another upstream, and `stripPrefix` works on the raw bytes.
+   * (`/api/%62illing/`), or only in another case (`/api/Billing/`), is refused (400): the rules
+   * judged it as that route's path, so it may not go to another upstream, and `stripPrefix`
+   * works on the raw bytes.
    */
   select(url: string, decodedPath: string): UpstreamRoute | HttpError;
   /**
@@ -43,15 +44,19 @@ export function createUpstreamRoutes(
   onAnswer?: (req: IncomingMessage) => void,
 ): UpstreamRoutes {
   const fallback: UpstreamRoute = { prefix: API_PREFIX, stripPrefix: undefined, proxy: createUpstreamProxy(gateway.upstream, onError, onAnswer) };
-  const routes: UpstreamRoute[] = [...gateway.routes]
+  const routes: (UpstreamRoute & { folded: string })[] = [...gateway.routes]
     .sort((a, b) => b.prefix.length - a.prefix.length)
-    .map((route) => ({ prefix: route.prefix, stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError, onAnswer) }));
+    .map((route) => ({ prefix: route.prefix, folded: route.prefix.toLowerCase(), stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError, onAnswer) }));
 
   return {
     select(url, decodedPath) {
+      // Lower case, as the rules compare (compilePathPatterns): prefixes are ASCII.
+      const folded = routes.length > 0 ? decodedPath.toLowerCase() : decodedPath;
       for (const route of routes) {
-        if (!decodedPath.startsWith(route.prefix)) continue;
-        return url.startsWith(route.prefix) ? route : new HttpError('invalid_path', `percent-encoded characters in the route prefix ${route.prefix}`);
+        if (!folded.startsWith(route.folded)) continue;
+        if (url.startsWith(route.prefix)) return route;
+        const how = decodedPath.startsWith(route.prefix) ? 'percent-encoded characters in' : 'another case of';
+        return new HttpError('invalid_path', `${how} the route prefix ${route.prefix}`);
       }
       return fallback;
     },

@@ -166,6 +166,12 @@ describe('routes × credentials × methods', () => {
       assert.equal(reply.status, 400, p);
       assert.equal(reply.json().error.code, 'invalid_path', p);
     }
+    // A route's prefix in another case: judged by billing's rule, so never sent to another upstream (found by review).
+    for (const p of ['/api/Billing/invoices', '/api/BILLING/x']) {
+      const reply = await request(gatehouse.url, p, { headers: credentials.billing });
+      assert.equal(reply.status, 400, p);
+      assert.equal(reply.json().error.code, 'invalid_path', p);
+    }
     assert.equal(total(), before, 'no upstream reached');
   });
 });

@@ -31,7 +31,7 @@ const OWNED = [
   'front-end-https', 'x-url-scheme', 'x-scheme', 'x-arr-ssl', 'x-original-uri', 'x-original-method', 'x-envoy-original-path',
   // other edges' identity headers (found by an outside attack): Kong, AWS ALB, Azure App Service, Google IAP, Cloudflare Access
   'x-consumer-id', 'x-consumer-username', 'x-consumer-custom-id', 'x-consumer-groups', 'x-authenticated-userid', 'x-authenticated-scope',
-  'x-credential-identifier', 'x-userinfo', 'x-amzn-oidc-identity', 'x-amzn-oidc-data', 'x-ms-client-principal-name', 'x-ms-client-principal',
+  'x-credential-identifier', 'x-userinfo', 'x-amzn-oidc-identity', 'x-amzn-oidc-data', 'x-ms-client-principal-name', 'x-ms-client-principal', 'x-ms-client-principal-idp',
   'x-ms-token-aad-access-token', 'x-goog-authenticated-user-email', 'x-goog-iap-jwt-assertion', 'cf-access-authenticated-user-email', 'cf-access-jwt-assertion',
   // framing look-alikes: only the real spellings frame a message
   'content-length', 'transfer-encoding',

@@ -65,6 +65,14 @@ describe('path patterns', () => {
     assert.match(problems[3]!, /gateway\.auth\.rules\[3\].*needs scopes or claims/);
   });
 
+  it('config refuses two route prefixes that differ only in case (a path is matched in any case)', () => {
+    const problems = configProblems({ routes: [
+      { prefix: '/api/billing/', upstream: { target: 'http://127.0.0.1:2' } },
+      { prefix: '/api/Billing/', upstream: { target: 'http://127.0.0.1:3' } },
+    ] });
+    assert.deepEqual(problems, ['gateway.routes[1].prefix: duplicate prefix "/api/Billing/" (also at routes[0], as "/api/billing/": prefixes are compared in any case)']);
+  });
+
   it('config refuses routes and limits that cannot work', () => {
     const problems = configProblems({
       routes: [
@@ -139,6 +147,18 @@ describe('authorizer', () => {
     const refused = closed('GET', '/api/private', identity(['read']))!;
     assert.equal(refused.code, 'insufficient_scope');
     assert.equal(refused.headers!['www-authenticate'], 'Bearer realm="gatehouse", error="insufficient_scope"');
+  });
+
+  it('a spelling in another case or with a trailing slash brings a rule\'s requirements, never its permission (found by review)', () => {
+    const closed = authorizerFor([{ paths: ['/api/public/**'], scopes: ['public'] }, { paths: ['/api/reports'], scopes: ['read'] }, { paths: ['/api/admin/**'], scopes: ['admin'] }], false);
+    assert.equal(closed('GET', '/api/public/x', identity(['public'])), undefined);
+    assert.equal(closed('GET', '/api/PUBLIC/x', identity(['public']))?.code, 'insufficient_scope', 'a rule satisfied does not open other spellings');
+    assert.equal(closed('GET', '/api/reports', identity(['read'])), undefined);
+    assert.equal(closed('GET', '/api/reports/', identity(['read']))?.code, 'insufficient_scope');
+    assert.match(closed('GET', '/api/Admin/x', identity([]))!.detail!, /rules\[2\]: scope "admin" not granted/, 'the requirement applies');
+    const open = authorizerFor([{ paths: ['/api/admin/**'], scopes: ['admin'] }]);
+    assert.equal(open('DELETE', '/api/ADMIN/users/1', identity([]))?.code, 'insufficient_scope');
+    assert.equal(open('DELETE', '/api/admin/users/1', identity(['admin'])), undefined);
   });
 });
 
