@@ -18,36 +18,49 @@ export interface ServedCertificate {
   /** When it expires (ms since the epoch): the leaf's notAfter. */
   notAfter: number;
   /**
-   * Serves the pair now at these paths to every new connection (a renewal, a reload); open
+   * Serves a pair to every new connection from now on (a renewal, a reload): the one now at these
+   * paths, or one already read (the primary reads it once for every gateway worker). Open
    * connections keep theirs. A pair that does not load changes nothing: a UsageError.
    */
-  replace(tls: TlsFiles): void;
+  replace(tls: TlsFiles | TlsPem): void;
 }
 
 type TlsFiles = { cert: string; key: string };
+/** A pair's PEM text, read by the caller. */
+export type TlsPem = { certPem: string; keyPem: string };
 
 /** The TLS files as they are now (the config check read them; one can change since): a problem is one line, not a stack. */
-function readTlsFiles(name: string, tls: TlsFiles, use: (pair: { cert: Buffer; key: Buffer }) => void): number {
+export function readTlsPem(name: string, tls: TlsFiles): TlsPem {
   try {
-    const pair = { cert: readFileSync(tls.cert), key: readFileSync(tls.key) };
-    const notAfter = Date.parse(new X509Certificate(pair.cert).validTo); // the first certificate of a chain: the leaf
-    use(pair);
-    return notAfter;
+    return { certPem: readFileSync(tls.cert, 'utf8'), keyPem: readFileSync(tls.key, 'utf8') };
   } catch (err) {
     throw new UsageError(`${name}: cannot serve TLS with ${tls.cert} and ${tls.key}: ${(err as Error).message}`);
   }
 }
 
+/** Hands the pair to `use` (a server or a context built from it); returns the leaf's notAfter. */
+function loadTls(name: string, tls: TlsFiles | TlsPem, use: (pair: { cert: string; key: string }) => void): number {
+  const { certPem: cert, keyPem: key } = 'certPem' in tls ? tls : readTlsPem(name, tls);
+  try {
+    const notAfter = Date.parse(new X509Certificate(cert).validTo); // the first certificate of a chain: the leaf
+    use({ cert, key });
+    return notAfter;
+  } catch (err) {
+    const what = 'certPem' in tls ? 'the pair read at the reload' : `${tls.cert} and ${tls.key}`;
+    throw new UsageError(`${name}: cannot serve TLS with ${what}: ${(err as Error).message}`);
+  }
+}
+
 function httpsServer(name: string, tls: TlsFiles, options: http.ServerOptions, serve: http.RequestListener): { server: https.Server; certificate: ServedCertificate } {
   let server: https.Server | undefined;
-  const notAfter = readTlsFiles(name, tls, (pair) => {
+  const notAfter = loadTls(name, tls, (pair) => {
     server = https.createServer({ ...options, ...pair }, serve);
   });
   const certificate: ServedCertificate = {
     notAfter,
     replace(next) {
       // setSecureContext builds the whole context before it swaps: a key that is not the cert's throws first.
-      certificate.notAfter = readTlsFiles(name, next, (pair) => server!.setSecureContext(pair));
+      certificate.notAfter = loadTls(name, next, (pair) => server!.setSecureContext(pair));
     },
   };
   return { server: server!, certificate };

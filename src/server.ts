@@ -11,7 +11,7 @@ import { channelRoutes } from './channels/inbound.js';
 import { createChannelSender } from './channels/outbound.js';
 import { startGrantRefresher } from './channels/refresh.js';
 import type { ChannelStore } from './channels/state.js';
-import { closeServer, listen, type Listening } from './listener.js';
+import { closeServer, listen, type Listening, type TlsPem } from './listener.js';
 import { enableMetrics } from './metrics.js';
 import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
 import { secretKeysFromEnv } from './secrets.js';
@@ -140,8 +140,11 @@ export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next
 /** The /api/ edge as the rest of gatehouse drives it: in this process, or in worker processes. */
 export interface RunningGateway {
   url: string;
-  /** Puts the new config in force (apps are built, and keys prefetched, before the swap). */
-  reload(next: Config): Promise<void>;
+  /**
+   * Puts the new config in force (apps are built, and keys prefetched, before the swap). `tls`:
+   * the pair to serve, already read (a gateway worker gets the primary's); else read from the files.
+   */
+  reload(next: Config, tls?: TlsPem): Promise<void>;
   /** For the admin listener: whether the keys are loaded, and (with `metrics`) the workers' metrics. */
   probe(options: { metrics: boolean }): Promise<GatewayProbe>;
   close(graceMs: number): Promise<void>;
@@ -187,14 +190,14 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   void warmUp(logger, app);
   return {
     url: listening.url,
-    async reload(next) {
+    async reload(next, tls) {
       const nextApp = await buildGatewayApp(next, { logger, lockout, rateLimits, channels: await channelsOf(next), limits });
       await warmUp(logger, nextApp);
       // The TLS files are read again: a renewed certificate at the same paths is served from now on.
       // One that does not load refuses the whole reload (turning TLS on or off needs a restart).
       if (listening.certificate && next.gateway.tls) {
         try {
-          listening.certificate.replace(next.gateway.tls);
+          listening.certificate.replace(tls ?? next.gateway.tls);
         } catch (err) {
           nextApp.close();
           throw err;

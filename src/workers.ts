@@ -5,6 +5,7 @@ import type { Config } from './config/schema.js';
 import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from './gateway/lockout.js';
 import { UsageError } from './errors.js';
 import { createLogger } from './log.js';
+import { readTlsPem, type TlsPem } from './listener.js';
 import { enableMetrics, metricsSnapshot, type MetricsSnapshot } from './metrics.js';
 import { startGateway, type RunningGateway } from './server.js';
 
@@ -25,7 +26,8 @@ import { startGateway, type RunningGateway } from './server.js';
 
 /** Messages from the primary to a worker. */
 type ToWorker =
-  | { type: 'config'; config: Config; workers: number }
+  /** `tls`: on a reload, the pair the primary read for all of them (gateway.tls). */
+  | { type: 'config'; config: Config; workers: number; tls?: TlsPem }
   | { type: 'locked'; key: string; until: number }
   | { type: 'shutdown'; graceMs: number }
   | { type: 'probe'; id: number; metrics: boolean };
@@ -150,9 +152,13 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
 
   return {
     url,
-    /** Hands the new config to every worker; resolves when all have it in force. */
+    /**
+     * Hands the new config to every worker; resolves when all have it in force. The TLS pair is
+     * read here, once, and sent along: every worker serves the same bytes, where each reading
+     * the files could catch a renewal half-copied in some and not others.
+     */
     async reload(next) {
-      config = next;
+      const tls = next.gateway.tls ? readTlsPem('gateway.listen', next.gateway.tls) : undefined;
       await withTimeout(Promise.all([...workers].map((worker) => new Promise<void>((resolve, reject) => {
         const onMessage = (message: ToPrimary) => {
           if (message.type !== 'configured' && message.type !== 'failed') return;
@@ -161,8 +167,10 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
           else reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
         };
         worker.on('message', onMessage);
-        send(worker, { type: 'config', config: next, workers: count });
+        send(worker, { type: 'config', config: next, workers: count, tls });
       }))), STARTUP_TIMEOUT_MS, 'gateway workers did not take the new configuration');
+      config = next; // what a replacement worker starts with: only once in force
+
     },
     /**
      * Asks every worker (IPC) for its key state and, with `metrics`, its metrics snapshot: one
@@ -269,7 +277,7 @@ export async function runGatewayWorker(): Promise<void> {
                 running = await startGateway(message.config, { logger, lockoutStore, rateLimitShare: 1 / workerCount });
                 toPrimary({ type: 'listening', url: running.url });
               } else {
-                await running.reload(message.config);
+                await running.reload(message.config, message.tls);
                 toPrimary({ type: 'configured' });
               }
             } catch (err) {

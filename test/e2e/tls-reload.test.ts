@@ -6,8 +6,12 @@ import path from 'node:path';
 import tls from 'node:tls';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
+import pino from 'pino';
 import { UsageError } from '../../src/errors.js';
-import { listen } from '../../src/listener.js';
+import { parseConfig } from '../../src/config/load.js';
+import { MemoryLockoutStore } from '../../src/gateway/lockout.js';
+import { listen, readTlsPem } from '../../src/listener.js';
+import { startGateway } from '../../src/server.js';
 import { request } from '../helpers/http.js';
 import { startServerProcess, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
@@ -146,7 +150,9 @@ describe('gateway.tls: a reload serves a renewed certificate', () => {
     const { server, url, adminUrl } = await start(writeConfig('workers.json5', install(FIRST, { cert: path.join(dir, 'w-cert.pem'), key: path.join(dir, 'w-key.pem') }), 2));
     try {
       // Round robin: four new connections reach both workers.
+      const before = server.lines.length;
       for (let i = 0; i < 4; i++) assert.equal(await servedFingerprint(url), fingerprintOf(FIRST.cert), `connection ${i}`);
+      await server.waitFor(() => new Set(server.lines.slice(before).filter((l) => l.msg === 'request').map((l) => l.worker)).size === 2);
       install(RENEWED, { cert: path.join(dir, 'w-cert.pem'), key: path.join(dir, 'w-key.pem') });
       server.child.kill('SIGHUP');
       await server.waitFor(() => reloads(server, 'configuration reloaded') === 1);
@@ -156,6 +162,23 @@ describe('gateway.tls: a reload serves a renewed certificate', () => {
       assertExpiresAt(await expiresIn(adminUrl), RENEWED.cert);
     } finally {
       await server.stop();
+    }
+  });
+
+  it('a reload given the pair already read (what each gateway worker gets from the primary) serves that pair, whatever the files say now', async () => {
+    const files = install(FIRST, { cert: path.join(dir, 'given-cert.pem'), key: path.join(dir, 'given-key.pem') });
+    const config = parseConfig({ gateway: { listen: { host: '127.0.0.1', port: 0 }, tls: files, upstream: { target: upstream.url }, auth: { apiKey: KEY } }, webhooks: { enabled: false } });
+    const gateway = await startGateway(config, { logger: pino({ level: 'silent' }), lockoutStore: new MemoryLockoutStore() });
+    try {
+      const renewed = readTlsPem('test', RENEWED);
+      await gateway.reload(config, renewed); // the files still hold FIRST
+      assert.equal(await servedFingerprint(gateway.url), fingerprintOf(RENEWED.cert));
+      assert.equal((await gateway.probe({ metrics: false })).certificateNotAfter, notAfterOf(RENEWED.cert));
+      await assert.rejects(gateway.reload(config, { certPem: renewed.certPem, keyPem: readTlsPem('test', FIRST).keyPem }), (err: Error) =>
+        err instanceof UsageError && /cannot serve TLS with the pair read at the reload/.test(err.message));
+      assert.equal(await servedFingerprint(gateway.url), fingerprintOf(RENEWED.cert), 'a pair that does not load changes nothing');
+    } finally {
+      await gateway.close(0);
     }
   });
 
