@@ -17,9 +17,10 @@ const MAX_STORE_RETRY_MS = 5_000;
 
 /**
  * Capped exponential backoff with full jitter: a random delay in [0, min(initial·2^(n-1), max)].
- * A target's Retry-After wins (capped at max): it knows its own recovery better than we do. But
- * never sooner than `initialBackoffMs`: `Retry-After: 0` (or a date in the past) from a target in
- * a bad state made a hot loop, thousands of attempts a second, each one a stored row.
+ * A target's Retry-After is the least the next attempt waits (RFC 9110 §10.2.3: how long to wait
+ * before a follow-up), capped at max: it lengthens the wait, never shortens it. Taken as the
+ * delay itself, `Retry-After: 0` (or a past date) was a hot loop, thousands of attempts a second,
+ * and a short one kept every attempt of 72 h that short: a stored row each.
  */
 export function retryDelayMs(
   attempt: number,
@@ -27,9 +28,10 @@ export function retryDelayMs(
   retryAfterMs?: number,
   random: () => number = Math.random,
 ): number {
-  if (retryAfterMs !== undefined) return Math.min(Math.max(retryAfterMs, settings.initialBackoffMs), settings.maxBackoffMs);
   const cap = Math.min(settings.initialBackoffMs * 2 ** Math.min(attempt - 1, 52), settings.maxBackoffMs);
-  return Math.floor(random() * cap);
+  if (retryAfterMs !== undefined && retryAfterMs >= cap) return Math.min(retryAfterMs, settings.maxBackoffMs); // past any draw: as asked, no jitter
+  const drawn = Math.floor(random() * cap);
+  return retryAfterMs === undefined ? drawn : Math.max(drawn, retryAfterMs);
 }
 
 /** What bounds an event's retries: a time budget from acceptance, the backoff, and an optional attempt cap. */

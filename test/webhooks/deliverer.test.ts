@@ -57,14 +57,15 @@ describe('retryDelayMs (capped exponential backoff, full jitter)', () => {
     }
   });
 
-  it('a Retry-After wins over the backoff, without jitter', () => {
+  it('a Retry-After past the backoff window is waited as asked, without jitter', () => {
     assert.equal(retryDelayMs(1, settings, 30_000, never), 30_000, 'longer than the attempt-1 window');
-    assert.equal(retryDelayMs(10, settings, 2_000, never), 2_000, 'shorter than the attempt-10 window');
   });
 
-  it('a Retry-After never brings the next attempt sooner than initialBackoffMs (found by an outside attack: Retry-After: 0 was a hot loop)', () => {
-    assert.equal(retryDelayMs(5, settings, 0, never), settings.initialBackoffMs, 'Retry-After: 0, or a date in the past');
-    assert.equal(retryDelayMs(5, settings, settings.initialBackoffMs - 1, never), settings.initialBackoffMs);
+  it('a Retry-After is the least wait, never a shorter one (found by outside attacks: Retry-After: 0 was a hot loop, a short one kept every retry that short)', () => {
+    assert.equal(retryDelayMs(10, settings, 2_000, () => 0.5), 30_000, 'the attempt-10 draw is longer: it stands');
+    assert.equal(retryDelayMs(10, settings, 2_000, () => 0), 2_000, 'a draw shorter than the Retry-After waits for it');
+    assert.equal(retryDelayMs(5, settings, 0, () => 0.5), 8_000, 'Retry-After: 0 (or a past date) leaves the backoff as it is');
+    for (let attempt = 1; attempt <= 20; attempt++) assert.ok(retryDelayMs(attempt, settings, 0, () => 0.5) >= retryDelayMs(attempt, settings, undefined, () => 0.5));
   });
 
   it('a Retry-After is capped at maxBackoffMs', () => {
@@ -191,7 +192,7 @@ describe('afterFailure (a time budget from acceptance, an optional attempt cap)'
     // The window is capped at 1 h: a draw of 0.5 puts the next attempt 30 min out.
     assert.deepEqual(afterFailure(late, { status: 503 }, deadline - 31 * 60_000, policy, () => 0.5), { status: 'queued', nextAttemptAt: deadline - 60_000 });
     assert.deepEqual(afterFailure(late, { status: 503 }, deadline - 29 * 60_000, policy, () => 0.5), { status: 'queued', nextAttemptAt: deadline });
-    assert.deepEqual(afterFailure(late, { status: null, retryAfterMs: 10 * 60_000 }, deadline - 5 * 60_000, policy, never), { status: 'queued', nextAttemptAt: deadline }, 'a Retry-After past the budget too');
+    assert.deepEqual(afterFailure(late, { status: null, retryAfterMs: 10 * 60_000 }, deadline - 5 * 60_000, policy, () => 0), { status: 'queued', nextAttemptAt: deadline }, 'a Retry-After past the budget too');
     // The attempt at the deadline failed: the budget is spent.
     assert.equal(afterFailure(late, { status: 503 }, deadline, policy, () => 0.5).status, 'dead');
     assert.equal(afterFailure(late, { status: 503 }, deadline + 1, policy, () => 0.5).status, 'dead');
