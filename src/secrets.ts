@@ -45,6 +45,15 @@ function parseKey(value: string, name: string): Buffer {
   return key;
 }
 
+/**
+ * What each sealed value is bound to (its `context`): the row it belongs to. In one place, so that
+ * `storage reseal` opens every stored value under the names that sealed it.
+ */
+export const channelGrantContext = (name: string) => `channel:${name}`;
+export const gmailGrantContext = (account: string) => `gmail:${account}`;
+/** A channel login's OAuth redirect answer, sealed between the server's callback route and the waiting CLI. */
+export const oauthAnswerContext = (name: string) => `oauth:${name}`;
+
 /** `v1:<iv>:<tag>:<ciphertext>` (base64url parts). */
 export function sealSecret(plaintext: string, keys: SecretKeys, context: string): string {
   const iv = randomBytes(IV_BYTES);

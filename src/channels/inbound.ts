@@ -2,13 +2,13 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import type { Logger } from 'pino';
 import type { ChannelConfig, Config } from '../config/schema.js';
 import { HttpError } from '../errors.js';
-import { openSecret, sealSecret, type SecretKeys } from '../secrets.js';
+import { channelGrantContext, oauthAnswerContext, openSecret, sealSecret, type SecretKeys } from '../secrets.js';
 import type { IntegrationRoute, PrefixRoute } from '../webhooks/receiver.js';
 import { discordVerifier } from '../webhooks/verifiers/discord.js';
 import { headerSecret } from '../webhooks/verifiers/secret.js';
 import { slackVerifier } from '../webhooks/verifiers/slack.js';
 import { dig, headerValue, saneId, type Verdict, type WebhookVerifier } from '../webhooks/verifiers/types.js';
-import { grantContext, oauthAnswerContext, type SealedGrant } from './login.js';
+import type { SealedGrant } from './login.js';
 import type { ChannelGrant, ChannelStore, Device } from './state.js';
 
 export const CHANNEL_PATH_PREFIX = '/webhook/channels/';
@@ -133,7 +133,7 @@ function telegramChannelVerifier(store: ChannelStore, name: string, secretKeys: 
       if (cached?.sealed !== grant.sealed) {
         let sealed: SealedGrant;
         try {
-          sealed = JSON.parse(openSecret(grant.sealed, secretKeys, grantContext(name))) as SealedGrant;
+          sealed = JSON.parse(openSecret(grant.sealed, secretKeys, channelGrantContext(name))) as SealedGrant;
         } catch (err) {
           // Another GATEHOUSE_SECRET_KEY than the login's: 503, so Telegram retries once it is fixed.
           return { ok: false, reason: (err as Error).message, unavailable: true };

@@ -3,7 +3,7 @@ import QRCode from 'qrcode';
 import type { ChannelConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
 import { consentRefused, newAuthorizationSecrets, receiveAuthorizationCode, type AuthorizationRequest, type AuthorizationResponse } from '../oauth-loopback.js';
-import { openSecret, sealSecret, type SecretKeys } from '../secrets.js';
+import { channelGrantContext, oauthAnswerContext, openSecret, sealSecret, type SecretKeys } from '../secrets.js';
 import { discord, exchangeCode, PlatformError, telegram } from './platforms.js';
 import type { ChannelStore } from './state.js';
 
@@ -12,8 +12,6 @@ export type SealedGrant =
   | { kind: 'bot-token'; secretToken: string }
   | { kind: 'oauth-bot'; accessToken: string; refreshToken: string }
   | { kind: 'oauth'; botToken: string };
-
-export const grantContext = (name: string) => `channel:${name}`;
 
 export interface LoginIo {
   /** A finished step: `✓ step detail` or `✗ step detail`. */
@@ -114,7 +112,7 @@ async function loginBotToken(ctx: LoginContext, channel: Extract<ChannelConfig, 
     return { value: undefined, detail: `updates go to ${webhookUrl} with a new secret token` };
   });
   const sealed: SealedGrant = { kind: 'bot-token', secretToken };
-  await ctx.store.saveGrant({ name: ctx.name, kind: channel.kind, sealed: sealSecret(JSON.stringify(sealed), ctx.secretKeys, grantContext(ctx.name)), details: { botId: bot.id, username: bot.username, webhookUrl }, expiresAt: null }, now());
+  await ctx.store.saveGrant({ name: ctx.name, kind: channel.kind, sealed: sealSecret(JSON.stringify(sealed), ctx.secretKeys, channelGrantContext(ctx.name)), details: { botId: bot.id, username: bot.username, webhookUrl }, expiresAt: null }, now());
   ctx.io.step(true, 'stored', 'secret token stored encrypted');
 }
 
@@ -148,7 +146,7 @@ async function loginOAuthBot(ctx: LoginContext, channel: Extract<ChannelConfig, 
   await ctx.store.saveGrant({
     name: ctx.name,
     kind: channel.kind,
-    sealed: sealSecret(JSON.stringify(sealed), ctx.secretKeys, grantContext(ctx.name)),
+    sealed: sealSecret(JSON.stringify(sealed), ctx.secretKeys, channelGrantContext(ctx.name)),
     details: { guildId: tokens.guild?.id ?? response.params.get('guild_id'), guildName: tokens.guild?.name, scope: tokens.scope, bot: bot.username },
     expiresAt: tokens.expires_in ? now() + Number(tokens.expires_in) * 1000 : null,
   }, now());
@@ -179,15 +177,13 @@ async function loginOAuth(ctx: LoginContext, channel: Extract<ChannelConfig, { k
   await ctx.store.saveGrant({
     name: ctx.name,
     kind: channel.kind,
-    sealed: sealSecret(JSON.stringify(sealed), ctx.secretKeys, grantContext(ctx.name)),
+    sealed: sealSecret(JSON.stringify(sealed), ctx.secretKeys, channelGrantContext(ctx.name)),
     details: { teamId: tokens.team?.id, teamName: tokens.team?.name, botUserId: tokens.bot_user_id, scope: tokens.scope },
     expiresAt: null,
   }, now());
   ctx.io.step(true, 'stored', 'bot token stored encrypted');
 }
 
-/** The redirect's answer, sealed in storage between the server's callback route and the waiting CLI. */
-export const oauthAnswerContext = (name: string) => `oauth:${name}`;
 export const oauthCallbackPath = (name: string) => `/webhook/channels/${name}/oauth/callback`;
 
 /**

@@ -4,8 +4,8 @@ import type { ChannelConfig, Config } from '../config/schema.js';
 import { errorCatalogue, HttpError } from '../errors.js';
 import { noteError } from '../gateway/request-context.js';
 import { readBody } from '../read-body.js';
-import { openSecret, type SecretKeys } from '../secrets.js';
-import { grantContext, type SealedGrant } from './login.js';
+import { channelGrantContext, openSecret, type SecretKeys } from '../secrets.js';
+import type { SealedGrant } from './login.js';
 import { discord, messageTextProblem, PlatformError, slack, telegram } from './platforms.js';
 import { storeCall } from './inbound.js';
 import type { ChannelStore } from './state.js';
@@ -41,7 +41,7 @@ export function createChannelSender(config: Config, deps: { store: ChannelStore;
     const grant = await storeCall(() => store.grant(name));
     if (!grant) throw new HttpError('channel_not_connected', `channel ${name} has no stored grant: run \`gatehouse channels login ${name}\``);
     try {
-      return JSON.parse(openSecret(grant.sealed, deps.secretKeys, grantContext(name))) as SealedGrant;
+      return JSON.parse(openSecret(grant.sealed, deps.secretKeys, channelGrantContext(name))) as SealedGrant;
     } catch (err) {
       // GATEHOUSE_SECRET_KEY differs from the one the login used: the server's problem, said plainly.
       logger.error({ channel: name, problem: (err as Error).message }, 'cannot open a stored channel grant');

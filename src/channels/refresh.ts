@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
 import type { Config } from '../config/schema.js';
-import { openSecret, sealSecret, type SecretKeys } from '../secrets.js';
-import { grantContext, type SealedGrant } from './login.js';
+import { channelGrantContext, openSecret, sealSecret, type SecretKeys } from '../secrets.js';
+import type { SealedGrant } from './login.js';
 import { refreshGrant } from './platforms.js';
 import type { ChannelGrant, ChannelStore } from './state.js';
 
@@ -32,11 +32,11 @@ export function startGrantRefresher(initial: Config, deps: { store: ChannelStore
       try {
         // Under the grant's lock: of several instances, one asks the platform, the others find its result.
         const { refreshed, grant } = await deps.store.refreshGrant(name, due, async (current) => {
-          const sealed = JSON.parse(openSecret(current.sealed, deps.secretKeys, grantContext(name))) as SealedGrant;
+          const sealed = JSON.parse(openSecret(current.sealed, deps.secretKeys, channelGrantContext(name))) as SealedGrant;
           if (sealed.kind !== 'oauth-bot') throw new Error('stored grant is not an oauth-bot grant');
           const tokens = await refreshGrant('discord', channel.tokenUrl, { clientId: channel.clientId, clientSecret: channel.clientSecret, refreshToken: sealed.refreshToken });
           const next: SealedGrant = { kind: 'oauth-bot', accessToken: tokens.access_token, refreshToken: tokens.refresh_token ?? sealed.refreshToken };
-          return { sealed: sealSecret(JSON.stringify(next), deps.secretKeys, grantContext(name)), expiresAt: tokens.expires_in ? now() + Number(tokens.expires_in) * 1000 : null };
+          return { sealed: sealSecret(JSON.stringify(next), deps.secretKeys, channelGrantContext(name)), expiresAt: tokens.expires_in ? now() + Number(tokens.expires_in) * 1000 : null };
         });
         if (refreshed) deps.logger.info({ channel: name, expiresAt: grant?.expiresAt && new Date(grant.expiresAt).toISOString() }, 'channel grant refreshed');
       } catch (err) {

@@ -60,7 +60,6 @@ export interface GmailStore {
   replaceSealedGrants(changes: SealedChange[]): Promise<number>;
 }
 
-
 /** Seen ids are kept this long: longer than any resync looks back (see src/integrations/gmail/mailbox.ts). */
 export const SEEN_RETENTION_MS = 30 * 24 * 60 * 60 * 1000;
 

@@ -13,12 +13,11 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import pino from 'pino';
 import { channelRoutes } from '../../src/channels/inbound.js';
-import { grantContext } from '../../src/channels/login.js';
 import { createChannelSender } from '../../src/channels/outbound.js';
 import type { ChannelStore } from '../../src/channels/state.js';
 import { parseConfig } from '../../src/config/load.js';
 import { respondWithError } from '../../src/gateway/request-context.js';
-import { sealSecret } from '../../src/secrets.js';
+import { channelGrantContext, sealSecret } from '../../src/secrets.js';
 import { openChannelStore } from '../../src/storage/open.js';
 import { startFakeTelegram, type FakeTelegram } from '../helpers/fake-chat.js';
 import { request } from '../helpers/http.js';
@@ -43,7 +42,7 @@ describe('channels: a grant sealed under another key', () => {
       channels: { tg: { kind: 'bot-token', platform: 'telegram', botToken: fake.token, publicUrl: 'https://hooks.example.com', apiBaseUrl: fake.url } },
     });
     store = await openChannelStore(config.storage, { role: 'cli' });
-    await store.saveGrant({ name: 'tg', kind: 'bot-token', sealed: sealSecret(JSON.stringify({ kind: 'bot-token', secretToken: 'the-secret-token-0123456789' }), loginKey, grantContext('tg')), details: {}, expiresAt: null }, Date.now());
+    await store.saveGrant({ name: 'tg', kind: 'bot-token', sealed: sealSecret(JSON.stringify({ kind: 'bot-token', secretToken: 'the-secret-token-0123456789' }), loginKey, channelGrantContext('tg')), details: {}, expiresAt: null }, Date.now());
     const sender = createChannelSender(config, { store, secretKeys: serverKey, logger });
     const inbound = channelRoutes(config, { store, secretKeys: serverKey, logger }).routes[0]!;
     server = http.createServer((req, res) => {

@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { GmailConfig, VerifyConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
-import { openSecret, type SecretKeys } from '../../secrets.js';
+import { gmailGrantContext, openSecret, type SecretKeys } from '../../secrets.js';
 import { openGmailStore } from '../../storage/open.js';
 import type { EventStore } from '../../webhooks/store.js';
 import type { DirectAnswer } from '../../webhooks/verifiers/types.js';
@@ -34,10 +34,6 @@ export interface RunningGmail {
 
 const FIRST_RETRY_MS = 30_000;
 
-export function grantContext(account: string): string {
-  return `gmail:${account}`;
-}
-
 /**
  * `webhooks.gmail` at run time (inside `gatehouse start`, or `gatehouse webhooks gmail run`):
  * opens the stored grant, keeps the Gmail watch renewed, and turns notifications (pushed to
@@ -51,7 +47,7 @@ export async function startGmail(config: GmailConfig, deps: { store: EventStore;
   const state: GmailStore = openGmailStore(deps.store);
   const stored = await state.get(account);
   if (!stored?.cursor) throw new UsageError(`webhooks.gmail: ${account} is not set up in this storage: run \`gatehouse webhooks gmail setup --account ${account}\` first`);
-  const grant = JSON.parse(openSecret(stored.sealedGrant, deps.secretKeys, grantContext(account))) as GmailGrant;
+  const grant = JSON.parse(openSecret(stored.sealedGrant, deps.secretKeys, gmailGrantContext(account))) as GmailGrant;
 
   // googleApiUrl, else the token endpoint the grant came from, else Google's own.
   const endpoints = googleEndpoints({ googleApiUrl: config.googleApiUrl, tokenUri: grant.tokenUri });

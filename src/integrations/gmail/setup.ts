@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import JSON5 from 'json5';
 import type { GmailConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
-import { openSecret, sealSecret, type SecretKeys } from '../../secrets.js';
+import { gmailGrantContext, openSecret, sealSecret, type SecretKeys } from '../../secrets.js';
 import type { StorageConfig } from '../../config/schema.js';
 import { openEventStore, openGmailStore, peekStoredProject } from '../../storage/open.js';
 import { authorizeWithLoopback } from './authorize.js';
@@ -10,7 +10,7 @@ import {
   createGmailClient, createOAuthClient, explainGoogleError, GMAIL_PUBLISHER, GMAIL_SCOPES, googleEndpoints, PubSubRest, watchRequest,
   type GoogleEndpoints, type PubSubSubscription,
 } from './google.js';
-import { grantContext, type GmailGrant } from './run.js';
+import type { GmailGrant } from './run.js';
 
 /** `gatehouse webhooks gmail setup` options, after the CLI has parsed them. */
 export interface GmailSetupOptions {
@@ -102,7 +102,7 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
   const store = await openEventStore(options.storage, { role: 'setup' });
   try {
     const state = openGmailStore(store);
-    const context = grantContext(options.account);
+    const context = gmailGrantContext(options.account);
     const stored = await state.get(options.account);
 
     // 1. Authorise (or reuse the stored grant while it still works).

@@ -64,10 +64,16 @@ CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY CHECK (id = 1), a
 
 /**
  * One chunk of purgeDelivered: its own short transaction, found through events_delivered (INDEXED
- * BY: without statistics the planner walks events_next, every delivered event, instead).
- * Exported for the test that checks its plan.
+ * BY: without statistics the planner walks events_next, every delivered event, instead), an index
+ * that covers it. Exported for the test that checks its plan.
  */
-export const PURGE_CHUNK_SQL = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < ? AND (idempotency_key IS NULL OR received_at <= ?) LIMIT 500)";
+export const PURGE_CHUNK_SQL = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < ? LIMIT 500)";
+/**
+ * The same for a cutoff inside the delivery-id window (`--older-than` under 24 h): events whose
+ * id is still remembered stay, which takes a look at each row's key (delivered in that last day
+ * only: the index still bounds the walk).
+ */
+export const PURGE_RECENT_CHUNK_SQL = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < ? AND (idempotency_key IS NULL OR received_at <= ?) LIMIT 500)";
 
 /**
  * Runs `chunk` (one short transaction that changes at most a few hundred rows, and fewer once
@@ -173,7 +179,8 @@ export class SqliteEventStore implements EventStore {
       requeueDead: db.prepare<{ now: number }>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = @now WHERE rowid IN (SELECT rowid FROM events WHERE status = \'dead\' LIMIT 500)'),
       requeueWaiting: db.prepare<{ now: number }>('UPDATE events SET round_attempts = 0, next_attempt_at = @now WHERE rowid IN (SELECT rowid FROM events WHERE status = \'queued\' AND next_attempt_at > @now LIMIT 500)'),
       // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
-      purge: db.prepare<[number, number]>(PURGE_CHUNK_SQL),
+      purge: db.prepare<[number]>(PURGE_CHUNK_SQL),
+      purgeRecent: db.prepare<[number, number]>(PURGE_RECENT_CHUNK_SQL),
       counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
       // queueStats: queued and dead through events_due (as many entries as there are); delivered
       // ones in DELIVERED_COUNT_STEP steps along it (the key after a step, then what is left).
@@ -479,7 +486,10 @@ export class SqliteEventStore implements EventStore {
   }
 
   async purgeDelivered(olderThan: number, now: number): Promise<number> {
-    return inChunks(() => this.statements.purge.run(olderThan, now - IDEMPOTENCY_WINDOW_MS).changes);
+    const forgotten = now - IDEMPOTENCY_WINDOW_MS;
+    // Delivered before the window began means received before it too: no delivery id to keep.
+    if (olderThan <= forgotten) return inChunks(() => this.statements.purge.run(olderThan).changes);
+    return inChunks(() => this.statements.purgeRecent.run(olderThan, forgotten).changes);
   }
 
   /**
