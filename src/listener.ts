@@ -51,7 +51,7 @@ function loadTls(name: string, tls: TlsFiles | TlsPem, use: (pair: { cert: strin
   }
 }
 
-function httpsServer(name: string, tls: TlsFiles, options: http.ServerOptions, serve: http.RequestListener): { server: https.Server; certificate: ServedCertificate } {
+function httpsServer(name: string, tls: TlsFiles | TlsPem, options: http.ServerOptions, serve: http.RequestListener): { server: https.Server; certificate: ServedCertificate } {
   let server: https.Server | undefined;
   const notAfter = loadTls(name, tls, (pair) => {
     server = https.createServer({ ...options, ...pair }, serve);
@@ -75,7 +75,7 @@ function httpsServer(name: string, tls: TlsFiles, options: http.ServerOptions, s
 export async function listen(
   name: string,
   at: { host: string; port: number },
-  tls: { cert: string; key: string } | undefined,
+  tls: TlsFiles | TlsPem | undefined,
   limits: HttpLimits,
   handler: http.RequestListener,
 ): Promise<Listening> {

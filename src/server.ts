@@ -155,6 +155,8 @@ export type GatewayStarter = (config: Config, deps: {
   lockoutStore: LockoutStore;
   /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers.ts); on Postgres whole buckets, shared. */
   rateLimitShare?: number;
+  /** The TLS pair to serve, already read (a gateway worker gets the primary's); else gateway.tls's files are read. */
+  tls?: TlsPem;
 }) => Promise<RunningGateway>;
 
 /** The /api/ edge in this process (with `gateway.workers` > 1, what each worker runs). */
@@ -180,7 +182,8 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   let listening: Listening;
   try {
     app = await buildGatewayApp(config, { logger, lockout, rateLimits, channels: await channelsOf(config), limits });
-    listening = await listen('gateway.listen', config.gateway.listen, config.gateway.tls, limits, (req, res) => app.handle(req, res));
+    const tls = config.gateway.tls && (options.tls ?? config.gateway.tls);
+    listening = await listen('gateway.listen', config.gateway.listen, tls, limits, (req, res) => app.handle(req, res));
   } catch (err) {
     await rateLimitSync?.close();
     await channelStore?.close();

@@ -26,7 +26,7 @@ import { startGateway, type RunningGateway } from './server.js';
 
 /** Messages from the primary to a worker. */
 type ToWorker =
-  /** `tls`: on a reload, the pair the primary read for all of them (gateway.tls). */
+  /** `tls`: the pair in force (gateway.tls), read by the primary for all of them. */
   | { type: 'config'; config: Config; workers: number; tls?: TlsPem }
   | { type: 'locked'; key: string; until: number }
   | { type: 'shutdown'; graceMs: number }
@@ -62,6 +62,9 @@ export function resolveWorkerCount(setting: Config['gateway']['workers']): numbe
 export async function startGatewayWorkers(initial: Config, count: number, deps: { logger: Logger; lockoutStore: LockoutStore }): Promise<RunningGateway> {
   const { logger, lockoutStore } = deps;
   let config = initial;
+  // The TLS pair in force, read here once: every worker, a replacement too, serves these bytes
+  // (one reading the files itself could catch a renewal not reloaded yet, or half-copied).
+  let tls = initial.gateway.tls ? readTlsPem('gateway.listen', initial.gateway.tls) : undefined;
   let stopping = false;
   let restartDelayMs = FIRST_RESTART_DELAY_MS;
   const workers = new Set<Worker>();
@@ -76,7 +79,7 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
       worker.on('message', (message: ToPrimary) => {
         switch (message.type) {
           case 'ready':
-            send(worker, { type: 'config', config, workers: count });
+            send(worker, { type: 'config', config, workers: count, tls });
             break;
           case 'listening':
             listening = true;
@@ -152,13 +155,9 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
 
   return {
     url,
-    /**
-     * Hands the new config to every worker; resolves when all have it in force. The TLS pair is
-     * read here, once, and sent along: every worker serves the same bytes, where each reading
-     * the files could catch a renewal half-copied in some and not others.
-     */
+    /** Hands the new config, and the TLS pair read again, to every worker; resolves when all have them in force. */
     async reload(next) {
-      const tls = next.gateway.tls ? readTlsPem('gateway.listen', next.gateway.tls) : undefined;
+      const nextTls = next.gateway.tls ? readTlsPem('gateway.listen', next.gateway.tls) : undefined;
       await withTimeout(Promise.all([...workers].map((worker) => new Promise<void>((resolve, reject) => {
         const onMessage = (message: ToPrimary) => {
           if (message.type !== 'configured' && message.type !== 'failed') return;
@@ -167,9 +166,11 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
           else reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
         };
         worker.on('message', onMessage);
-        send(worker, { type: 'config', config: next, workers: count, tls });
+        send(worker, { type: 'config', config: next, workers: count, tls: nextTls });
       }))), STARTUP_TIMEOUT_MS, 'gateway workers did not take the new configuration');
-      config = next; // what a replacement worker starts with: only once in force
+      // What a replacement worker starts with: only once in force.
+      config = next;
+      tls = nextTls;
 
     },
     /**
@@ -274,7 +275,7 @@ export async function runGatewayWorker(): Promise<void> {
                 // Before the app is built, which binds its instruments (src/metrics.ts).
                 if (message.config.admin) enableMetrics();
                 logger = createLogger({ level: message.config.log.level, bindings: { worker: cluster.worker!.id } });
-                running = await startGateway(message.config, { logger, lockoutStore, rateLimitShare: 1 / workerCount });
+                running = await startGateway(message.config, { logger, lockoutStore, rateLimitShare: 1 / workerCount, tls: message.tls });
                 toPrimary({ type: 'listening', url: running.url });
               } else {
                 await running.reload(message.config, message.tls);

@@ -165,6 +165,24 @@ describe('gateway.tls: a reload serves a renewed certificate', () => {
     }
   });
 
+  it('with gateway.workers: 2, a replacement worker serves the pair in force, not files changed since without a reload (found by a newcomer)', async () => {
+    const at = { cert: path.join(dir, 'r-cert.pem'), key: path.join(dir, 'r-key.pem') };
+    const { server, url } = await start(writeConfig('replaced.json5', install(FIRST, at), 2));
+    try {
+      const pids = server.lines.find((l) => l.msg === 'gateway workers listening')!.pids as number[];
+      // A renewal on disk, half-copied (the new certificate beside the old key), and no reload yet.
+      copyFileSync(RENEWED.cert, at.cert);
+      process.kill(pids[0]!, 'SIGKILL');
+      await server.waitFor((l) => l.msg === 'gateway listening' && l.worker === 3);
+      const from = server.lines.length;
+      for (let i = 0; i < 4; i++) assert.equal(await servedFingerprint(url), fingerprintOf(FIRST.cert), `connection ${i}`);
+      await server.waitFor(() => new Set(server.lines.slice(from).filter((l) => l.msg === 'request').map((l) => l.worker)).size === 2);
+      assert.deepEqual(server.lines.filter((l) => l.msg === 'replacement gateway worker failed to start'), []);
+    } finally {
+      await server.stop();
+    }
+  });
+
   it('a reload given the pair already read (what each gateway worker gets from the primary) serves that pair, whatever the files say now', async () => {
     const files = install(FIRST, { cert: path.join(dir, 'given-cert.pem'), key: path.join(dir, 'given-key.pem') });
     const config = parseConfig({ gateway: { listen: { host: '127.0.0.1', port: 0 }, tls: files, upstream: { target: upstream.url }, auth: { apiKey: KEY } }, webhooks: { enabled: false } });
