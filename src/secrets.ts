@@ -33,15 +33,17 @@ export interface SecretKeys {
 export function secretKeysFromEnv(env: NodeJS.ProcessEnv = process.env): SecretKeys {
   const value = env[SECRET_KEY_VARIABLE];
   if (!value) throw new UsageError(`${SECRET_KEY_VARIABLE} is not set. ${HOW_TO_MAKE_A_SECRET_KEY}`);
-  const current = parseKey(value, SECRET_KEY_VARIABLE);
+  const current = parseKey(value, SECRET_KEY_VARIABLE, HOW_TO_MAKE_A_SECRET_KEY);
+  // A previous key is the one values were sealed with: never a new one to make (found by a newcomer).
   const previous = (env[PREVIOUS_SECRET_KEYS_VARIABLE] ?? '').split(/[\s,]+/).filter((v) => v !== '')
-    .map((v, i, all) => parseKey(v, all.length === 1 ? PREVIOUS_SECRET_KEYS_VARIABLE : `${PREVIOUS_SECRET_KEYS_VARIABLE} (key ${i + 1} of ${all.length})`));
+    .map((v, i, all) => parseKey(v, all.length === 1 ? PREVIOUS_SECRET_KEYS_VARIABLE : `${PREVIOUS_SECRET_KEYS_VARIABLE} (key ${i + 1} of ${all.length})`,
+      `It holds the keys ${SECRET_KEY_VARIABLE} had before a rotation, exactly as they were, comma-separated.`));
   return { current, previous };
 }
 
-function parseKey(value: string, name: string): Buffer {
+function parseKey(value: string, name: string, hint: string): Buffer {
   const key = /^[A-Za-z0-9+/]+={0,2}$/.test(value.trim()) ? Buffer.from(value.trim(), 'base64') : Buffer.alloc(0);
-  if (key.length !== 32) throw new UsageError(`${name} is not 32 bytes of base64 (got ${key.length} bytes). ${HOW_TO_MAKE_A_SECRET_KEY}`);
+  if (key.length !== 32) throw new UsageError(`${name} is not 32 bytes of base64 (got ${key.length} bytes). ${hint}`);
   return key;
 }
 

@@ -109,17 +109,20 @@ function registerResealCommand(storage: Command): void {
           }
           const toReseal = changes.gmail.length + changes.channels.length;
           const resealed = { gmail: await gmail.replaceSealedGrants(changes.gmail), channels: await channels.replaceSealedGrants(changes.channels) };
+          const changedMeanwhile = toReseal - resealed.gmail - resealed.channels;
           const counts = {
             stored: stored.length,
             resealed: resealed.gmail + resealed.channels,
             alreadyCurrent: stored.length - toReseal,
-            changedMeanwhile: toReseal - resealed.gmail - resealed.channels,
+            changedMeanwhile,
             gmail: resealed.gmail,
             channels: resealed.channels,
+            // Every stored secret opens with the current key now: the previous ones can go.
+            allUnderCurrentKey: changedMeanwhile === 0,
           };
           if (options.json) return print(JSON.stringify({ storage: where, ...counts }));
           print(`${where}: ${counts.resealed} of ${counts.stored} stored secret(s) sealed again under ${SECRET_KEY_VARIABLE} (Gmail ${counts.gmail}, channels ${counts.channels}); ${counts.alreadyCurrent} already were`);
-          if (counts.changedMeanwhile > 0) print(`${counts.changedMeanwhile} changed meanwhile (a running server sealed it again): run storage reseal again to check`);
+          if (changedMeanwhile > 0) print(`${counts.changedMeanwhile} changed meanwhile (a running server sealed it again): run storage reseal again to check`);
           else if (keys.previous.length > 0) print(`every stored secret is now under ${SECRET_KEY_VARIABLE}: ${PREVIOUS_SECRET_KEYS_VARIABLE} can be removed (from every instance)`);
         } finally {
           await channels.close();

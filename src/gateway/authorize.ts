@@ -34,15 +34,20 @@ export function compileAuthorizer(auth: Pick<AuthConfig, 'rules' | 'defaultAllow
   const { defaultAllow } = auth;
   return function authorize(method, path, identity) {
     let matched = false;
+    let otherSpelling: CompiledRule | undefined;
     for (const rule of rules) {
       if (rule.methods !== undefined && !rule.methods.has(method)) continue;
       if (!rule.paths(path)) continue;
-      if (!matched && rule.exactPaths(path)) matched = true;
+      if (rule.exactPaths(path)) matched = true;
+      else otherSpelling ??= rule;
       const missing = missingGrant(rule, identity);
       if (missing !== undefined) return insufficientScope(rule.challenge, `rules[${rule.index}]: ${missing}`);
     }
-    if (!matched && !defaultAllow) return insufficientScope(DEFAULT_DENY_CHALLENGE, 'no rule matches and gateway.auth.defaultAllow is false');
-    return undefined;
+    if (matched || defaultAllow) return undefined;
+    const detail = otherSpelling === undefined
+      ? 'no rule matches and gateway.auth.defaultAllow is false'
+      : `no rule matches this spelling of the path (rules[${otherSpelling.index}] covers it only in another case or with a trailing slash) and gateway.auth.defaultAllow is false`;
+    return insufficientScope(DEFAULT_DENY_CHALLENGE, detail);
   };
 }
 

@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import type { Logger } from 'pino';
 import type { StorageConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
@@ -27,6 +28,8 @@ export async function openEventStore(storage: StorageConfig, options: { role: 's
   }
   if (options.role === 'server') return new SqliteEventStore(storage.path, { singleWriter: true, logger: options.logger });
   if (options.role === 'setup') return new SqliteEventStore(storage.path);
+  // A command that reads the store never creates one: said as what to do (found by a newcomer).
+  if (!existsSync(storage.path)) throw new UsageError(`no event store at ${storage.path} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\``);
   try {
     return new SqliteEventStore(storage.path, { mustExist: true });
   } catch (err) {

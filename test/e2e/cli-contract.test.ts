@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
@@ -66,6 +66,20 @@ describe('storage that cannot be reached', () => {
       assert.equal(result.code, 1, `${label}: ${result.stderr}`);
       assert.match(result.stderr, /^gatehouse: cannot use the storage postgres:\/\/gatehouse@127\.0\.0\.1:9\/gatehouse: .*ECONNREFUSED.*\n$/, label);
     });
+  });
+});
+
+describe('a SQLite store that does not exist yet', () => {
+  it('commands that read it say so and how to make it, create nothing (found by a newcomer: "the directory does not exist")', async () => {
+    const db = path.join(dir, 'not-yet', 'gatehouse.db');
+    const config = writeConfig('not-yet.json5', `{ gateway: { upstream: { target: "${TARGET}" } }, storage: { path: "${db}" } }`);
+    const env = { GATEHOUSE_SECRET_KEY: Buffer.alloc(32, 7).toString('base64') };
+    for (const args of [['storage', 'status'], ['storage', 'reseal'], ['webhooks', 'deliveries', 'list']]) {
+      const result = await runCli([...args, '--config', config], { env });
+      assert.equal(result.code, 1, args.join(' '));
+      assert.equal(result.stderr, `gatehouse: no event store at ${db} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\`\n`, args.join(' '));
+    }
+    assert.equal(existsSync(path.dirname(db)), false, 'nothing created');
   });
 });
 

@@ -84,7 +84,7 @@ for (const driver of ['sqlite', 'postgres'] as const) {
 
       const done = await reseal({ GATEHOUSE_SECRET_KEY: b64(NEW), GATEHOUSE_SECRET_KEY_PREVIOUS: b64(OLD) }, '--json');
       assert.equal(done.code, 0, done.stderr);
-      assert.deepEqual(JSON.parse(done.stdout), { storage: JSON.parse(done.stdout).storage, stored: 4, resealed: 3, alreadyCurrent: 1, changedMeanwhile: 0, gmail: 1, channels: 2 });
+      assert.deepEqual(JSON.parse(done.stdout), { storage: JSON.parse(done.stdout).storage, stored: 4, resealed: 3, alreadyCurrent: 1, changedMeanwhile: 0, gmail: 1, channels: 2, allUnderCurrentKey: true });
       assert.deepEqual(await openAll(storage, only(NEW)), ALL_OPEN, 'every grant opens with the new key alone');
       assert.deepEqual(await openAll(storage, only(OLD)), { 'ana@example.com': 'unreadable', discord: 'unreadable', slack: 'unreadable', tg: 'unreadable' });
 
