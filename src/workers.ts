@@ -64,7 +64,13 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
   let config = initial;
   // The TLS pair in force, read here once: every worker, a replacement too, serves these bytes
   // (one reading the files itself could catch a renewal not reloaded yet, or half-copied).
-  let tls = initial.gateway.tls ? readTlsPem('gateway.listen', initial.gateway.tls) : undefined;
+  let tls = readTls(initial);
+  // The config in force is generation `generation`; each worker's is the one it was last sent. A
+  // worker that asks for its config while a reload is under way gets the one in force and
+  // catches up once the reload is: no worker is left on an older config than the others.
+  let generation = 0;
+  const sentGeneration = new Map<Worker, number>();
+  const serving = new Set<Worker>();
   let stopping = false;
   let restartDelayMs = FIRST_RESTART_DELAY_MS;
   const workers = new Set<Worker>();
@@ -79,10 +85,13 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
       worker.on('message', (message: ToPrimary) => {
         switch (message.type) {
           case 'ready':
+            sentGeneration.set(worker, generation);
             send(worker, { type: 'config', config, workers: count, tls });
             break;
           case 'listening':
             listening = true;
+            serving.add(worker);
+            if (sentGeneration.get(worker)! < generation) void catchUp(worker);
             // A new worker (a replacement) learns the lockouts in force: otherwise each one would
             // give a locked-out client another `max` guesses.
             for (const [key, until] of lockoutStore.activeLocks?.(Date.now()) ?? []) send(worker, { type: 'locked', key, until });
@@ -103,6 +112,8 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
       });
       worker.on('exit', (code, signal) => {
         workers.delete(worker);
+        serving.delete(worker);
+        sentGeneration.delete(worker);
         if (!listening) reject(new Error(`gateway worker ${worker.id} exited (${signal ?? code}) before listening`));
         // At start a failure fails the start; later, a worker that died (or a replacement that
         // could not start) is replaced again, after a delay that grows while they keep dying.
@@ -115,6 +126,43 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
         }, delay).unref();
       });
     });
+  }
+
+  /**
+   * Sends a serving worker a config and waits for its answer: resolves once it is in force,
+   * rejects with the worker's reason; a worker that exits meanwhile is simply gone (resolves).
+   */
+  function configure(worker: Worker, next: Config, nextTls: TlsPem | undefined, nextGeneration: number): Promise<void> {
+    sentGeneration.set(worker, nextGeneration);
+    return new Promise<void>((resolve, reject) => {
+      const done = () => {
+        worker.off('message', onMessage);
+        worker.off('exit', onExit);
+      };
+      const onMessage = (message: ToPrimary) => {
+        if (message.type !== 'configured' && message.type !== 'failed') return;
+        done();
+        if (message.type === 'configured') resolve();
+        else reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
+      };
+      const onExit = () => {
+        done();
+        resolve();
+      };
+      worker.on('message', onMessage);
+      worker.once('exit', onExit);
+      send(worker, { type: 'config', config: next, workers: count, tls: nextTls });
+    });
+  }
+
+  /** A worker on another config than the one in force (it asked during a reload, or took a reload the others refused): it gets this one. */
+  async function catchUp(worker: Worker): Promise<void> {
+    try {
+      await withTimeout(configure(worker, config, tls, generation), STARTUP_TIMEOUT_MS, 'no answer');
+    } catch (err) {
+      // It serves what it had: the next reload tries again; replacing it would only repeat this.
+      logger.error({ worker: worker.id, err: (err as Error).message }, 'gateway worker did not take the configuration in force');
+    }
   }
 
   // Lockouts already logged, until they end: one line per lockout for the cluster, as one process logs it.
@@ -155,23 +203,26 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
 
   return {
     url,
-    /** Hands the new config, and the TLS pair read again, to every worker; resolves when all have them in force. */
+    /**
+     * Hands the new config, and the TLS pair read again, to every serving worker; resolves when
+     * all have them in force. Then it is the config in force (what a worker starting later gets),
+     * and a worker that started meanwhile on the previous one catches up. Refused by any worker:
+     * those that took it go back to the previous one, so the rejection holds for all.
+     */
     async reload(next) {
-      const nextTls = next.gateway.tls ? readTlsPem('gateway.listen', next.gateway.tls) : undefined;
-      await withTimeout(Promise.all([...workers].map((worker) => new Promise<void>((resolve, reject) => {
-        const onMessage = (message: ToPrimary) => {
-          if (message.type !== 'configured' && message.type !== 'failed') return;
-          worker.off('message', onMessage);
-          if (message.type === 'configured') resolve();
-          else reject(new Error(`gateway worker ${worker.id}: ${message.error}`));
-        };
-        worker.on('message', onMessage);
-        send(worker, { type: 'config', config: next, workers: count, tls: nextTls });
-      }))), STARTUP_TIMEOUT_MS, 'gateway workers did not take the new configuration');
-      // What a replacement worker starts with: only once in force.
+      const nextTls = readTls(next);
+      const nextGeneration = generation + 1;
+      try {
+        await withTimeout(Promise.all([...serving].map((worker) => configure(worker, next, nextTls, nextGeneration))),
+          STARTUP_TIMEOUT_MS, 'gateway workers did not take the new configuration');
+      } catch (err) {
+        for (const worker of serving) if (sentGeneration.get(worker) === nextGeneration) void catchUp(worker);
+        throw err;
+      }
       config = next;
       tls = nextTls;
-
+      generation = nextGeneration;
+      for (const worker of serving) if (sentGeneration.get(worker)! < generation) void catchUp(worker);
     },
     /**
      * Asks every worker (IPC) for its key state and, with `metrics`, its metrics snapshot: one
@@ -320,6 +371,11 @@ async function withTimeout<T>(promise: Promise<T>, ms: number, message: string):
   } finally {
     clearTimeout(timer);
   }
+}
+
+/** gateway.tls's pair, read (undefined without TLS); a UsageError when it cannot be. */
+function readTls(config: Config): TlsPem | undefined {
+  return config.gateway.tls ? readTlsPem('gateway.listen', config.gateway.tls) : undefined;
 }
 
 /** The earliest of the times given (undefined when none is). */

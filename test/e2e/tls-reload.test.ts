@@ -183,6 +183,31 @@ describe('gateway.tls: a reload serves a renewed certificate', () => {
     }
   });
 
+  it('with gateway.workers: 2, a reload while a replacement worker is starting reaches it too (found by review: it was left on the old pair, or the reload waited 30 s and was refused)', async () => {
+    const at = { cert: path.join(dir, 'm-cert.pem'), key: path.join(dir, 'm-key.pem') };
+    const { server, url } = await start(writeConfig('midway.json5', install(FIRST, at), 2));
+    try {
+      const pids = server.lines.find((l) => l.msg === 'gateway workers listening')!.pids as number[];
+      process.kill(pids[0]!, 'SIGKILL');
+      await server.waitFor((l) => l.msg === 'gateway worker died: starting a new one');
+      // The replacement is forked 500 ms later and takes a while to start: the reload lands meanwhile.
+      await new Promise((r) => setTimeout(r, 600));
+      install(RENEWED, at);
+      const sentAt = Date.now();
+      server.child.kill('SIGHUP');
+      await server.waitFor((l) => l.msg === 'configuration reloaded' || l.msg === 'reload rejected: the previous configuration stays in force');
+      assert.ok(server.lines.some((l) => l.msg === 'configuration reloaded'), 'the reload is not refused');
+      assert.ok(Date.now() - sentAt < 15_000, 'nor held up by the worker still starting');
+      await server.waitFor((l) => l.msg === 'gateway listening' && l.worker === 3);
+      await new Promise((r) => setTimeout(r, 500)); // a catch-up, if the replacement asked during the reload
+      const from = server.lines.length;
+      for (let i = 0; i < 6; i++) assert.equal(await servedFingerprint(url), fingerprintOf(RENEWED.cert), `connection ${i}`);
+      await server.waitFor(() => new Set(server.lines.slice(from).filter((l) => l.msg === 'request').map((l) => l.worker)).size === 2);
+    } finally {
+      await server.stop();
+    }
+  });
+
   it('a reload given the pair already read (what each gateway worker gets from the primary) serves that pair, whatever the files say now', async () => {
     const files = install(FIRST, { cert: path.join(dir, 'given-cert.pem'), key: path.join(dir, 'given-key.pem') });
     const config = parseConfig({ gateway: { listen: { host: '127.0.0.1', port: 0 }, tls: files, upstream: { target: upstream.url }, auth: { apiKey: KEY } }, webhooks: { enabled: false } });
