@@ -46,7 +46,7 @@ function loadTls(name: string, tls: TlsFiles | TlsPem, use: (pair: { cert: strin
     use({ cert, key });
     return notAfter;
   } catch (err) {
-    const what = 'certPem' in tls ? 'the pair read at the reload' : `${tls.cert} and ${tls.key}`;
+    const what = 'certPem' in tls ? 'the pair the primary read' : `${tls.cert} and ${tls.key}`;
     throw new UsageError(`${name}: cannot serve TLS with ${what}: ${(err as Error).message}`);
   }
 }

@@ -196,7 +196,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
     async reload(next, tls) {
       const nextApp = await buildGatewayApp(next, { logger, lockout, rateLimits, channels: await channelsOf(next), limits });
       await warmUp(logger, nextApp);
-      // The TLS files are read again: a renewed certificate at the same paths is served from now on.
+      // The TLS pair is read again (or given, the primary's): a renewed certificate at the same paths is served from now on.
       // One that does not load refuses the whole reload (turning TLS on or off needs a restart).
       if (listening.certificate && next.gateway.tls) {
         try {

@@ -53,7 +53,8 @@ export function registerChannelsCommands(program: Command): void {
       const loopbackPort = o.port === undefined ? undefined : Number(o.port);
       if (loopbackPort !== undefined && !(Number.isInteger(loopbackPort) && loopbackPort > 0 && loopbackPort < 65536)) throw new UsageError(`--port must be a TCP port (got "${o.port}")`);
       const minutes = Number(o.timeout);
-      if (!(minutes > 0)) throw new UsageError(`--timeout must be a positive number of minutes (got "${o.timeout}")`);
+      // At most a timer's reach (2^31 - 1 ms, 24 days): past it Node fires at once and the login "timed out".
+      if (!(minutes > 0 && minutes * 60_000 <= 2 ** 31 - 1)) throw new UsageError(`--timeout must be a number of minutes above 0, at most 35791 (got "${o.timeout}")`);
       return withChannels(o.config, name, async ({ config, store, channel }) => {
         const { host, port } = config.webhooks.listen;
         process.stdout.write(`channel ${name} (${channel!.kind}, ${platformOf(channel!)})\n`);

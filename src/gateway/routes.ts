@@ -46,12 +46,12 @@ export function createUpstreamRoutes(
   const fallback: UpstreamRoute = { prefix: API_PREFIX, stripPrefix: undefined, proxy: createUpstreamProxy(gateway.upstream, onError, onAnswer) };
   const routes: (UpstreamRoute & { folded: string })[] = [...gateway.routes]
     .sort((a, b) => b.prefix.length - a.prefix.length)
-    .map((route) => ({ prefix: route.prefix, folded: route.prefix.toLowerCase(), stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError, onAnswer) }));
+    .map((route) => ({ prefix: route.prefix, folded: foldAscii(route.prefix), stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError, onAnswer) }));
 
   return {
     select(url, decodedPath) {
-      // Lower case, as the rules compare (compilePathPatterns): prefixes are ASCII.
-      const folded = routes.length > 0 ? decodedPath.toLowerCase() : decodedPath;
+      // ASCII letters folded, as the rules compare (compilePathPatterns): prefixes are ASCII.
+      const folded = routes.length > 0 ? foldAscii(decodedPath) : decodedPath;
       for (const route of routes) {
         if (!folded.startsWith(route.folded)) continue;
         if (url.startsWith(route.prefix)) return route;
@@ -70,4 +70,9 @@ export function createUpstreamRoutes(
       for (const route of routes) route.proxy.close();
     },
   };
+}
+
+/** A–Z to a–z only (toLowerCase would also turn U+212A KELVIN SIGN into "k"). */
+function foldAscii(text: string): string {
+  return text.replace(/[A-Z]/g, (c) => String.fromCharCode(c.charCodeAt(0) + 32));
 }

@@ -173,6 +173,8 @@ describe('admin listener: /readyz on a SQLite file the OS refuses writes to', ()
       } catch (err) {
         return t.skip(`chattr +i is not available here (${(err as Error).message.split('\n')[0]}): nothing can make the file refuse root's writes`);
       }
+      // A write that worked stands for a second (probes share one fsync): then the next one fails.
+      await new Promise((r) => setTimeout(r, 1_100));
       const refused = await request(s.admin, '/readyz');
       assert.equal(refused.status, 503, refused.body);
       assert.deepEqual(refused.json().failing, ['store']);

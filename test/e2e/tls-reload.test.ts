@@ -218,7 +218,7 @@ describe('gateway.tls: a reload serves a renewed certificate', () => {
       assert.equal(await servedFingerprint(gateway.url), fingerprintOf(RENEWED.cert));
       assert.equal((await gateway.probe({ metrics: false })).certificateNotAfter, notAfterOf(RENEWED.cert));
       await assert.rejects(gateway.reload(config, { certPem: renewed.certPem, keyPem: readTlsPem('test', FIRST).keyPem }), (err: Error) =>
-        err instanceof UsageError && /cannot serve TLS with the pair read at the reload/.test(err.message));
+        err instanceof UsageError && /cannot serve TLS with the pair the primary read/.test(err.message));
       assert.equal(await servedFingerprint(gateway.url), fingerprintOf(RENEWED.cert), 'a pair that does not load changes nothing');
     } finally {
       await gateway.close(0);

@@ -454,6 +454,21 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS), 1, 'then purged');
     });
 
+    it('inside the delivery-id window, page after page (a cursor: chunks no longer read the kept rows again): every event without a remembered id goes, every one with it stays', async () => {
+      const ids: { id: string; keyed: boolean }[] = [];
+      for (let i = 0; i < 1_100; i++) {
+        const keyed = i % 2 === 0;
+        const { id } = await store.accept(event({ receivedAt: T0 + i, ...(keyed ? { idempotencyKey: `k-${i}` } : {}) }));
+        ids.push({ id, keyed });
+      }
+      // Delivered at a handful of instants, so pages end inside a run of equal times.
+      for (const [i, { id }] of ids.entries()) await store.recordAttempt(id, attempt(1, T0 + 2_000 + Math.floor(i / 300), 200), { status: 'delivered' });
+      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + 60_000), 550);
+      for (const { id, keyed } of [ids[0]!, ids[1]!, ids[599]!, ids[600]!, ids[1_098]!, ids[1_099]!]) assert.equal((await store.get(id)) !== undefined, keyed, id);
+      assert.equal((await store.status(T0)).counts.delivered, 550);
+      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS + 1_100), 550, 'once the window has passed for all');
+    });
+
     it('releaseLeases frees every lease and counts them', async () => {
       const a = await acceptAt(T0);
       const b = await acceptAt(T0, 'agent');

@@ -771,17 +771,37 @@ export class PostgresEventStore implements EventStore {
   }
 
   async purgeDelivered(olderThan: number, now: number): Promise<number> {
+    const forgotten = now - IDEMPOTENCY_WINDOW_MS;
     let purged = 0;
+    // Delivered before the delivery-id window began means received before it too: all of it goes.
     for (;;) {
       // In chunks, each its own short transaction: no long lock over what the servers write.
       const { rowCount } = await this.pool.query(
-        `DELETE FROM events WHERE id IN (SELECT id FROM events WHERE status = 'delivered' AND delivered_at < $1::bigint
-           AND (idempotency_key IS NULL OR received_at <= $2::bigint) LIMIT 500)`,
-        [olderThan, now - IDEMPOTENCY_WINDOW_MS],
+        "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE status = 'delivered' AND delivered_at < $1::bigint LIMIT 500)",
+        [Math.min(olderThan, forgotten)],
       );
-      if (!rowCount) return purged;
+      if (!rowCount) break;
       purged += rowCount;
     }
+    // Within the window an event stays while its delivery id is remembered: the rows delivered in
+    // that last day are walked once, a page at a time from where the last ended (rows kept are
+    // not read again by every chunk), and the page's rows that may go are deleted.
+    let cursor = { at: forgotten, id: '' };
+    while (olderThan > forgotten) {
+      const { rows } = await this.pool.query<{ id: string; at: number }>(
+        `SELECT id, delivered_at AS at FROM events WHERE status = 'delivered' AND delivered_at < $1::bigint AND (delivered_at, id) > ($2::bigint, $3)
+          ORDER BY delivered_at, id LIMIT 500`,
+        [olderThan, cursor.at, cursor.id],
+      );
+      if (rows.length === 0) break;
+      const { rowCount } = await this.pool.query(
+        "DELETE FROM events WHERE id = ANY($1::text[]) AND status = 'delivered' AND (idempotency_key IS NULL OR received_at <= $2::bigint)",
+        [rows.map((r) => r.id), forgotten],
+      );
+      purged += rowCount ?? 0;
+      cursor = rows.at(-1)!;
+    }
+    return purged;
   }
 
   async status(now: number): Promise<StoreStatus> {

@@ -14,6 +14,8 @@ const MAX_FRESH_EVENTS = 10_000;
 const DELIVERED_COUNT_STEP = 20_000;
 /** The fresh queue holds envelopes in memory: bounded in bytes too (a slow target, large bodies). */
 const MAX_FRESH_BYTES = 32 * 1024 * 1024;
+/** A /readyz write that worked stands this long. */
+const PROBE_REUSE_MS = 1_000;
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS events (
@@ -69,11 +71,13 @@ CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY CHECK (id = 1), a
  */
 export const PURGE_CHUNK_SQL = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < ? LIMIT 500)";
 /**
- * The same for a cutoff inside the delivery-id window (`--older-than` under 24 h): events whose
- * id is still remembered stay, which takes a look at each row's key (delivered in that last day
- * only: the index still bounds the walk).
+ * Within the delivery-id window (`--older-than` under 24 h) events whose id is still remembered
+ * stay: the rows delivered in that last day are walked once, a page at a time, from where the
+ * last page ended (a cursor on the index, not a new scan per chunk that would read every row
+ * kept so far again), and the page's rows that may go are deleted. Exported for the plan test.
  */
-export const PURGE_RECENT_CHUNK_SQL = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < ? AND (idempotency_key IS NULL OR received_at <= ?) LIMIT 500)";
+export const PURGE_RECENT_PAGE_SQL = "SELECT rowid AS row, delivered_at AS at FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < @before AND (delivered_at, rowid) > (@at, @row) ORDER BY delivered_at, rowid LIMIT 500";
+const PURGE_RECENT_DELETE_SQL = "DELETE FROM events WHERE rowid IN (SELECT value FROM json_each(@rows)) AND status = 'delivered' AND (idempotency_key IS NULL OR received_at <= @forgotten)";
 
 /**
  * Runs `chunk` (one short transaction that changes at most a few hundred rows, and fewer once
@@ -137,6 +141,9 @@ export class SqliteEventStore implements EventStore {
   private readonly writerLock: WriterLock | undefined;
   private readonly delivered: DeliveredCounts;
   private readonly deliveredCountStep: number;
+  /** /readyz's write: the one under way, and when one last worked. */
+  private probing: Promise<void> | undefined;
+  private probedOkAt: number | undefined;
 
   /**
    * `mustExist`: open an existing store only (the CLI), rather than create an empty one at a
@@ -180,7 +187,8 @@ export class SqliteEventStore implements EventStore {
       requeueWaiting: db.prepare<{ now: number }>('UPDATE events SET round_attempts = 0, next_attempt_at = @now WHERE rowid IN (SELECT rowid FROM events WHERE status = \'queued\' AND next_attempt_at > @now LIMIT 500)'),
       // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
       purge: db.prepare<[number]>(PURGE_CHUNK_SQL),
-      purgeRecent: db.prepare<[number, number]>(PURGE_RECENT_CHUNK_SQL),
+      purgeRecentPage: db.prepare<[{ before: number; at: number; row: number }], { row: number; at: number }>(PURGE_RECENT_PAGE_SQL),
+      purgeRecentDelete: db.prepare<[{ rows: string; forgotten: number }]>(PURGE_RECENT_DELETE_SQL),
       counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
       // queueStats: queued and dead through events_due (as many entries as there are); delivered
       // ones in DELIVERED_COUNT_STEP steps along it (the key after a step, then what is left).
@@ -425,7 +433,17 @@ export class SqliteEventStore implements EventStore {
 
   /** Through the group commit, like accept: a file that cannot be written (locked, read-only, full) rejects. */
   async probeWrite(): Promise<void> {
-    await this.write(() => this.statements.probeWrite.run(Date.now()));
+    // A real write is a commit (an fsync): probes at once share one, and one that worked stands
+    // for a second, so a flood of /readyz (it has no token) costs the disk one write a second.
+    if (this.probedOkAt !== undefined && Date.now() - this.probedOkAt < PROBE_REUSE_MS) return;
+    this.probing ??= this.write(() => this.statements.probeWrite.run(Date.now())).then(
+      () => {
+        this.probedOkAt = Date.now();
+      },
+    ).finally(() => {
+      this.probing = undefined;
+    });
+    return this.probing;
   }
 
   /** The earliest time a queued event can be claimed: leased events count from their lease's end. */
@@ -488,8 +506,16 @@ export class SqliteEventStore implements EventStore {
   async purgeDelivered(olderThan: number, now: number): Promise<number> {
     const forgotten = now - IDEMPOTENCY_WINDOW_MS;
     // Delivered before the window began means received before it too: no delivery id to keep.
-    if (olderThan <= forgotten) return inChunks(() => this.statements.purge.run(olderThan).changes);
-    return inChunks(() => this.statements.purgeRecent.run(olderThan, forgotten).changes);
+    let purged = await inChunks(() => this.statements.purge.run(Math.min(olderThan, forgotten)).changes);
+    let cursor = { at: forgotten, row: -1 };
+    while (olderThan > forgotten) {
+      const page = this.statements.purgeRecentPage.all({ before: olderThan, ...cursor });
+      if (page.length === 0) break;
+      purged += this.statements.purgeRecentDelete.run({ rows: JSON.stringify(page.map((p) => p.row)), forgotten }).changes;
+      cursor = page.at(-1)!;
+      await new Promise((r) => setImmediate(r));
+    }
+    return purged;
   }
 
   /**
