@@ -20,19 +20,19 @@ export function registerChannelsCommands(program: Command): void {
   const channels = program.command('channels').description('messaging channels: log in, see their state, manage paired devices');
   const configOption = ['-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE] as const;
 
-  const open = async (file: string, name?: string): Promise<{ config: Config; store: ChannelStore; channel?: ChannelConfig }> => {
+  const open = async (file: string, name: string | undefined, role: 'setup' | 'cli'): Promise<{ config: Config; store: ChannelStore; channel?: ChannelConfig }> => {
     const { config } = loadConfig(file);
     const channel = name !== undefined && Object.hasOwn(config.channels, name) ? config.channels[name] : undefined;
     if (name !== undefined && !channel) {
       const known = Object.keys(config.channels);
       throw new UsageError(`no channel "${name}" in ${file}${known.length ? ` (configured: ${known.join(', ')})` : ' (no channels configured)'}`);
     }
-    const store = await openChannelStore(config.storage, { role: 'cli' }).catch(unreachable(describeStorage(config.storage)));
+    const store = await openChannelStore(config.storage, { role }).catch(unreachable(describeStorage(config.storage)));
     return { config, store, channel };
   };
-  /** Runs `work` with the config, the channel (when named) and the store, closing the store after. */
-  const withChannels = async (file: string, name: string | undefined, work: (opened: Awaited<ReturnType<typeof open>>) => unknown): Promise<void> => {
-    const opened = await open(file, name);
+  /** Runs `work` with the config, the channel (when named) and the store (made when missing only for `setup`: a login), closing the store after. */
+  const withChannels = async (file: string, name: string | undefined, work: (opened: Awaited<ReturnType<typeof open>>) => unknown, role: 'setup' | 'cli' = 'cli'): Promise<void> => {
+    const opened = await open(file, name, role);
     try {
       await work(opened);
     } finally {
@@ -75,7 +75,7 @@ export function registerChannelsCommands(program: Command): void {
           },
         });
         process.stdout.write(`channel ${name} connected\n`);
-      });
+      }, 'setup');
     });
 
   channels

@@ -22,8 +22,16 @@ export function registerStartCommand(program: Command): void {
     .option('--no-watch', 'reload on SIGHUP only, not when the config file changes')
     .action(async (options: { config: string; watch: boolean }) => {
       if (cluster.isWorker) return runGatewayWorker(); // forked by the primary below (gateway.workers > 1)
+      // A SIGHUP before the listeners are up (a `systemctl reload` during a restart, a certbot hook)
+      // would end the process (Node's default): it is kept, and the reload made once started.
+      let reloadAsked = false;
+      const askedDuringStart = () => {
+        reloadAsked = true;
+      };
+      process.on('SIGHUP', askedDuringStart);
       const { config, file } = loadConfig(options.config);
       const logger = createLogger({ level: config.log.level });
+      logger.info({ config: file, pid: process.pid }, `gatehouse starting (pid ${process.pid})`);
       const workers = resolveWorkerCount(config.gateway.workers);
       const running = await startGatehouse(config, {
         logger,
@@ -47,7 +55,12 @@ export function registerStartCommand(program: Command): void {
           }
         });
       };
+      process.off('SIGHUP', askedDuringStart);
       process.on('SIGHUP', reload);
+      if (reloadAsked) {
+        logger.info('SIGHUP came during the start: reloading now');
+        reload();
+      }
       // Polling (not fs.watch): it survives editors and deploy tools that replace the file.
       const onFileChange = (now: Stats, before: Stats) => {
         if (now.mtimeMs === before.mtimeMs && now.size === before.size) return;

@@ -28,8 +28,7 @@ export async function openEventStore(storage: StorageConfig, options: { role: 's
   }
   if (options.role === 'server') return new SqliteEventStore(storage.path, { singleWriter: true, logger: options.logger });
   if (options.role === 'setup') return new SqliteEventStore(storage.path);
-  // A command that reads the store never creates one: said as what to do (found by a newcomer).
-  if (!existsSync(storage.path)) throw new UsageError(`no event store at ${storage.path} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\``);
+  refuseMissingSqliteStore(storage.path);
   try {
     return new SqliteEventStore(storage.path, { mustExist: true });
   } catch (err) {
@@ -49,12 +48,19 @@ export function openGmailStore(events: EventStore): GmailStore {
 
 /**
  * The channel state a config names, on a connection of its own (the receiver, each gateway
- * worker and the CLI open one each). `server`: Postgres migrated first (the SQLite file is
- * created when missing); `cli`: an existing store only.
+ * worker and the CLI open one each). `server` and `setup` (`channels login`, the first command
+ * of a new install): created (SQLite) or migrated (Postgres) when not there yet; `cli`: an
+ * existing store only.
  */
-export async function openChannelStore(storage: StorageConfig, options: { role: 'server' | 'cli'; logger?: Logger }): Promise<ChannelStore> {
-  if (storage.driver === 'postgres') return PostgresChannelStore.open(storage, { migrate: options.role === 'server', logger: options.logger });
+export async function openChannelStore(storage: StorageConfig, options: { role: 'server' | 'setup' | 'cli'; logger?: Logger }): Promise<ChannelStore> {
+  if (storage.driver === 'postgres') return PostgresChannelStore.open(storage, { migrate: options.role !== 'cli', logger: options.logger });
+  if (options.role === 'cli') refuseMissingSqliteStore(storage.path);
   return new SqliteChannelStore(storage.path);
+}
+
+/** A command that only reads the store never creates one: said as what to do instead (found by a newcomer, and an outside attack). */
+function refuseMissingSqliteStore(file: string): void {
+  if (!existsSync(file)) throw new UsageError(`no store at ${file} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\``);
 }
 
 /**

@@ -41,7 +41,7 @@ describe('channels: a grant sealed under another key', () => {
       webhooks: { enabled: true, targets: { message: { url: 'http://127.0.0.1:9' } } },
       channels: { tg: { kind: 'bot-token', platform: 'telegram', botToken: fake.token, publicUrl: 'https://hooks.example.com', apiBaseUrl: fake.url } },
     });
-    store = await openChannelStore(config.storage, { role: 'cli' });
+    store = await openChannelStore(config.storage, { role: 'setup' });
     await store.saveGrant({ name: 'tg', kind: 'bot-token', sealed: sealSecret(JSON.stringify({ kind: 'bot-token', secretToken: 'the-secret-token-0123456789' }), loginKey, channelGrantContext('tg')), details: {}, expiresAt: null }, Date.now());
     const sender = createChannelSender(config, { store, secretKeys: serverKey, logger });
     const inbound = channelRoutes(config, { store, secretKeys: serverKey, logger }).routes[0]!;

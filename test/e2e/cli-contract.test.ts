@@ -74,10 +74,10 @@ describe('a SQLite store that does not exist yet', () => {
     const db = path.join(dir, 'not-yet', 'gatehouse.db');
     const config = writeConfig('not-yet.json5', `{ gateway: { upstream: { target: "${TARGET}" } }, storage: { path: "${db}" } }`);
     const env = { GATEHOUSE_SECRET_KEY: Buffer.alloc(32, 7).toString('base64') };
-    for (const args of [['storage', 'status'], ['storage', 'reseal'], ['webhooks', 'deliveries', 'list']]) {
+    for (const args of [['storage', 'status'], ['storage', 'reseal'], ['webhooks', 'deliveries', 'list'], ['channels', 'list'], ['channels', 'status']]) {
       const result = await runCli([...args, '--config', config], { env });
       assert.equal(result.code, 1, args.join(' '));
-      assert.equal(result.stderr, `gatehouse: no event store at ${db} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\`\n`, args.join(' '));
+      assert.equal(result.stderr, `gatehouse: no store at ${db} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\`\n`, args.join(' '));
     }
     assert.equal(existsSync(path.dirname(db)), false, 'nothing created');
   });

@@ -117,6 +117,20 @@ describe('gateway.workers: 2', () => {
     }
   });
 
+  it('a SIGHUP while the workers are still starting does not end gatehouse: the reload is made once started (found by an outside attack: exit 129, no log line)', async () => {
+    const server = startServerProcess(writeConfig('early-hup.json5', KEY), { env: { NODE_CLUSTER_SCHED_POLICY: 'rr' } });
+    try {
+      // Before the workers are up (they take a second or more to start).
+      await server.waitFor((l) => l.msg?.startsWith('gatehouse starting'));
+      server.child.kill('SIGHUP');
+      await server.waitFor((l) => l.msg === 'configuration reloaded');
+      const ready = server.lines.find((l) => l.msg === 'gateway workers listening')!;
+      assert.equal((await request(ready.url, '/api/after-early-hup', { headers: { 'x-api-key': KEY } })).status, 200);
+    } finally {
+      assert.equal(await server.stop(), 0);
+    }
+  });
+
   it('a worker that dies is replaced and the port keeps serving', async () => {
     const { server, url, pids } = await startCluster(writeConfig('crash.json5', KEY));
     try {
