@@ -31,9 +31,7 @@ export function registerStorageCommands(program: Command): void {
     .action(async (options: { config: string }) => {
       const settings = loadStorageConfig(options.config);
       // Opening migrates: SQLite creates its tables, Postgres applies what schema_migrations lacks.
-      const store = settings.driver === 'postgres'
-        ? await PostgresEventStore.open(settings, { migrate: true }).catch(unreachable(describeStorage(settings)))
-        : new SqliteEventStore(settings.path);
+      const store = await openEventStore(settings, { role: 'setup' }).catch(unreachable(describeStorage(settings)));
       try {
         const { schemaVersion } = await store.status(Date.now());
         print(`${settings.driver} ${describeStorage(settings)}: schema at version ${schemaVersion}`);

@@ -136,7 +136,9 @@ function tlsProblems(tls: { cert: string; key: string }): string[] {
 export function loadStorageConfig(file: string, env: NodeJS.ProcessEnv = process.env): Config['storage'] {
   const absolute = path.resolve(file);
   const raw = readConfigFile(file, absolute);
-  const section = raw !== null && typeof raw === 'object' && !Array.isArray(raw) ? (raw as Record<string, unknown>).storage : undefined;
+  // What config check says of such a file: a command that reads only `storage` must not use defaults instead (found by an outside attack).
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new ConfigError([`(root): Invalid input: expected object, received ${raw === null ? 'null' : Array.isArray(raw) ? 'array' : typeof raw}`]);
+  const section = (raw as Record<string, unknown>).storage;
   const baseDir = path.dirname(absolute);
   const storage = validate(configSchema.shape.storage, section, { env, baseDir }, ['storage']);
   if (storage.driver === 'sqlite') storage.path = path.resolve(baseDir, storage.path);

@@ -26,12 +26,13 @@ export async function openEventStore(storage: StorageConfig, options: { role: 's
   if (storage.driver === 'postgres') {
     return PostgresEventStore.open(storage, { logger: options.logger, migrate: options.role !== 'cli', listen: options.role === 'server' });
   }
-  if (options.role === 'server') return new SqliteEventStore(storage.path, { singleWriter: true, logger: options.logger });
-  if (options.role === 'setup') return new SqliteEventStore(storage.path);
-  refuseMissingSqliteStore(storage.path);
+  if (options.role === 'cli') refuseMissingSqliteStore(storage.path);
   try {
-    return new SqliteEventStore(storage.path, { mustExist: true });
+    if (options.role === 'server') return new SqliteEventStore(storage.path, { singleWriter: true, logger: options.logger });
+    return new SqliteEventStore(storage.path, { mustExist: options.role === 'cli' });
   } catch (err) {
+    // A path that is a folder, under a file, not SQLite: one line, not the driver's stack (found by an outside attack).
+    if (err instanceof UsageError) throw err;
     throw new UsageError(`cannot open the event store ${storage.path} (storage.path): ${(err as Error).message}`);
   }
 }

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
@@ -80,6 +80,35 @@ describe('a SQLite store that does not exist yet', () => {
       assert.equal(result.stderr, `gatehouse: no store at ${db} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\`\n`, args.join(' '));
     }
     assert.equal(existsSync(path.dirname(db)), false, 'nothing created');
+  });
+});
+
+describe('a storage.path that cannot be a SQLite store, a config that is not an object', () => {
+  it('one line, no stack, exit 1, for migrate, status and start (found by an outside attack)', async () => {
+    const folder = path.join(dir, 'a-folder.db');
+    mkdirSync(folder, { recursive: true });
+    const notSqlite = path.join(dir, 'not-sqlite.db');
+    writeFileSync(notSqlite, 'just text, no database');
+    const cases: [string[], string, RegExp][] = [
+      [['storage', 'migrate'], folder, /^gatehouse: cannot open the event store .*a-folder\.db \(storage\.path\): unable to open database file\n$/],
+      [['storage', 'migrate'], notSqlite, /^gatehouse: cannot open the event store .*not-sqlite\.db \(storage\.path\): file is not a database\n$/],
+      [['storage', 'migrate'], path.join(notSqlite, 'under-a-file.db'), /^gatehouse: cannot open the event store .*under-a-file\.db \(storage\.path\): E(EXIST|NOTDIR)[^\n]*\n$/],
+    ];
+    for (const [args, db, expected] of cases) {
+      const config = writeConfig('bad-path.json5', `{ gateway: { upstream: { target: "${TARGET}" } }, storage: { path: ${JSON.stringify(db)} } }`);
+      const result = await runCli([...args, '--config', config]);
+      assert.equal(result.code, 1, `${args.join(' ')} ${db}`);
+      assert.match(result.stderr, expected);
+    }
+    const start = await runCli(['start', '--config', writeConfig('bad-start.json5', `{ gateway: { listen: { port: 0 }, upstream: { target: "${TARGET}" } }, storage: { path: ${JSON.stringify(folder)} },
+      webhooks: { enabled: true, listen: { port: 0 }, targets: { message: { url: "${TARGET}" } } } }`)]);
+    assert.equal(start.code, 1);
+    assert.match(start.stderr, /^gatehouse: cannot open the event store .*a-folder\.db \(storage\.path\): unable to open database file\n$/);
+    for (const text of ['[]', 'null', '42']) {
+      const result = await runCli(['storage', 'status', '--config', writeConfig('not-object.json5', text)]);
+      assert.equal(result.code, 1, text);
+      assert.match(result.stderr, /\(root\): Invalid input: expected object, received (array|null|number)/, text);
+    }
   });
 });
 
