@@ -1,11 +1,11 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
-import { CHANNEL_SEND_PREFIX, type ChannelSender } from './channels/outbound.js';
-import type { Config, HttpLimits } from './config/schema.js';
+import type { ChannelSender } from './channels/outbound.js';
+import { CHANNEL_SEND_PREFIX, channelSendPath, type Config, type HttpLimits } from './config/schema.js';
 import { HttpError } from './errors.js';
 import { continueIfExpected } from './listener.js';
-import { compileAuthorizer } from './gateway/authorize.js';
+import { compileAuthorizer, type Authorizer, type ImpliedRule } from './gateway/authorize.js';
 import { createClientIpResolver, type ClientOrigin } from './gateway/client-ip.js';
 import { Authenticator, type AuthOutcome } from './gateway/credentials/authenticate.js';
 import { prepareUpstreamHeaders } from './gateway/forward-headers.js';
@@ -61,6 +61,10 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     timeUpstream?.(req);
   }, timeUpstream);
   const authorize = compileAuthorizer(gateway.auth);
+  // Sending through a channel is an egress point: its `send.scopes` act as one more rule, for the channel API only.
+  const channelSendRules: ImpliedRule[] = Object.entries(config.channels).flatMap(([name, channel]) =>
+    channel.send ? [{ name: `channels.${name}.send`, rule: { paths: [channelSendPath(name)], scopes: channel.send.scopes } }] : []);
+  const authorizeChannelSend = compileAuthorizer(gateway.auth, channelSendRules);
   const rateLimiter = compileRateLimiter(gateway.rateLimits, gateway.auth.apiKeys.map((key) => key.rateLimit), deps.rateLimits);
 
   // The /api/ pipeline: each step returns the error to answer with, or undefined to go on.
@@ -134,12 +138,12 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   }
 
   // After the credentials passed: a refusal here is no guess at a credential (never counted by the lockout).
-  function authorization(req: Req): HttpError | undefined {
+  function authorization(req: Req, by: Authorizer = authorize): HttpError | undefined {
     const path = matchablePath(req.url!);
     if (typeof path !== 'string') return path;
     req.gatehouse.path = path;
     // The request line logs a refusal with its detail: which rule, which scope or claim.
-    return authorize(req.method!, path, req.gatehouse.identity!);
+    return by(req.method!, path, req.gatehouse.identity!);
   }
 
   function rateLimit(req: Req, res: ServerResponse): HttpError | undefined {
@@ -166,9 +170,13 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     await route.proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
   }
 
-  /** Gatehouse's own channel API: the same checks as /api/, then the channel instead of the proxy. */
+  /**
+   * Gatehouse's own channel API: the same steps as /api/ (rules, defaultAllow, rate limits
+   * included, and the channels' `send.scopes`), then the channel instead of the proxy.
+   */
   async function channelPipeline(req: Req, res: ServerResponse): Promise<void> {
-    const error = clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req));
+    const error = clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req))
+      ?? authorization(req, authorizeChannelSend) ?? rateLimit(req, res);
     if (error) return respondWithError(req, res, error, logger);
     continueIfExpected(res);
     await deps.channels!.handle(req, res);

@@ -10,8 +10,6 @@ import { discord, messageTextProblem, PlatformError, slack, telegram } from './p
 import { storeCall } from './inbound.js';
 import type { ChannelStore } from './state.js';
 
-/** Gatehouse's own API on the gateway listener, outside the proxied /api/ space. */
-export const CHANNEL_SEND_PREFIX = '/_gatehouse/channels/';
 const MAX_BODY_BYTES = 16 * 1024;
 const MAX_TEXT_CHARS = 4000;
 
@@ -19,7 +17,7 @@ const MAX_TEXT_CHARS = 4000;
 class TextRefused extends Error {}
 
 export interface ChannelSender {
-  /** Answers `POST /_gatehouse/channels/<name>/messages` for a request the pipeline has authenticated. */
+  /** Answers `POST /_gatehouse/channels/<name>/messages` for a request the pipeline has authenticated, authorized and counted. */
   handle(req: IncomingMessage, res: ServerResponse): Promise<void>;
 }
 

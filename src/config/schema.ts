@@ -70,7 +70,7 @@ const scopeToken = z.string().regex(/^[\x21\x23-\x5b\x5d-\x7e]{1,128}$/, 'a scop
 /** A period like "1s", "30s", "1m", "1h", "1d", as seconds. */
 const period = z.string({ error: (issue) => `per ${issue.input === undefined ? 'is required' : 'must be text'}: a whole number followed by s, m, h or d (e.g. "1m")` }).regex(/^[1-9]\d{0,5}[smhd]$/, 'per must be a whole number followed by s, m, h or d (e.g. "1m")')
   .transform((text) => Number(text.slice(0, -1)) * { s: 1, m: 60, h: 3600, d: 86_400 }[text.at(-1) as 's' | 'm' | 'h' | 'd']);
-/** `/api/…` patterns: `*` one segment, `**` (last) any rest. */
+/** `/api/…` (or `/_gatehouse/…`) patterns: `*` one segment, `**` (last) any rest. */
 const pathPatterns = z.array(z.string().superRefine((pattern, ctx) => {
   const problem = pathPatternProblem(pattern);
   if (problem) ctx.addIssue({ code: 'custom', message: problem });
@@ -367,6 +367,11 @@ const gmail = z
 
 /** Channels' own routes live under this path; nothing else may be configured there. */
 const CHANNEL_PATHS = '/webhook/channels/';
+
+/** Gatehouse's own channel API on the gateway listener, outside the proxied /api/ space. */
+export const CHANNEL_SEND_PREFIX = '/_gatehouse/channels/';
+/** The path that sends through channel `name` (what rules, rate limits and `send.scopes` match). */
+export const channelSendPath = (name: string) => `${CHANNEL_SEND_PREFIX}${name}/messages`;
 const isChannelPath = (path: string) => path === CHANNEL_PATHS.slice(0, -1) || path.startsWith(CHANNEL_PATHS);
 
 const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
@@ -461,6 +466,11 @@ const storage = z.preprocess(
 const channelName = z.string().regex(/^[a-z0-9][a-z0-9_-]{0,31}$/, 'channel names: 1-32 characters of a-z 0-9 _ - (they appear in paths)');
 const channelCommon = {
   action: z.enum(['message', 'agent']).default('message'),
+  /**
+   * Who may send through this channel (`POST /_gatehouse/channels/<name>/messages`): a credential
+   * needs every one of these scopes, whatever gateway.auth.rules say; a rule for the channel's path itself.
+   */
+  send: z.strictObject({ scopes: z.array(scopeToken).min(1) }).optional(),
 };
 const channelSchema = z.discriminatedUnion('kind', [
   z.strictObject({

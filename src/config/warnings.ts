@@ -1,5 +1,6 @@
+import { compileMethodSet, compilePathPatterns } from '../gateway/path-pattern.js';
 import { formatPath } from './load.js';
-import { isLoopbackHost, type Config } from './schema.js';
+import { channelSendPath, isLoopbackHost, type Config } from './schema.js';
 
 const EXPIRY_NOTICE_MS = 7 * 86_400_000;
 
@@ -52,5 +53,14 @@ export function configWarnings(config: Config, now: number = Date.now()): string
   rateLimits.forEach((limit, i) => {
     if (limit.by === 'key' && !hasKeys) warnings.push(`gateway.rateLimits[${i}]: by "key" with no API key configured limits nothing`);
   });
+  // The channel API posts as the organisation's bot: open to every credential, it is an egress point anyone with a key can use.
+  for (const name of Object.keys(config.channels)) {
+    if (config.channels[name]!.send !== undefined || !auth.defaultAllow) continue;
+    const path = channelSendPath(name);
+    const covered = auth.rules.some((rule) => compilePathPatterns(rule.paths)(path) && (compileMethodSet(rule.methods)?.has('POST') ?? true));
+    if (!covered) {
+      warnings.push(`channels.${name}: any credential the gateway accepts can send through this channel (no send.scopes, no rule covers POST ${path}, gateway.auth.defaultAllow is true); set send: { scopes: ["channels:send:${name}"] } and grant that scope to the callers that send`);
+    }
+  }
   return warnings;
 }

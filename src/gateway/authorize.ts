@@ -4,8 +4,8 @@ import type { Identity } from './credentials/authenticate.js';
 import { compileMethodSet, compilePathPatterns, type PathMatcher } from './path-pattern.js';
 
 interface CompiledRule {
-  /** Its place in gateway.auth.rules, for the log. */
-  index: number;
+  /** Where it is configured, for the log: `rules[2]`, `channels.tg.send`. */
+  name: string;
   /** Where its requirements apply: every spelling of its paths (compilePathPatterns, loose). */
   paths: PathMatcher;
   /** Where it counts as matched for `defaultAllow: false`: its paths as written. */
@@ -20,8 +20,14 @@ interface CompiledRule {
 /** Decides, for an authenticated request, whether its path and method are allowed: undefined (go on) or the 403. */
 export type Authorizer = (method: string, path: string, identity: Identity) => HttpError | undefined;
 
+/** A rule the config implies rather than lists (a channel's `send.scopes`), with where it comes from. */
+export interface ImpliedRule {
+  name: string;
+  rule: RuleConfig;
+}
+
 /**
- * Compiles `gateway.auth.rules` once per config. Per request: O(rules), each a regex test and a
+ * Compiles `gateway.auth.rules` (then any `implied` rules, which behave exactly like listed ones) once per config. Per request: O(rules), each a regex test and a
  * method lookup. Every rule whose paths and methods match must be satisfied: all its scopes
  * granted, each claim equal to the JWT's (or contained in it, for an array claim). A claim that
  * is missing, or not a string or array of strings, does not satisfy (fail closed); so an
@@ -29,8 +35,8 @@ export type Authorizer = (method: string, path: string, identity: Identity) => H
  * `defaultAllow` (a case or trailing-slash spelling brings a rule's requirements, never its
  * permission). `path` is the decoded path (matchablePath).
  */
-export function compileAuthorizer(auth: Pick<AuthConfig, 'rules' | 'defaultAllow'>): Authorizer {
-  const rules = auth.rules.map(compileRule);
+export function compileAuthorizer(auth: Pick<AuthConfig, 'rules' | 'defaultAllow'>, implied: readonly ImpliedRule[] = []): Authorizer {
+  const rules = [...auth.rules.map((rule, i) => compileRule(rule, `rules[${i}]`)), ...implied.map(({ name, rule }) => compileRule(rule, name))];
   const { defaultAllow } = auth;
   return function authorize(method, path, identity) {
     let matched = false;
@@ -41,22 +47,22 @@ export function compileAuthorizer(auth: Pick<AuthConfig, 'rules' | 'defaultAllow
       if (rule.exactPaths(path)) matched = true;
       else otherSpelling ??= rule;
       const missing = missingGrant(rule, identity);
-      if (missing !== undefined) return insufficientScope(rule.challenge, `rules[${rule.index}]: ${missing}`);
+      if (missing !== undefined) return insufficientScope(rule.challenge, `${rule.name}: ${missing}`);
     }
     if (matched || defaultAllow) return undefined;
     const detail = otherSpelling === undefined
       ? 'no rule matches and gateway.auth.defaultAllow is false'
-      : `no rule matches this spelling of the path (rules[${otherSpelling.index}] covers it only in another case or with a trailing slash) and gateway.auth.defaultAllow is false`;
+      : `no rule matches this spelling of the path (${otherSpelling.name} covers it only in another case or with a trailing slash) and gateway.auth.defaultAllow is false`;
     return insufficientScope(DEFAULT_DENY_CHALLENGE, detail);
   };
 }
 
 const DEFAULT_DENY_CHALLENGE = 'Bearer realm="gatehouse", error="insufficient_scope"';
 
-function compileRule(rule: RuleConfig, index: number): CompiledRule {
+function compileRule(rule: RuleConfig, name: string): CompiledRule {
   const scopes = rule.scopes ?? [];
   return {
-    index,
+    name,
     paths: compilePathPatterns(rule.paths),
     exactPaths: compilePathPatterns(rule.paths, 'exact'),
     methods: compileMethodSet(rule.methods),

@@ -3,13 +3,16 @@ import { HttpError } from '../errors.js';
 /** A segment of a pattern: literal text, `*` (one segment), or `**` (any rest, last only). */
 const LITERAL_SEGMENT = /^[A-Za-z0-9\-._~!$&()+,=:@%]+$/;
 
+/** Where patterns may point: the proxied space, and gatehouse's own API on the gateway listener (channels). */
+const PATTERN_PREFIXES = ['/api/', '/_gatehouse/'] as const;
+
 /**
  * Why `pattern` is not a usable path pattern, or undefined when it is. A pattern starts with
- * `/api/`; each segment is literal, `*` (exactly one non-empty segment) or, last only, `**`
+ * `/api/` or `/_gatehouse/`; each segment is literal, `*` (exactly one non-empty segment) or, last only, `**`
  * (the rest, possibly nothing: `/api/orders/**` also covers `/api/orders`).
  */
 export function pathPatternProblem(pattern: string): string | undefined {
-  if (!pattern.startsWith('/api/')) return `path pattern "${pattern}" must start with /api/`;
+  if (!PATTERN_PREFIXES.some((prefix) => pattern.startsWith(prefix))) return `path pattern "${pattern}" must start with /api/ or /_gatehouse/`;
   const segments = pattern.slice(1).split('/');
   for (const [i, segment] of segments.entries()) {
     if (segment === '**') {

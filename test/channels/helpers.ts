@@ -61,16 +61,29 @@ export function removeWorkspace(ws: Workspace | undefined): void {
   if (ws) rmSync(ws.dir, { recursive: true, force: true });
 }
 
-/** The workspace's config: its SQLite file, a loopback gateway with API_KEY, the receiver with a `message` target, and `channels`. */
-export function writeConfig(ws: Workspace, options: { channels: Record<string, unknown>; targetUrl: string; upstreamUrl: string; failuresMax?: number }): void {
+/**
+ * The workspace's config: its SQLite file, a loopback gateway with API_KEY (or `auth`'s settings
+ * instead, and `rateLimits`), the receiver with a `message` target, and `channels`.
+ */
+export function writeConfig(ws: Workspace, options: {
+  channels: Record<string, unknown>;
+  targetUrl: string;
+  upstreamUrl: string;
+  failuresMax?: number;
+  auth?: Record<string, unknown>;
+  rateLimits?: unknown[];
+  admin?: Record<string, unknown>;
+}): void {
   writeFileSync(ws.config, JSON.stringify({
     storage: { path: ws.db },
     log: { level: 'info' },
     gateway: {
       listen: { host: '127.0.0.1', port: 0 },
       upstream: { target: options.upstreamUrl },
-      auth: { apiKey: API_KEY, failures: { max: options.failuresMax ?? 10, windowSeconds: 60, lockoutSeconds: 60 } },
+      auth: { ...(options.auth ?? { apiKey: API_KEY }), failures: { max: options.failuresMax ?? 10, windowSeconds: 60, lockoutSeconds: 60 } },
+      rateLimits: options.rateLimits ?? [],
     },
+    ...(options.admin ? { admin: options.admin } : {}),
     webhooks: {
       enabled: true,
       listen: { host: '127.0.0.1', port: ws.webhookPort },

@@ -60,9 +60,31 @@ describe('path patterns', () => {
     const problems = configProblems({ auth: { rules: [{ paths: ['/api/a/**/b'], scopes: ['x'] }, { paths: ['/other/*'], scopes: ['x'] }, { paths: ['/api/v*'], scopes: ['x'] }, { paths: ['/api/x'] }] } });
     assert.equal(problems.length, 4, problems.join('\n'));
     assert.match(problems[0]!, /gateway\.auth\.rules\[0\]\.paths\[0\].*"\*\*" must be the last segment/);
-    assert.match(problems[1]!, /gateway\.auth\.rules\[1\]\.paths\[0\].*must start with \/api\//);
+    assert.match(problems[1]!, /gateway\.auth\.rules\[1\]\.paths\[0\].*must start with \/api\/ or \/_gatehouse\//);
     assert.match(problems[2]!, /gateway\.auth\.rules\[2\]\.paths\[0\].*stand alone/);
     assert.match(problems[3]!, /gateway\.auth\.rules\[3\].*needs scopes or claims/);
+  });
+
+  it('rules and rate limits may name gatehouse\'s own API under /_gatehouse/ (the channel send API)', () => {
+    assert.deepEqual(configProblems({
+      auth: { rules: [{ paths: ['/_gatehouse/channels/tg/**'], scopes: ['channels:send'] }] },
+      rateLimits: [{ by: 'ip', requests: 1, per: '1m', paths: ['/_gatehouse/channels/*/messages'] }],
+    }), []);
+    const authorize = authorizerFor([{ paths: ['/_gatehouse/channels/tg/**'], methods: ['POST'], scopes: ['channels:send'] }], false);
+    assert.equal(authorize('POST', '/_gatehouse/channels/tg/messages', identity(['channels:send'])), undefined);
+    assert.equal(authorize('POST', '/_gatehouse/channels/tg/messages', identity([]))?.detail, 'rules[0]: scope "channels:send" not granted');
+    assert.equal(authorize('POST', '/_gatehouse/channels/other/messages', identity(['channels:send']))?.code, 'insufficient_scope');
+  });
+
+  it('implied rules (a channel\'s send.scopes) require and grant like listed ones, and are named in the detail', () => {
+    const config = parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { defaultAllow: false, rules: [{ paths: ['/api/**'], scopes: ['api'] }] } } });
+    const authorize = compileAuthorizer(config.gateway.auth, [{ name: 'channels.tg.send', rule: { paths: ['/_gatehouse/channels/tg/messages'], scopes: ['channels:send:tg'] } }]);
+    assert.equal(authorize('POST', '/_gatehouse/channels/tg/messages', identity(['channels:send:tg'])), undefined);
+    const refused = authorize('POST', '/_gatehouse/channels/TG/messages/', identity(['api']));
+    assert.equal(refused?.detail, 'channels.tg.send: scope "channels:send:tg" not granted');
+    assert.equal(refused?.headers?.['www-authenticate'], 'Bearer realm="gatehouse", error="insufficient_scope", scope="channels:send:tg"');
+    assert.equal(authorize('GET', '/api/x', identity(['api'])), undefined);
+    assert.equal(authorize('GET', '/api/x', identity(['channels:send:tg']))?.detail, 'rules[0]: scope "api" not granted');
   });
 
   it('config refuses two route prefixes that differ only in case (a path is matched in any case)', () => {
