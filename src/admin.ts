@@ -1,7 +1,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
-import { describeChannel } from './cli/channels.js';
+import { describeChannel } from './channels/status.js';
 import { DELIVERY_STATUSES, type EventStore } from './storage/events.js';
 import type { AdminConfig, Config } from './config/schema.js';
 import { HttpError } from './errors.js';

@@ -1,10 +1,11 @@
 import type { Command } from 'commander';
-import { platformOf } from '../channels/inbound.js';
 import { loginChannel } from '../channels/login.js';
 import { telegram } from '../channels/platforms.js';
 import type { ChannelStore } from '../channels/state.js';
+import { describeChannel } from '../channels/status.js';
 import { loadConfig } from '../config/load.js';
 import type { ChannelConfig, Config } from '../config/schema.js';
+import { platformOf } from '../channels/inbound.js';
 import { UsageError } from '../errors.js';
 import { secretKeysFromEnv } from '../secrets.js';
 import { describeStorage, openChannelStore } from '../storage/open.js';
@@ -155,48 +156,6 @@ export function registerChannelsCommands(program: Command): void {
         process.stdout.write(`revoked ${revoked} device${revoked === 1 ? '' : 's'}\n`);
       });
     });
-}
-
-interface ChannelStatus {
-  name: string;
-  kind: string;
-  platform: string;
-  connected: boolean;
-  connectedAt: number | null;
-  expiresAt: number | null;
-  lastEventAt: number | null;
-  lastError: string | null;
-  lastErrorAt: number | null;
-  details: Record<string, unknown>;
-}
-
-/** A qr channel is connected once a device is paired; the others once a login stored a grant. */
-export async function describeChannel(name: string, channel: ChannelConfig, store: ChannelStore): Promise<ChannelStatus> {
-  const grant = await store.grant(name);
-  const base = { name, kind: channel.kind, platform: platformOf(channel) };
-  if (channel.kind === 'qr') {
-    const active = (await store.devices(name)).filter((d) => d.revokedAt === null);
-    return {
-      ...base,
-      connected: active.length > 0,
-      connectedAt: active[0]?.createdAt ?? null,
-      expiresAt: null,
-      lastEventAt: grant?.lastEventAt ?? (Math.max(0, ...active.map((d) => d.lastSeenAt ?? 0)) || null),
-      lastError: grant?.lastError ?? null,
-      lastErrorAt: grant?.lastErrorAt ?? null,
-      details: { devices: active.map((d) => d.name) },
-    };
-  }
-  return {
-    ...base,
-    connected: grant !== undefined,
-    connectedAt: grant?.connectedAt ?? null,
-    expiresAt: grant?.expiresAt ?? null,
-    lastEventAt: grant?.lastEventAt ?? null,
-    lastError: grant?.lastError ?? null,
-    lastErrorAt: grant?.lastErrorAt ?? null,
-    details: grant?.details ?? {},
-  };
 }
 
 const iso = (t: number | null) => (t === null ? 'never' : new Date(t).toISOString());

@@ -142,7 +142,8 @@ describe('channel send API: rules, scopes, defaultAllow and rate limits', () => 
     const keys = [{ id: 'sender', hash: hashApiKey(SENDER_KEY), scopes: ['channels:send:tg'] }, { id: 'other', hash: hashApiKey(OTHER_KEY) }];
     await reload({ auth: { apiKeys: keys }, send: { scopes: ['channels:send:tg'] } });
     const sent = fake.sent.length;
-    for (const headers of [{ 'x-api-key': OTHER_KEY }, { authorization: `Bearer ${await jwt('channels:send')}` }, { authorization: `Bearer ${await jwt(undefined)}` }]) {
+    const refusedCredentials: Record<string, string>[] = [{ 'x-api-key': OTHER_KEY }, { authorization: `Bearer ${await jwt('channels:send')}` }, { authorization: `Bearer ${await jwt(undefined)}` }];
+    for (const headers of refusedCredentials) {
       const reply = await send(headers);
       assert.equal(reply.status, 403, reply.body);
       assert.equal(reply.json().error.code, 'insufficient_scope');
