@@ -208,7 +208,7 @@ async function main() {
         { paths: ['/api/admin/**'], claims: { groups: 'admins' } },
       ],
     }, { 'x-api-key': key }, 200, { rateLimits: [{ by: 'key', requests: 100_000_000, per: '1s' }] }],
-    // The same with the admin listener on, so every request is counted and timed (src/metrics.ts).
+    // The same with the admin listener on, so every request is counted and timed (src/observability/metrics.ts).
     ['gatehouse api-key (metrics)', {}, { 'x-api-key': key }, 200, {}, { admin: { listen: { host: '127.0.0.1', port: 0 } } }],
     // gateway.workers: 2 on the same machine (which also runs the load generator and the upstream).
     ['gatehouse api-key 2 workers', {}, { 'x-api-key': key }, 200, { workers: 2 }],

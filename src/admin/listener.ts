@@ -1,17 +1,17 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
-import { describeChannel } from './channels/status.js';
-import { DELIVERY_STATUSES, type EventStore } from './storage/events.js';
-import type { AdminConfig, Config } from './config/schema.js';
-import { HttpError } from './errors.js';
-import type { LockoutStore } from './gateway/lockout.js';
-import { admitRequest, answerHealthy, respondWithError, type RequestLog } from './gateway/request-context.js';
-import type { ChannelStore } from './channels/state.js';
-import type { GmailStore } from './integrations/gmail/state.js';
-import { closeServer, listen } from './listener.js';
-import { openGmailStore } from './storage/open.js';
-import { METRICS_CONTENT_TYPE, renderMetrics, scrapeGauges, type MetricsSnapshot } from './metrics.js';
+import { describeChannel } from '../integrations/channels/status.js';
+import { DELIVERY_STATUSES, type EventStore } from '../storage/contracts/events.js';
+import type { AdminConfig, Config } from '../config/schema.js';
+import { HttpError } from '../errors.js';
+import type { LockoutStore } from '../http/lockout.js';
+import { admitRequest, answerHealthy, respondWithError, type RequestLog } from '../http/request-context.js';
+import type { ChannelStore } from '../integrations/channels/state.js';
+import type { GmailStore } from '../integrations/gmail/state.js';
+import { closeServer, listen } from '../http/listener.js';
+import { openGmailStore } from '../storage/open.js';
+import { METRICS_CONTENT_TYPE, renderMetrics, scrapeGauges, type MetricsSnapshot } from '../observability/metrics.js';
 
 /** What the admin listener asks of the /api/ edge (in this process, or of every worker). */
 export interface GatewayProbe {

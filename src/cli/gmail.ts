@@ -1,12 +1,12 @@
 import { Option, type Command } from 'commander';
 import { loadConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
-import { MemoryLockoutStore } from '../gateway/lockout.js';
+import { MemoryLockoutStore } from '../http/lockout.js';
 import { runGmailSetup, formatSection, type SetupStep } from '../integrations/gmail/setup.js';
 import type { GmailAccountState } from '../integrations/gmail/state.js';
-import { createLogger } from '../log.js';
-import { secretKeysFromEnv } from '../secrets.js';
-import { startWebhooks } from '../server.js';
+import { createLogger } from '../observability/log.js';
+import { secretKeysFromEnv } from '../storage/secrets.js';
+import { startWebhooks } from '../runtime/server.js';
 import { describeStorage, openEventStore, openGmailStore } from '../storage/open.js';
 import { unreachable } from './storage.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';

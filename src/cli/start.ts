@@ -4,10 +4,10 @@ import type { Command } from 'commander';
 import { environmentVariableBehind, loadConfig } from '../config/load.js';
 import type { Config } from '../config/schema.js';
 import { ConfigError, UsageError } from '../errors.js';
-import { createLogger } from '../log.js';
-import { countConfigReload } from '../metrics.js';
-import { startGatehouse } from '../server.js';
-import { resolveWorkerCount, runGatewayWorker, startGatewayWorkers } from '../workers.js';
+import { createLogger } from '../observability/log.js';
+import { countConfigReload } from '../observability/metrics.js';
+import { startGatehouse } from '../runtime/server.js';
+import { resolveWorkerCount, runGatewayWorker, startGatewayWorkers } from '../runtime/workers.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
 /**

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { loadStorageConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
 import { describeStorage, openEventStore } from '../storage/open.js';
-import { DELIVERY_STATUSES as STATUSES, type DeliveryStatus, type EventStore, type StoredEvent } from '../storage/events.js';
+import { DELIVERY_STATUSES as STATUSES, type DeliveryStatus, type EventStore, type StoredEvent } from '../storage/contracts/events.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 import { registerGmailCommands } from './gmail.js';
 import { toJsonWithIsoDates } from './terminal.js';

@@ -1,22 +1,22 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
-import type { ChannelSender } from './channels/outbound.js';
-import { CHANNEL_SEND_PREFIX, channelSendPath, type Config, type HttpLimits } from './config/schema.js';
-import { HttpError } from './errors.js';
-import { continueIfExpected } from './listener.js';
-import { compileAuthorizer, type Authorizer, type ImpliedRule } from './gateway/authorize.js';
-import { createClientIpResolver, type ClientOrigin } from './gateway/client-ip.js';
-import { Authenticator, type AuthOutcome } from './gateway/credentials/authenticate.js';
-import { prepareUpstreamHeaders } from './gateway/forward-headers.js';
-import { compileAddressMatcher, parseAddress } from './gateway/ip-allowlist.js';
-import type { FailureLockout, LockoutSlot } from './gateway/lockout.js';
-import { API_PREFIX, checkApiPath } from './gateway/path-gate.js';
-import { matchablePath } from './gateway/path-pattern.js';
-import { compileRateLimiter, type RateLimitState } from './gateway/rate-limit.js';
-import { createUpstreamRoutes } from './gateway/routes.js';
-import { countAuthFailure, countRequests, metricsEnabled, observeUpstream } from './metrics.js';
-import { admitRequest, answerHealthy, requestLogger, noteError, respondWithError, type RequestContext } from './gateway/request-context.js';
+import type { ChannelSender } from '../integrations/channels/outbound.js';
+import { CHANNEL_SEND_PREFIX, channelSendPath, type Config, type HttpLimits } from '../config/schema.js';
+import { HttpError } from '../errors.js';
+import { continueIfExpected } from '../http/listener.js';
+import { compileAuthorizer, type Authorizer, type ImpliedRule } from './authorize.js';
+import { createClientIpResolver, type ClientOrigin } from '../http/client-ip.js';
+import { Authenticator, type AuthOutcome } from './credentials/authenticate.js';
+import { prepareUpstreamHeaders } from './forward-headers.js';
+import { compileAddressMatcher, parseAddress } from './ip-allowlist.js';
+import type { FailureLockout, LockoutSlot } from '../http/lockout.js';
+import { API_PREFIX, checkApiPath } from './path-gate.js';
+import { matchablePath } from './path-pattern.js';
+import { compileRateLimiter, type RateLimitState } from './rate-limit.js';
+import { createUpstreamRoutes } from './routes.js';
+import { countAuthFailure, countRequests, metricsEnabled, observeUpstream } from '../observability/metrics.js';
+import { admitRequest, answerHealthy, requestLogger, noteError, respondWithError, type RequestContext } from '../http/request-context.js';
 
 type Next = NextFunction;
 type Req = IncomingMessage & { gatehouse: RequestContext };
@@ -34,7 +34,7 @@ export interface GatewayApp {
 }
 
 /**
- * Builds the /api/ edge from a Config: framing (src/listener.ts) → the pipeline path gate → client IP → allowedIPs →
+ * Builds the /api/ edge from a Config: framing (src/http/listener.ts) → the pipeline path gate → client IP → allowedIPs →
  * lockout → credentials → upstream headers → authorization (rules) → rate limits → route → proxy, each a named step.
  * Everything that can be compiled (matchers, keys, verifiers) is compiled here, once.
  * Never listens: server.ts does, so tests can mount it anywhere.

@@ -1,6 +1,6 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
-import { FRAMING_HEADERS, isValidHost, PLAIN_CONNECTION } from '../listener.js';
-import type { ClientOrigin } from './client-ip.js';
+import { FRAMING_HEADERS, isValidHost, PLAIN_CONNECTION } from '../http/listener.js';
+import type { ClientOrigin } from '../http/client-ip.js';
 import type { Identity } from './credentials/authenticate.js';
 
 /** Headers a client may not set for the upstream: gatehouse owns them. */

@@ -4,7 +4,7 @@ import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:
 import { createProxyMiddleware, type Plugin, type RequestHandler } from 'http-proxy-middleware';
 import type { GatewayConfig } from '../config/schema.js';
 import { HttpError, sendError } from '../errors.js';
-import { hasBody } from '../listener.js';
+import { hasBody } from '../http/listener.js';
 
 const UPSTREAM_TIMEOUT = 'GATEHOUSE_UPSTREAM_TIMEOUT';
 const SAFE_REASON = /^[\t\x20-\x7e\x80-\xff]*$/;

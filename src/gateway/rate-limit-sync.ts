@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { BucketSpend, RateLimitStore } from '../storage/rate-limits.js';
+import type { BucketSpend, RateLimitStore } from '../storage/contracts/rate-limits.js';
 import type { RateLimitState, TokenBuckets } from './rate-limit.js';
 
 /**

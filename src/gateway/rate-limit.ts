@@ -1,7 +1,7 @@
 import type { RateLimitConfig } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import type { Identity } from './credentials/authenticate.js';
-import { clientGroup } from './lockout.js';
+import { clientGroup } from '../http/lockout.js';
 import { compileMethodSet, compilePathPatterns, type PathMatcher } from './path-pattern.js';
 
 /** A bucket's shape: it holds up to `capacity` tokens and gains `refillPerMs` each millisecond. */

@@ -3,8 +3,8 @@ import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
-import type { HttpLimits } from './config/schema.js';
-import { errorCatalogue, HttpError, sendError, UsageError, type ErrorCode } from './errors.js';
+import type { HttpLimits } from '../config/schema.js';
+import { errorCatalogue, HttpError, sendError, UsageError, type ErrorCode } from '../errors.js';
 
 export interface Listening {
   server: http.Server;

@@ -1,5 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { HttpError } from './errors.js';
+import { HttpError } from '../errors.js';
 import { closeAfterAnswer, continueIfExpected } from './listener.js';
 
 /**

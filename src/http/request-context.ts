@@ -3,9 +3,9 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import pino, { type Logger } from 'pino';
 import type { HttpLimits } from '../config/schema.js';
 import { HttpError, sendError } from '../errors.js';
-import { bodyPending, checkFraming, closeAfterAnswer, isClosing } from '../listener.js';
+import { bodyPending, checkFraming, closeAfterAnswer, isClosing } from './listener.js';
 import type { ClientOrigin } from './client-ip.js';
-import type { Identity } from './credentials/authenticate.js';
+import type { Identity } from '../gateway/credentials/authenticate.js';
 
 /** What gatehouse learns about a request on its way through the pipeline; read by the request log. */
 export interface RequestContext {
@@ -61,7 +61,7 @@ export function requestLogger(logger: Logger): RequestLog {
 
 /**
  * Every request on either listener starts here: the context and its log line, then the framing
- * checks (src/listener.ts) before anything else reads the request. Returns false when the
+ * checks (src/http/listener.ts) before anything else reads the request. Returns false when the
  * request was refused (answered, and its connection closed) or came on a connection that is closing.
  */
 export function admitRequest(req: IncomingMessage, res: ServerResponse, log: RequestLog, limits: HttpLimits, logger: Logger): boolean {

@@ -1,7 +1,7 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { UsageError } from './errors.js';
+import { UsageError } from '../errors.js';
 
 /** How long a login waits for the browser to come back. */
 const CONSENT_TIMEOUT_MS = 5 * 60_000;

@@ -1,5 +1,5 @@
 import { AggregatorRegistry, collectDefaultMetrics, Counter, Gauge, Registry, type MetricObjectWithValues, type MetricValue } from 'prom-client';
-import type { RequestLog } from './gateway/request-context.js';
+import type { RequestLog } from '../http/request-context.js';
 
 /**
  * gatehouse's Prometheus metrics: one registry per process, a short fixed set of instruments
@@ -139,7 +139,7 @@ const configReloads = new Counter({
   registers: [registry],
 });
 
-/** Gauges the primary sets at scrape time from the stores (src/admin.ts); workers leave them unset. */
+/** Gauges the primary sets at scrape time from the stores (src/admin/listener.ts); workers leave them unset. */
 export const scrapeGauges = {
   lockoutsActive: new Gauge({ name: 'gatehouse_lockouts_active', help: 'Clients locked out now after repeated authentication failures.', registers: [registry] }),
   queueEvents: new Gauge({

@@ -1,25 +1,25 @@
 import type { Logger } from 'pino';
-import { startAdmin, type GatewayProbe, type RunningAdmin } from './admin.js';
-import { buildGatewayApp, type GatewayApp } from './app.js';
-import { isLoopbackHost, type Config } from './config/schema.js';
-import { configWarnings } from './config/warnings.js';
-import { FailureLockout, MemoryLockoutStore, type LockoutStore } from './gateway/lockout.js';
-import { RateLimitState } from './gateway/rate-limit.js';
-import { startRateLimitSync } from './gateway/rate-limit-sync.js';
-import { Deliverer } from './webhooks/deliverer.js';
-import { channelRoutes } from './channels/inbound.js';
-import { createChannelSender } from './channels/outbound.js';
-import { startGrantRefresher } from './channels/refresh.js';
-import type { ChannelStore } from './channels/state.js';
-import { closeServer, listen, type Listening, type TlsPem } from './listener.js';
-import { enableMetrics } from './metrics.js';
-import { startGmail, type RunningGmail } from './integrations/gmail/run.js';
-import { secretKeysFromEnv } from './secrets.js';
-import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from './webhooks/receiver.js';
-import { createVerifier } from './webhooks/verifiers/index.js';
-import { describeStorage, openChannelStore, openEventStore, openRateLimitStore } from './storage/open.js';
-import { PostgresLockoutStore } from './storage/postgres/lockout.js';
-import type { EventStore } from './webhooks/store.js';
+import { startAdmin, type GatewayProbe, type RunningAdmin } from '../admin/listener.js';
+import { buildGatewayApp, type GatewayApp } from '../gateway/app.js';
+import { isLoopbackHost, type Config } from '../config/schema.js';
+import { configWarnings } from '../config/warnings.js';
+import { FailureLockout, MemoryLockoutStore, type LockoutStore } from '../http/lockout.js';
+import { RateLimitState } from '../gateway/rate-limit.js';
+import { startRateLimitSync } from '../gateway/rate-limit-sync.js';
+import { Deliverer } from '../webhooks/delivery/deliverer.js';
+import { channelRoutes } from '../integrations/channels/inbound.js';
+import { createChannelSender } from '../integrations/channels/outbound.js';
+import { startGrantRefresher } from '../integrations/channels/refresh.js';
+import type { ChannelStore } from '../integrations/channels/state.js';
+import { closeServer, listen, type Listening, type TlsPem } from '../http/listener.js';
+import { enableMetrics } from '../observability/metrics.js';
+import { startGmail, type RunningGmail } from '../integrations/gmail/run.js';
+import { secretKeysFromEnv } from '../storage/secrets.js';
+import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from '../webhooks/receiver.js';
+import { createVerifier } from '../webhooks/verifiers/index.js';
+import { describeStorage, openChannelStore, openEventStore, openRateLimitStore } from '../storage/open.js';
+import { PostgresLockoutStore } from '../storage/postgres/lockout.js';
+import type { EventStore } from '../webhooks/store.js';
 
 export interface RunningGatehouse {
   gateway: { url: string };
@@ -47,7 +47,7 @@ export async function startGatehouse(
 ): Promise<RunningGatehouse> {
   const { logger } = options;
   let config = initial;
-  // Before any app is built: they bind their instruments when built (src/metrics.ts).
+  // Before any app is built: they bind their instruments when built (src/observability/metrics.ts).
   if (config.admin) enableMetrics();
   // On postgres every instance shares the lockout (counted there, checked here in memory).
   const sharedLockout = options.lockoutStore === undefined && config.storage.driver === 'postgres'

@@ -1,12 +1,12 @@
 import cluster, { type Worker } from 'node:cluster';
 import os from 'node:os';
 import type { Logger } from 'pino';
-import type { Config } from './config/schema.js';
-import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from './gateway/lockout.js';
-import { UsageError } from './errors.js';
-import { createLogger } from './log.js';
-import { readTlsPem, type TlsPem } from './listener.js';
-import { enableMetrics, metricsSnapshot, type MetricsSnapshot } from './metrics.js';
+import type { Config } from '../config/schema.js';
+import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from '../http/lockout.js';
+import { UsageError } from '../errors.js';
+import { createLogger } from '../observability/log.js';
+import { readTlsPem, type TlsPem } from '../http/listener.js';
+import { enableMetrics, metricsSnapshot, type MetricsSnapshot } from '../observability/metrics.js';
 import { startGateway, type RunningGateway } from './server.js';
 
 /**
@@ -323,7 +323,7 @@ export async function runGatewayWorker(): Promise<void> {
           configuring = configuring.then(async () => {
             try {
               if (!running) {
-                // Before the app is built, which binds its instruments (src/metrics.ts).
+                // Before the app is built, which binds its instruments (src/observability/metrics.ts).
                 if (message.config.admin) enableMetrics();
                 logger = createLogger({ level: message.config.log.level, bindings: { worker: cluster.worker!.id } });
                 running = await startGateway(message.config, { logger, lockoutStore, rateLimitShare: 1 / workerCount, tls: message.tls });

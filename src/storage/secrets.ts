@@ -1,5 +1,5 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
-import { UsageError } from './errors.js';
+import { UsageError } from '../errors.js';
 
 /**
  * Tokens gatehouse obtains itself (OAuth refresh tokens, bot tokens) are stored sealed with

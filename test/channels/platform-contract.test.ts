@@ -38,7 +38,7 @@ interface ExpectedCall {
 }
 
 /**
- * gatehouse's calls, from src/channels/platforms.ts, each checked by the fake against the
+ * gatehouse's calls, from src/integrations/channels/platforms.ts, each checked by the fake against the
  * reference row named in `call` (its source is in the fake's table and in failures below).
  */
 const EXPECTED: ExpectedCall[] = [

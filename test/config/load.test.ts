@@ -397,7 +397,7 @@ describe('config: loadConfig reads a JSON5 file', () => {
   });
 
   it('a TLS file gone between the check and the start: the listener says so in one line (a UsageError), not with a stack', async () => {
-    const { listen } = await import('../../src/listener.js');
+    const { listen } = await import('../../src/http/listener.js');
     const config = parseConfig(withGateway({}));
     const missing = path.join(dir, 'gone.crt');
     await assert.rejects(

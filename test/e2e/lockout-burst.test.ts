@@ -123,7 +123,7 @@ describe('lockout burst: concurrent bad bearer tokens (HS256) on one gatehouse',
     assert.equal(new Set(upstream.received.map((r) => r.headers['x-gatehouse-subject'])).size, 60);
   });
 
-  // 16: as many as a connection may have waiting behind the one being served (src/listener.ts).
+  // 16: as many as a connection may have waiting behind the one being served (src/http/listener.ts).
   it('16 bad tokens pipelined on one connection: at most max are evaluated', async () => {
     const token = await hs256(WRONG_SECRET, 'pipeliner');
     const host = new URL(gatehouse.url).host;

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import type { StorageConfig } from '../../src/config/schema.js';
-import { channelGrantContext, gmailGrantContext, openSealed, sealSecret, type SecretKeys } from '../../src/secrets.js';
+import { channelGrantContext, gmailGrantContext, openSealed, sealSecret, type SecretKeys } from '../../src/storage/secrets.js';
 import { openChannelStore, openEventStore, openGmailStore } from '../../src/storage/open.js';
 import { startPostgres } from '../helpers/postgres.js';
 import { runCli } from '../helpers/process.js';

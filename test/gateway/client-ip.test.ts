@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import type { IncomingMessage } from 'node:http';
 import { describe, it } from 'node:test';
-import { createClientIpResolver } from '../../src/gateway/client-ip.js';
+import { createClientIpResolver } from '../../src/http/client-ip.js';
 
 function fakeRequest(remoteAddress: string | undefined, forwardedFor?: string): IncomingMessage {
   const headers: Record<string, string> = {};

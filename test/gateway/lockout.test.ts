@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { FailureLockout, MemoryLockoutStore, type LockoutAdmission, type LockoutSettings, type LockoutSlot } from '../../src/gateway/lockout.js';
+import { FailureLockout, MemoryLockoutStore, type LockoutAdmission, type LockoutSettings, type LockoutSlot } from '../../src/http/lockout.js';
 
 const settings: LockoutSettings = { max: 3, windowSeconds: 60, lockoutSeconds: 300 };
 

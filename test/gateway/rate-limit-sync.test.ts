@@ -5,7 +5,7 @@ import { parseConfig } from '../../src/config/load.js';
 import type { Identity } from '../../src/gateway/credentials/authenticate.js';
 import { compileRateLimiter, RateLimitState, TokenBuckets } from '../../src/gateway/rate-limit.js';
 import { startRateLimitSync } from '../../src/gateway/rate-limit-sync.js';
-import type { BucketSpend, RateLimitStore } from '../../src/storage/rate-limits.js';
+import type { BucketSpend, RateLimitStore } from '../../src/storage/contracts/rate-limits.js';
 
 // The local side of rate limits shared across instances (issue 16): what a process sends and how
 // it takes the shared level back, with a clock moved by hand. The SQL arithmetic itself runs

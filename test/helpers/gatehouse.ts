@@ -1,7 +1,7 @@
 import { Writable } from 'node:stream';
 import { parseConfig } from '../../src/config/load.js';
-import { createLogger } from '../../src/log.js';
-import { startGatehouse, type RunningGatehouse } from '../../src/server.js';
+import { createLogger } from '../../src/observability/log.js';
+import { startGatehouse, type RunningGatehouse } from '../../src/runtime/server.js';
 
 export interface TestGatehouse extends RunningGatehouse {
   url: string;

@@ -4,11 +4,11 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import pino from 'pino';
-import { startAdmin } from '../../src/admin.js';
+import { startAdmin } from '../../src/admin/listener.js';
 import { parseConfig } from '../../src/config/load.js';
 import type { WebhookAction } from '../../src/config/schema.js';
-import { MemoryLockoutStore } from '../../src/gateway/lockout.js';
-import { DELIVERED_RECOUNT_MS, DeliveredCounts } from '../../src/storage/events.js';
+import { MemoryLockoutStore } from '../../src/http/lockout.js';
+import { DELIVERED_RECOUNT_MS, DeliveredCounts } from '../../src/storage/contracts/events.js';
 import { SqliteEventStore } from '../../src/storage/sqlite/events.js';
 import { request } from '../helpers/http.js';
 

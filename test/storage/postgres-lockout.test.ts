@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
-import type { LockoutSettings } from '../../src/gateway/lockout.js';
+import type { LockoutSettings } from '../../src/http/lockout.js';
 import { applyLockoutOp, type LockoutRow } from '../../src/storage/postgres/lockout.js';
 import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
 import { request, type Reply } from '../helpers/http.js';

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { describe, it } from 'node:test';
 import { UsageError } from '../../src/errors.js';
-import { openSealed, openSecret, sealSecret, secretKeysFromEnv } from '../../src/secrets.js';
+import { openSealed, openSecret, sealSecret, secretKeysFromEnv } from '../../src/storage/secrets.js';
 
 describe('sealed secrets (AES-256-GCM under GATEHOUSE_SECRET_KEY)', () => {
   const key = { current: randomBytes(32), previous: [] };

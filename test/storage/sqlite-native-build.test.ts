@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, test } from 'node:test';
 import { UsageError } from '../../src/errors.js';
-import { assertSafeSqliteBuild, unsafeBuildProblem } from '../../src/sqlite.js';
+import { assertSafeSqliteBuild, unsafeBuildProblem } from '../../src/storage/sqlite/database.js';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-addon-'));
 after(() => rmSync(dir, { recursive: true, force: true }));

@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
 import { afterEach, beforeEach, describe, it } from 'node:test';
-import type { ChannelGrant, ChannelStore } from '../../src/storage/channels.js';
-import type { EventStore, NewEvent } from '../../src/storage/events.js';
-import { SEEN_RETENTION_MS, type GmailStore } from '../../src/storage/gmail.js';
+import type { ChannelGrant, ChannelStore } from '../../src/storage/contracts/channels.js';
+import type { EventStore, NewEvent } from '../../src/storage/contracts/events.js';
+import { SEEN_RETENTION_MS, type GmailStore } from '../../src/storage/contracts/gmail.js';
 
 /**
  * The GmailStore and ChannelStore contracts: the same cases run against every driver

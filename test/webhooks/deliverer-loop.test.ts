@@ -7,7 +7,7 @@ import path from 'node:path';
 import { describe, it } from 'node:test';
 import pino from 'pino';
 import { parseConfig } from '../../src/config/load.js';
-import { Deliverer } from '../../src/webhooks/deliverer.js';
+import { Deliverer } from '../../src/webhooks/delivery/deliverer.js';
 import { SqliteEventStore, type EventStore } from '../../src/webhooks/store.js';
 
 describe('deliverer: no busy loop while due work waits for a slot', () => {

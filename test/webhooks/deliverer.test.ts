@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { describe, it } from 'node:test';
 import { Webhook } from 'standardwebhooks';
-import { afterFailure, attemptsInBudget, isRetryable, parseRetryAfter, retryDelayMs, signStandardWebhook } from '../../src/webhooks/deliverer.js';
+import { afterFailure, attemptsInBudget, isRetryable, parseRetryAfter, retryDelayMs, signStandardWebhook } from '../../src/webhooks/delivery/deliverer.js';
 
 const settings = { initialBackoffMs: 1_000, maxBackoffMs: 60_000 };
 /** The largest value Math.random can return. */

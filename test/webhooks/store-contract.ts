@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { afterEach, beforeEach, describe, it } from 'node:test';
 import type { WebhookAction } from '../../src/config/schema.js';
-import { DELIVERED_RECOUNT_MS, IDEMPOTENCY_WINDOW_MS, type EventStore, type NewEvent } from '../../src/storage/events.js';
+import { DELIVERED_RECOUNT_MS, IDEMPOTENCY_WINDOW_MS, type EventStore, type NewEvent } from '../../src/storage/contracts/events.js';
 
 /**
  * The EventStore contract: the same cases run against every driver (store.test.ts for SQLite,

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { createRemoteJWKSet, customFetch, errors, importSPKI, jwtVerify, type JWTPayload, type JWTVerifyGetKey, type CryptoKey } from 'jose';
 import type { JwtConfig } from '../../config/schema.js';
-import { countJwksFetch } from '../../metrics.js';
+import { countJwksFetch } from '../../observability/metrics.js';
 
 /** `unavailable`: the keys could not be fetched (the identity provider is down), not a bad token. */
 export type JwtCheck = { ok: true; subject: string | undefined; claims: Readonly<JWTPayload> } | { ok: false; reason: string; unavailable?: boolean };

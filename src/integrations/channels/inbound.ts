@@ -1,13 +1,13 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
-import type { ChannelConfig, Config } from '../config/schema.js';
-import { HttpError } from '../errors.js';
-import { channelGrantContext, oauthAnswerContext, openSecret, sealSecret, type SecretKeys } from '../secrets.js';
-import type { IntegrationRoute, PrefixRoute } from '../webhooks/receiver.js';
-import { discordVerifier } from '../webhooks/verifiers/discord.js';
-import { headerSecret } from '../webhooks/verifiers/secret.js';
-import { slackVerifier } from '../webhooks/verifiers/slack.js';
-import { dig, headerValue, saneId, type Verdict, type WebhookVerifier } from '../webhooks/verifiers/types.js';
+import type { ChannelConfig, Config } from '../../config/schema.js';
+import { HttpError } from '../../errors.js';
+import { channelGrantContext, oauthAnswerContext, openSecret, sealSecret, type SecretKeys } from '../../storage/secrets.js';
+import type { IntegrationRoute, PrefixRoute } from '../../webhooks/receiver.js';
+import { discordVerifier } from '../../webhooks/verifiers/discord.js';
+import { headerSecret } from '../../webhooks/verifiers/secret.js';
+import { slackVerifier } from '../../webhooks/verifiers/slack.js';
+import { dig, headerValue, saneId, type Verdict, type WebhookVerifier } from '../../webhooks/verifiers/types.js';
 import type { SealedGrant } from './login.js';
 import type { ChannelGrant, ChannelStore, Device } from './state.js';
 

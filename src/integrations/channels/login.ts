@@ -1,9 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import QRCode from 'qrcode';
-import type { ChannelConfig } from '../config/schema.js';
-import { UsageError } from '../errors.js';
+import type { ChannelConfig } from '../../config/schema.js';
+import { UsageError } from '../../errors.js';
 import { consentRefused, newAuthorizationSecrets, receiveAuthorizationCode, type AuthorizationRequest, type AuthorizationResponse } from '../oauth-loopback.js';
-import { channelGrantContext, oauthAnswerContext, openSecret, sealSecret, type SecretKeys } from '../secrets.js';
+import { channelGrantContext, oauthAnswerContext, openSecret, sealSecret, type SecretKeys } from '../../storage/secrets.js';
 import { discord, exchangeCode, PlatformError, telegram } from './platforms.js';
 import type { ChannelStore } from './state.js';
 

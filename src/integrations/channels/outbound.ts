@@ -1,10 +1,10 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
-import type { ChannelConfig, Config } from '../config/schema.js';
-import { errorCatalogue, HttpError } from '../errors.js';
-import { noteError } from '../gateway/request-context.js';
-import { readBody } from '../read-body.js';
-import { channelGrantContext, openSecret, type SecretKeys } from '../secrets.js';
+import type { ChannelConfig, Config } from '../../config/schema.js';
+import { errorCatalogue, HttpError } from '../../errors.js';
+import { noteError } from '../../http/request-context.js';
+import { readBody } from '../../http/read-body.js';
+import { channelGrantContext, openSecret, type SecretKeys } from '../../storage/secrets.js';
 import type { SealedGrant } from './login.js';
 import { discord, messageTextProblem, PlatformError, slack, telegram } from './platforms.js';
 import { storeCall } from './inbound.js';

@@ -4,7 +4,7 @@
  * platform's own words, for the CLI ("failures name the step, the platform's error and the fix")
  * and for the 502 the outbound route answers.
  */
-import { VERSION } from '../version.js';
+import { VERSION } from '../../version.js';
 
 export class PlatformError extends Error {
   override name = 'PlatformError';

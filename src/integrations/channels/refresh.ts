@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
-import type { Config } from '../config/schema.js';
-import { channelGrantContext, openSecret, sealSecret, type SecretKeys } from '../secrets.js';
+import type { Config } from '../../config/schema.js';
+import { channelGrantContext, openSecret, sealSecret, type SecretKeys } from '../../storage/secrets.js';
 import type { SealedGrant } from './login.js';
 import { refreshGrant } from './platforms.js';
 import type { ChannelGrant, ChannelStore } from './state.js';

@@ -1,5 +1,5 @@
 /**
- * Channel state, as the channels import it: the contract lives in src/storage/channels.ts, one
+ * Channel state, as the channels import it: the contract lives in src/storage/contracts/channels.ts, one
  * driver per engine under src/storage/ (opened by openChannelStore in src/storage/open.ts).
  */
-export type { ChannelGrant, ChannelStore, Device, OutboxMessage, PairingOutcome } from '../storage/channels.js';
+export type { ChannelGrant, ChannelStore, Device, OutboxMessage, PairingOutcome } from '../../storage/contracts/channels.js';

@@ -1,4 +1,4 @@
-import type { ChannelConfig } from '../config/schema.js';
+import type { ChannelConfig } from '../../config/schema.js';
 import { platformOf } from './inbound.js';
 import type { ChannelStore } from './state.js';
 

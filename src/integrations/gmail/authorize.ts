@@ -1,6 +1,6 @@
 import { CodeChallengeMethod, type OAuth2Client } from 'google-auth-library';
 import { UsageError } from '../../errors.js';
-import { receiveAuthorizationCode } from '../../oauth-loopback.js';
+import { receiveAuthorizationCode } from '../oauth-loopback.js';
 
 /**
  * Google's installed-app flow: the loopback leg (state, PKCE) from oauth-loopback.ts, the

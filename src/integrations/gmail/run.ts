@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { GmailConfig, VerifyConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
-import { gmailGrantContext, openSecret, type SecretKeys } from '../../secrets.js';
+import { gmailGrantContext, openSecret, type SecretKeys } from '../../storage/secrets.js';
 import { openGmailStore } from '../../storage/open.js';
 import type { EventStore } from '../../webhooks/store.js';
 import type { DirectAnswer } from '../../webhooks/verifiers/types.js';

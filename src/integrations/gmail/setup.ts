@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import JSON5 from 'json5';
 import type { GmailConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
-import { gmailGrantContext, openSecret, sealSecret, type SecretKeys } from '../../secrets.js';
+import { gmailGrantContext, openSecret, sealSecret, type SecretKeys } from '../../storage/secrets.js';
 import type { StorageConfig } from '../../config/schema.js';
 import { openEventStore, openGmailStore, peekStoredProject } from '../../storage/open.js';
 import { authorizeWithLoopback } from './authorize.js';

@@ -8,7 +8,7 @@ import type { SealedChange } from './sealed.js';
  * against each (test/storage/channels-contract.ts).
  *
  * What is kept: the grant a login won (tokens sealed with GATEHOUSE_SECRET_KEY; see
- * src/secrets.ts) and public details (bot name, guild, team), with the last event and the last
+ * src/storage/secrets.ts) and public details (bot name, guild, team), with the last event and the last
  * error for `status`; for `qr` channels, pairing codes and devices (both stored as SHA-256 only:
  * the code and the device token are shown once) and each device's outbox; pending `login
  * --public` OAuth requests (keyed by the SHA-256 of their state).

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import type { WebhookAction } from '../config/schema.js';
+import type { WebhookAction } from '../../config/schema.js';
 
 /**
  * The webhook event store's contract: what the receiver, the deliverer and the CLI ask of
@@ -86,7 +86,7 @@ export interface StoreStatus {
   leased: number;
 }
 
-/** What /metrics shows of the queue (src/admin.ts), computed when scraped. */
+/** What /metrics shows of the queue (src/admin/listener.ts), computed when scraped. */
 export interface QueueStats {
   /**
    * Events per action and status; pairs with none are left out. Queued and dead ones are counted

@@ -19,7 +19,7 @@ export interface GmailAccountState {
   clientId: string;
   /** The Google Cloud project setup used with this grant (the topic's); null when stored by an older gatehouse. */
   project: string | null;
-  /** `{ clientSecret, refreshToken }` sealed with GATEHOUSE_SECRET_KEY (see src/secrets.ts). */
+  /** `{ clientSecret, refreshToken }` sealed with GATEHOUSE_SECRET_KEY (see src/storage/secrets.ts). */
   sealedGrant: string;
   /** Gmail historyId (a decimal string: uint64) up to which the mailbox has been read. */
   cursor: string | null;

@@ -5,8 +5,8 @@ import {
   ActivityThrottle, looksLikeDeviceToken, MAX_PENDING_PAIRINGS, newDevice, newPairingCode, pairingCodeHash, pairingRefusal, secretHash, toDevice, toGrant,
   type ChannelDeviceRow, type ChannelGrant, type ChannelGrantRow, type ChannelPairingRow, type ChannelStore, type Device, type ExportedChannelState,
   type NewChannelGrant, type OutboxMessage, type PairingOutcome,
-} from '../channels.js';
-import type { SealedChange } from '../sealed.js';
+} from '../contracts/channels.js';
+import type { SealedChange } from '../contracts/sealed.js';
 import { openMigratedPool } from './migrations.js';
 import { inTransaction } from './pool.js';
 

@@ -6,7 +6,7 @@ import { UsageError } from '../../errors.js';
 import {
   DeliveredCounts, IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId, toEvent,
   type AcceptResult, type EventRow as SharedEventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type CopyCounts, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type QueueStats, type StoreStatus, type StoredEvent,
-} from '../events.js';
+} from '../contracts/events.js';
 import { PostgresListener } from './listener.js';
 import { openMigratedPool, schemaVersion } from './migrations.js';
 import { describeUrl, inTransaction, isRetryableTransactionError, withClient } from './pool.js';

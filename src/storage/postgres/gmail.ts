@@ -1,10 +1,10 @@
 import type pg from 'pg';
-import type { NewEvent } from '../events.js';
+import type { NewEvent } from '../contracts/events.js';
 import {
   historyIdAfter, KeyedQueue, SEEN_RETENTION_MS, toAccountState,
   type ExportedGmailState, type GmailAccountRow, type GmailAccountState, type GmailStore,
-} from '../gmail.js';
-import type { SealedChange } from '../sealed.js';
+} from '../contracts/gmail.js';
+import type { SealedChange } from '../contracts/sealed.js';
 import type { PostgresEventStore } from './events.js';
 import { NotEmpty } from './channels.js';
 import { withClient } from './pool.js';

@@ -1,7 +1,7 @@
 import pg from 'pg';
 import type { Logger } from 'pino';
 import type { PostgresStorageConfig } from '../../config/schema.js';
-import { MemoryLockoutStore, type LockoutSettings, type LockoutStore, type Reservation } from '../../gateway/lockout.js';
+import { MemoryLockoutStore, type LockoutSettings, type LockoutStore, type Reservation } from '../../http/lockout.js';
 import { PostgresListener } from './listener.js';
 import { migrate } from './migrations.js';
 import { connectionOptions, withClient } from './pool.js';

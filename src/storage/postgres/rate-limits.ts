@@ -1,6 +1,6 @@
 import pg from 'pg';
 import type { PostgresStorageConfig } from '../../config/schema.js';
-import type { BucketSpend, RateLimitStore } from '../rate-limits.js';
+import type { BucketSpend, RateLimitStore } from '../contracts/rate-limits.js';
 import { connectionOptions } from './pool.js';
 
 /** A sync runs in the background, once per interval: it gives up soon rather than pile up. */

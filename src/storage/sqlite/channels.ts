@@ -1,11 +1,11 @@
 import type Database from 'better-sqlite3';
-import { hasTable, openDatabase } from '../../sqlite.js';
+import { hasTable, openDatabase } from './database.js';
 import {
   ActivityThrottle, looksLikeDeviceToken, MAX_PENDING_PAIRINGS, newDevice, newPairingCode, pairingCodeHash, pairingRefusal, secretHash, toDevice, toGrant,
   type ChannelDeviceRow, type ChannelGrant, type ChannelGrantRow, type ChannelOAuthRequestRow, type ChannelOutboxRow, type ChannelPairingRow,
   type ChannelStore, type Device, type ExportedChannelState, type NewChannelGrant, type OutboxMessage, type PairingOutcome,
-} from '../channels.js';
-import type { SealedChange } from '../sealed.js';
+} from '../contracts/channels.js';
+import type { SealedChange } from '../contracts/sealed.js';
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS channel_grants (

@@ -2,7 +2,7 @@ import { mkdirSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { UsageError } from './errors.js';
+import { UsageError } from '../../errors.js';
 
 /**
  * Opens gatehouse's SQLite file the one way every part uses it: WAL (readers never block the

@@ -2,12 +2,12 @@ import { randomUUID } from 'node:crypto';
 import type Database from 'better-sqlite3';
 import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction } from '../../config/schema.js';
-import { openDatabase } from '../../sqlite.js';
+import { openDatabase } from './database.js';
 import { acquireWriterLock, type WriterLock } from './writer-lock.js';
 import {
   DeliveredCounts, IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId, toEvent,
   type AcceptResult, type EventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type QueueStats, type StoreStatus, type StoredEvent,
-} from '../events.js';
+} from '../contracts/events.js';
 
 const MAX_FRESH_EVENTS = 10_000;
 /** Index entries per step of the delivered count (measured: ~5 ms of the event loop at 20,000). */

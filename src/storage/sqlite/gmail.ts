@@ -1,12 +1,12 @@
 import { existsSync } from 'node:fs';
 import Database from 'better-sqlite3';
-import { hasTable } from '../../sqlite.js';
-import type { AcceptResult, NewEvent } from '../events.js';
+import { hasTable } from './database.js';
+import type { AcceptResult, NewEvent } from '../contracts/events.js';
 import {
   historyIdAfter, KeyedQueue, SEEN_RETENTION_MS, toAccountState,
   type ExportedGmailState, type GmailAccountRow, type GmailAccountState, type GmailSeenRow, type GmailStore,
-} from '../gmail.js';
-import type { SealedChange } from '../sealed.js';
+} from '../contracts/gmail.js';
+import type { SealedChange } from '../contracts/sealed.js';
 import type { SqliteEventStore } from './events.js';
 
 const SCHEMA = `

@@ -2,7 +2,7 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { UsageError } from '../../errors.js';
-import { assertSafeSqliteBuild } from '../../sqlite.js';
+import { assertSafeSqliteBuild } from './database.js';
 
 /** The file's writer lock is held by another process (a server, or a `storage copy` under way): `holder` is its pid, when known. */
 export class WriterLockBusyError extends UsageError {

@@ -2,11 +2,11 @@ import { createHmac } from 'node:crypto';
 import http from 'node:http';
 import https from 'node:https';
 import type { Logger } from 'pino';
-import { webhookActions, type WebhookAction, type WebhooksConfig } from '../config/schema.js';
-import { countDelivery } from '../metrics.js';
-import { VERSION } from '../version.js';
-import type { AttemptOutcome, ClaimedEvent, EventStore, StoredEvent } from '../storage/events.js';
-import { standardWebhooksKey } from './verifiers/standard-webhooks.js';
+import { webhookActions, type WebhookAction, type WebhooksConfig } from '../../config/schema.js';
+import { countDelivery } from '../../observability/metrics.js';
+import { VERSION } from '../../version.js';
+import type { AttemptOutcome, ClaimedEvent, EventStore, StoredEvent } from '../../storage/contracts/events.js';
+import { standardWebhooksKey } from '../verifiers/standard-webhooks.js';
 
 /** Idle poll: picks up events requeued by the CLI, or due retries, at least this often. */
 const POLL_MS = 1_000;
