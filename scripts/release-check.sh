@@ -89,10 +89,13 @@ step "installed into $prefix: no devDependencies ($(wc -l < "$work/reachable") p
 
 # --- 3. run it from the prefix -------------------------------------------------------------------
 export PATH="$prefix/bin:$PATH"
-version="$(gatehouse --version)"
+version_output="$(gatehouse --version)"
+version="$(head -n 1 <<< "$version_output")"
 expected="$(node -p 'require(process.argv[1]).version' "$root/package.json")"
 [[ "$version" == "$expected" ]] || fail "gatehouse --version printed '$version', expected '$expected'"
-step "gatehouse --version: $version"
+[[ "$(sed -n 2p <<< "$version_output")" =~ ^storage\ schema\ versions:\ sqlite\ [0-9]+,\ postgres\ [0-9]+$ ]] \
+  || fail "gatehouse --version's second line is not the storage schema versions: $version_output"
+step "gatehouse --version: $version ($(sed -n 2p <<< "$version_output"))"
 
 # A local upstream (the internal API and the action target in one): records every request it gets.
 cat > "$work/upstream.mjs" <<'EOF'

@@ -6,6 +6,8 @@ import { registerStartCommand } from './cli/start.js';
 import { registerStorageCommands } from './cli/storage.js';
 import { registerWebhooksCommands } from './cli/webhooks.js';
 import { ConfigError, UsageError } from './errors.js';
+import { POSTGRES_SCHEMA_VERSION } from './storage/postgres/migrations.js';
+import { SQLITE_SCHEMA_VERSION } from './storage/sqlite/events.js';
 import { VERSION } from './version.js';
 
 /** Commander's codes for a command or flag it does not know: exit 2. */
@@ -21,7 +23,8 @@ export async function runCli(argv: readonly string[]): Promise<number> {
   const program = new Command()
     .name('gatehouse')
     .description('Authentication edge for internal HTTP APIs, with a durable webhook receiver.')
-    .version(VERSION)
+    // The first line is the version alone (scripts read it); the second what storage it can open and migrate to.
+    .version(`${VERSION}\nstorage schema versions: sqlite ${SQLITE_SCHEMA_VERSION}, postgres ${POSTGRES_SCHEMA_VERSION}`)
     .exitOverride()
     .showHelpAfterError();
   registerStartCommand(program);

@@ -1,10 +1,12 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { hashApiKey } from '../../src/gateway/credentials/api-key.js';
+import { POSTGRES_SCHEMA_VERSION } from '../../src/storage/postgres/migrations.js';
+import { SQLITE_SCHEMA_VERSION } from '../../src/storage/sqlite/events.js';
 import { ROOT, runCli, startServerProcess } from '../helpers/process.js';
 
 // The CLI as a new team meets it: one exit-code rule, quiet pipes, the pid to signal, warnings,
@@ -40,6 +42,13 @@ describe('exit codes: 0 ok, 2 an unknown command or flag, 1 every other problem'
     const results = [];
     for (let i = 0; i < cases.length; i += 3) results.push(...await Promise.all(cases.slice(i, i + 3).map(([args]) => runCli(args))));
     results.forEach((result, i) => assert.equal(result.code, cases[i]![1], `gatehouse ${cases[i]![0].join(' ')}: ${result.stderr}`));
+  });
+
+  it('--version prints the version, then the storage schema versions this build knows', async () => {
+    const { version } = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
+    const result = await runCli(['--version']);
+    assert.equal(result.code, 0, result.stderr);
+    assert.equal(result.stdout, `${version}\nstorage schema versions: sqlite ${SQLITE_SCHEMA_VERSION}, postgres ${POSTGRES_SCHEMA_VERSION}\n`);
   });
 });
 
