@@ -47,10 +47,10 @@ tgz="$work/$(tail -n 1 "$work/pack.out")"
 step "packed $(basename "$tgz") ($(du -k "$tgz" | cut -f1) kB)"
 
 tar -tzf "$tgz" | sed 's|^package/||' | sort > "$work/contents"
-for wanted in package.json README.md bin/gatehouse.js dist/bin.js dist/main.js gateway.json5 examples/gatehouse.service examples/gatehouse-purge.service examples/gatehouse-purge.timer examples/container.json5; do
+for wanted in package.json README.md CHANGELOG.md docs/getting-started.md docs/configuration.md bin/gatehouse.js dist/bin.js dist/main.js gateway.json5 examples/gatehouse.service examples/gatehouse-purge.service examples/gatehouse-purge.timer examples/container.json5; do
   grep -qxF "$wanted" "$work/contents" || fail "the tarball lacks $wanted"
 done
-if unwanted="$(grep -E '^(src|test|bench|scripts|docs|\.ci|node_modules)/|\.ts$|\.map$|^tsconfig|^Dockerfile|^compose' "$work/contents")"; then
+if unwanted="$(grep -E '^(src|test|bench|scripts|\.ci|node_modules)/|\.ts$|\.map$|^tsconfig|^Dockerfile|^compose' "$work/contents")"; then
   fail "the tarball holds files users do not need: $(echo "$unwanted" | head -n 5 | tr '\n' ' ')"
 fi
 
