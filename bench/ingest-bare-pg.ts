@@ -15,7 +15,7 @@ const expected = createHash('sha256').update(secret!).digest();
 const pool = new pg.Pool({ connectionString: url, max: 2 });
 await pool.query('CREATE TABLE IF NOT EXISTS events (id text PRIMARY KEY, received_at bigint NOT NULL, body text NOT NULL)');
 
-let batch: { id: string; body: string; res: http.ServerResponse }[] = [];
+const batch: { id: string; body: string; res: http.ServerResponse }[] = [];
 let flushing = false;
 async function flush() {
   flushing = true;

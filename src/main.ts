@@ -20,20 +20,7 @@ const UNKNOWN_COMMAND_LINE = new Set(['commander.unknownCommand', 'commander.unk
  * `start` resolves only when the server has stopped.
  */
 export async function runCli(argv: readonly string[]): Promise<number> {
-  const program = new Command()
-    .name('gatehouse')
-    .description('Authentication edge for internal HTTP APIs, with a durable webhook receiver.')
-    // The first line is the version alone (scripts read it); the second what storage it can open and migrate to.
-    .version(`${VERSION}\nstorage schema versions: sqlite ${SQLITE_SCHEMA_VERSION}, postgres ${POSTGRES_SCHEMA_VERSION}`)
-    .exitOverride()
-    .showHelpAfterError();
-  registerStartCommand(program);
-  registerConfigCommands(program);
-  registerGatewayCommands(program);
-  registerWebhooksCommands(program);
-  registerStorageCommands(program);
-  registerChannelsCommands(program);
-
+  const program = buildProgram();
   try {
     await program.parseAsync(argv);
     // A command that printed its own failure (e.g. `config check --json`) sets process.exitCode.
@@ -54,4 +41,22 @@ export async function runCli(argv: readonly string[]): Promise<number> {
     process.stderr.write(`gatehouse: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     return 1;
   }
+}
+
+/** The commander program with every command registered (docs/cli.md is checked against it). */
+export function buildProgram(): Command {
+  const program = new Command()
+    .name('gatehouse')
+    .description('Authentication edge for internal HTTP APIs, with a durable webhook receiver.')
+    // The first line is the version alone (scripts read it); the second what storage it can open and migrate to.
+    .version(`${VERSION}\nstorage schema versions: sqlite ${SQLITE_SCHEMA_VERSION}, postgres ${POSTGRES_SCHEMA_VERSION}`)
+    .exitOverride()
+    .showHelpAfterError();
+  registerStartCommand(program);
+  registerConfigCommands(program);
+  registerGatewayCommands(program);
+  registerWebhooksCommands(program);
+  registerStorageCommands(program);
+  registerChannelsCommands(program);
+  return program;
 }

@@ -39,7 +39,7 @@ declare module 'node:http' {
 const PAIRING_CODE_IN_PATH = /^(\/webhook\/channels\/[^/]+\/pair\/)[^/]*/;
 
 // Printable, no spaces, bounded: safe to echo into logs and upstream headers.
-const SANE_REQUEST_ID = /^[A-Za-z0-9._:@\-]{1,128}$/;
+const SANE_REQUEST_ID = /^[A-Za-z0-9._:@-]{1,128}$/;
 
 /** Writes the one line per request; made once per app from the configured logger. */
 export type RequestLog = (line: Record<string, unknown>) => void;

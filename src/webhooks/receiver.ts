@@ -2,7 +2,7 @@ import { isUtf8 } from 'node:buffer';
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import express, { type NextFunction } from 'express';
 import type { Logger } from 'pino';
-import type { Config, HttpLimits, VerifyConfig, WebhookAction } from '../config/schema.js';
+import type { Config, HttpLimits, WebhookAction } from '../config/schema.js';
 import { HttpError, type ErrorCode } from '../errors.js';
 import { createClientIpResolver } from '../http/client-ip.js';
 import type { FailureLockout, LockoutSlot } from '../http/lockout.js';

@@ -207,7 +207,10 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
         const [, url, code] = await login.waitForOutput(/\n {2}(http:\/\/\S+\/pair\/(\S+))\npairing code: /).catch(() => []);
         return url ? { pending: { login, url, code: code! } } : { refused: await login.exited };
       }));
-      for (const o of outcomes) o.pending ? pending.push(o.pending) : refused.push(o.refused!);
+      for (const o of outcomes) {
+        if (o.pending) pending.push(o.pending);
+        else refused.push(o.refused!);
+      }
     });
 
     it('at most 3 pending, even for logins started at once: the 4th refuses and makes no code', () => {

@@ -1,4 +1,4 @@
-import { Command, type Option } from 'commander';
+import type { Command, Option } from 'commander';
 
 /** One command of the CLI: its full name (`gatehouse webhooks deliveries list`), flags and subcommands. */
 export interface CliCommand {
@@ -13,26 +13,10 @@ export interface CliCommand {
   subcommands: Map<string, CliCommand>;
 }
 
-/**
- * The CLI's own command tree, built in-process: src/main.ts builds its commander program inside
- * runCli, so runCli is called with parsing stubbed out, and the program it built is read.
- * Nothing runs: no command's action is reached.
- */
+/** The CLI's own command tree, as src/main.ts builds it (nothing is parsed, no action runs). */
 export async function loadCliTree(): Promise<CliCommand> {
-  let program: Command | undefined;
-  const parseAsync = Command.prototype.parseAsync;
-  Command.prototype.parseAsync = async function captureProgram(this: Command) {
-    program = this;
-    return this;
-  };
-  try {
-    const { runCli } = (await import('../../src/main.js')) as { runCli: (argv: readonly string[]) => Promise<number> };
-    await runCli(['node', 'gatehouse']);
-  } finally {
-    Command.prototype.parseAsync = parseAsync;
-  }
-  if (!program) throw new Error('runCli did not parse a commander program');
-  return describe(program, []);
+  const { buildProgram } = await import('../../src/main.js');
+  return describe(buildProgram(), []);
 }
 
 function describe(command: Command, parents: string[]): CliCommand {

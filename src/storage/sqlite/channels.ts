@@ -231,14 +231,14 @@ export class SqliteChannelStore implements ChannelStore {
   }
 }
 
-const CHANNEL_TABLES = ['channel_grants', 'channel_devices', 'channel_pairings', 'channel_outbox', 'channel_oauth_requests'] as const;
+type ChannelTable = 'channel_grants' | 'channel_devices' | 'channel_pairings' | 'channel_outbox' | 'channel_oauth_requests';
 
 /**
  * Every channel row an SQLite file holds (none for a table not there), for `gatehouse storage
  * copy`. Reads only, creates nothing; the caller holds the file's writer lock.
  */
 export function exportChannelState(db: Database.Database): ExportedChannelState {
-  const all = <T>(table: (typeof CHANNEL_TABLES)[number], order: string): T[] =>
+  const all = <T>(table: ChannelTable, order: string): T[] =>
     hasTable(db, table) ? (db.prepare(`SELECT * FROM ${table} ORDER BY ${order}`).all() as T[]) : [];
   return {
     grants: all<ChannelGrantRow>('channel_grants', 'name'),
