@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { admin } from './sections/admin.js';
 import type { jwtSettings } from './sections/auth.js';
-import { channelName, channelSchema } from './sections/channels.js';
+import { channels } from './sections/channels.js';
 import type { httpLimits } from './sections/common.js';
 import { gateway } from './sections/gateway.js';
 import { storage } from './sections/storage.js';
@@ -19,14 +19,17 @@ export type { VerifyConfig } from './sections/verify.js';
 
 export const configSchema = z
   .strictObject({
-    /** For editors: the JSON Schema this file follows (`gatehouse config schema`); gatehouse ignores it. */
-    $schema: z.string().optional(),
+    $schema: z.string().optional()
+      .describe('For editors: the JSON Schema this file follows (e.g. `"./gateway.schema.json"`, from `gatehouse config schema`); gatehouse ignores it.'),
     storage,
-    log: z.strictObject({ level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info') }).prefault({}),
+    log: z.strictObject({
+      level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info')
+        .describe('The least severe level logged, from `"fatal"` to `"trace"`; `"silent"` logs nothing.'),
+    }).prefault({}).describe('What gatehouse logs: JSON lines on stdout (readable text on a terminal).'),
     gateway,
-    webhooks: webhooks.prefault({}),
-    channels: z.record(channelName, channelSchema).default({}),
-    admin: admin.optional(),
+    webhooks,
+    channels,
+    admin,
   })
   .superRefine((config, ctx) => {
     if (config.admin && config.admin.token === undefined && !isLoopbackHost(config.admin.listen.host)) {

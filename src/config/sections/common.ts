@@ -1,14 +1,26 @@
 import { z } from 'zod';
 import { isValidAddressRange } from '../../gateway/ip-allowlist.js';
 import { pathPatternProblem } from '../../gateway/path-pattern.js';
+import { compileTemplate } from '../../webhooks/translate.js';
 import { redactUrlCredentials } from '../redact.js';
 
 // The building blocks several sections share: addresses, URLs, listeners and their limits, scopes, path patterns.
+// Every key carries its description (`.describe`), the one source of gateway.schema.json's hover texts and of
+// docs/configuration.md (scripts/docs.ts); a test fails when a key has none.
+
+declare module 'zod' {
+  interface GlobalMeta {
+    /** How docs/configuration.md names the type where the JSON Schema says too little (a pattern, a refinement). */
+    docsType?: string;
+    /** The default in words where it is computed rather than one value (docs/configuration.md). */
+    docsDefault?: string;
+  }
+}
 
 /** An IP address or CIDR, IPv4 or IPv6 (`10.0.0.0/8`, `::1`). */
 export const addressRange = z.string().superRefine((value, ctx) => {
   if (!isValidAddressRange(value)) ctx.addIssue({ code: 'custom', message: `invalid CIDR "${value}"` });
-});
+}).meta({ docsType: 'IP address or CIDR' });
 
 export const httpUrl = (what: string) =>
   z.string().superRefine((value, ctx) => {
@@ -27,15 +39,16 @@ export const httpUrl = (what: string) =>
     if (url.protocol !== 'http:' && url.protocol !== 'https:') {
       ctx.addIssue({ code: 'custom', message: `${what} must use http or https, got "${url.protocol}"` });
     }
-  });
+  }).meta({ docsType: 'http(s) URL' });
 
 export const port = z.number().int().min(0).max(65535);
 export const positiveInt = z.number().int().positive();
 
 export const listen = (defaultPort: number) =>
   z.strictObject({
-    host: z.string().min(1).default('127.0.0.1'),
-    port: port.default(defaultPort),
+    host: z.string().min(1).default('127.0.0.1')
+      .describe('The address to bind: loopback by default; `0.0.0.0` or `::` for every interface.'),
+    port: port.default(defaultPort).describe('The TCP port; `0` takes any free port.'),
   });
 
 /**
@@ -44,16 +57,17 @@ export const listen = (defaultPort: number) =>
  */
 export const httpLimits = (requestTimeoutMs: number) =>
   z.strictObject({
-    /** Header lines per request; a request with more is refused (431), never cut. Apache's LimitRequestFields. */
-    maxHeaderCount: z.number().int().min(16).max(1000).default(100),
-    /** Bytes of the request line and headers together (431 past it). */
-    maxHeaderBytes: z.number().int().min(1024).max(65_536).default(16_384),
-    /** Time to receive the request line and headers (408, connection closed). */
-    headersTimeoutMs: positiveInt.default(15_000),
-    /** Time to receive the whole request, body included (408). */
-    requestTimeoutMs: positiveInt.default(requestTimeoutMs),
-    /** How long an idle keep-alive connection stays open (make it longer than a load balancer's idle timeout in front). */
-    keepAliveTimeoutMs: positiveInt.default(5_000),
+    maxHeaderCount: z.number().int().min(16).max(1000).default(100)
+      // Never cut: Node's silent cut is what made header-count smuggling possible.
+      .describe('Header lines per request (Apache\'s LimitRequestFields); a request with more gets 431 and its connection is closed.'),
+    maxHeaderBytes: z.number().int().min(1024).max(65_536).default(16_384)
+      .describe('Bytes of the request line and headers together, as Node\'s parser counts them; past it, 431. On the gateway, keep the upstream\'s own limit at least this plus the ~300 bytes gatehouse adds.'),
+    headersTimeoutMs: positiveInt.default(15_000)
+      .describe('Milliseconds a client has to send the request line and headers (slow-loris guard); past it, 408 and the connection is closed.'),
+    requestTimeoutMs: positiveInt.default(requestTimeoutMs)
+      .describe('Milliseconds a client has to send the whole request, body included; past it, 408. Must be at least headersTimeoutMs.'),
+    keepAliveTimeoutMs: positiveInt.default(5_000)
+      .describe('Milliseconds an idle keep-alive connection stays open; make it longer than the idle timeout of a load balancer in front.'),
   }).superRefine((limits, ctx) => {
     if (limits.headersTimeoutMs > limits.requestTimeoutMs) ctx.addIssue({ code: 'custom', path: ['headersTimeoutMs'], message: 'headersTimeoutMs must not exceed requestTimeoutMs' });
   });
@@ -62,7 +76,8 @@ export const httpLimits = (requestTimeoutMs: number) =>
 export const scopeToken = z.string().regex(/^[\x21\x23-\x5b\x5d-\x7e]{1,128}$/, 'a scope is 1-128 printable ASCII characters without space, " or \\ (RFC 6749 scope-token)');
 /** A period like "1s", "30s", "1m", "1h", "1d", as seconds. */
 export const period = z.string({ error: (issue) => `per ${issue.input === undefined ? 'is required' : 'must be text'}: a whole number followed by s, m, h or d (e.g. "1m")` }).regex(/^[1-9]\d{0,5}[smhd]$/, 'per must be a whole number followed by s, m, h or d (e.g. "1m")')
-  .transform((text) => Number(text.slice(0, -1)) * { s: 1, m: 60, h: 3600, d: 86_400 }[text.at(-1) as 's' | 'm' | 'h' | 'd']);
+  .transform((text) => Number(text.slice(0, -1)) * { s: 1, m: 60, h: 3600, d: 86_400 }[text.at(-1) as 's' | 'm' | 'h' | 'd'])
+  .meta({ docsType: 'period like "1m"' });
 /** `/api/…` (or `/_gatehouse/…`) patterns: `*` one segment, `**` (last) any rest. */
 export const pathPatterns = z.array(z.string().superRefine((pattern, ctx) => {
   const problem = pathPatternProblem(pattern);
@@ -70,6 +85,24 @@ export const pathPatterns = z.array(z.string().superRefine((pattern, ctx) => {
 })).min(1);
 /** Methods as Node reports them: upper case tokens. */
 export const methods = z.array(z.string().regex(/^[A-Z]{1,20}$/, 'methods are upper case, e.g. "GET"')).min(1);
-export const rateLimitQuota = { requests: positiveInt, per: period };
+export const rateLimitQuota = {
+  requests: positiveInt.describe('How many requests are allowed per `per` (the refill rate).'),
+  per: period.describe('The period `requests` refill over: a whole number and `s`, `m`, `h` or `d` (`"1s"`, `"1m"`, `"1h"`, `"1d"`).'),
+};
+
+/**
+ * Where a schema takes `unknown` and parses it by hand (for speed), the schema of what a config file
+ * holds there: json-schema.ts emits that one, so editors and docs/configuration.md still see its keys.
+ */
+export const writtenAs = new WeakMap<z.core.$ZodType, z.core.$ZodType>();
+
+/** A message template (`{{a.b[0].c}}` property paths), compiled once here so a broken one is a config error. */
+export const messageTemplate = z.string().superRefine((template, ctx) => {
+  try {
+    compileTemplate(template);
+  } catch (err) {
+    ctx.addIssue({ code: 'custom', message: (err as Error).message });
+  }
+});
 
 export const hookSecret = (what: string) => z.string().min(16, `${what} must be at least 16 characters`);
