@@ -7,7 +7,8 @@ import { ConfigError, UsageError } from '../errors.js';
 import { createLogger } from '../observability/log.js';
 import { countConfigReload } from '../observability/metrics.js';
 import { startGatehouse } from '../runtime/server.js';
-import { resolveWorkerCount, runGatewayWorker, startGatewayWorkers } from '../runtime/workers.js';
+import { resolveWorkerCount, startGatewayWorkers } from '../runtime/workers/primary.js';
+import { runGatewayWorker } from '../runtime/workers/worker.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
 /**

@@ -22,7 +22,7 @@ export interface LockoutSettings {
 /**
  * The counters and locks, per key. Synchronous on purpose: it is consulted on every /api/
  * request. A count shared between processes keeps a local view and reports failures in the
- * background, as gateway workers do (workers.ts).
+ * background, as gateway workers do (src/runtime/workers/worker.ts).
  */
 export interface LockoutStore {
   /**

@@ -41,7 +41,7 @@ export async function startGatehouse(
     lockoutStore?: LockoutStore;
     /** default: the one `storage` names (src/storage/open.ts) */
     eventStore?: EventStore;
-    /** default: the /api/ edge in this process (see workers.ts for the cluster) */
+    /** default: the /api/ edge in this process (see workers/ for the cluster) */
     startGateway?: GatewayStarter;
   },
 ): Promise<RunningGatehouse> {
@@ -153,7 +153,7 @@ export interface RunningGateway {
 export type GatewayStarter = (config: Config, deps: {
   logger: Logger;
   lockoutStore: LockoutStore;
-  /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers.ts); on Postgres whole buckets, shared. */
+  /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers/primary.ts); on Postgres whole buckets, shared. */
   rateLimitShare?: number;
   /** The TLS pair to serve, already read (a gateway worker gets the primary's); else gateway.tls's files are read. */
   tls?: TlsPem;

@@ -1,46 +1,12 @@
 import cluster, { type Worker } from 'node:cluster';
 import os from 'node:os';
 import type { Logger } from 'pino';
-import type { Config } from '../config/schema.js';
-import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from '../http/lockout.js';
-import { UsageError } from '../errors.js';
-import { createLogger } from '../observability/log.js';
-import { readTlsPem, type TlsPem } from '../http/listener.js';
-import { enableMetrics, metricsSnapshot, type MetricsSnapshot } from '../observability/metrics.js';
-import { startGateway, type RunningGateway } from './server.js';
-
-/**
- * `gateway.workers` > 1: the /api/ edge runs in N node:cluster worker processes sharing the
- * port, while the primary keeps the webhook receiver (the store's single durable writer), the
- * config file and the signals. Workers get their config from the primary, never from the file,
- * so all of them run the same one.
- *
- * The lockout stays one count across the cluster: each worker reports a failure to the primary,
- * which counts them all and tells every worker when a client is locked out. That verdict comes
- * over IPC, after the failures: to bound the guesses without an IPC round trip per request,
- * each worker also enforces its share of the budget, max(1, floor(max / N)) failures per
- * window, with the same slots (lockout.ts), so N workers check at most `max` bad credentials
- * of a client in total (when max ≥ N). The price: a client whose connections all land on one
- * worker is locked out by that worker after its share, sooner than after `max`.
- */
-
-/** Messages from the primary to a worker. */
-type ToWorker =
-  /** `tls`: the pair in force (gateway.tls), read by the primary for all of them. */
-  | { type: 'config'; config: Config; workers: number; tls?: TlsPem }
-  | { type: 'locked'; key: string; until: number }
-  | { type: 'shutdown'; graceMs: number }
-  | { type: 'probe'; id: number; metrics: boolean };
-
-/** Messages from a worker to the primary. */
-type ToPrimary =
-  | { type: 'ready' }
-  | { type: 'listening'; url: string }
-  | { type: 'configured' }
-  | { type: 'failed'; error: string }
-  /** `lockedFor`: seconds of lockout this failure triggered in the worker's own share (0: none). */
-  | { type: 'failure'; key: string; now: number; settings: LockoutSettings; lockedFor: number }
-  | { type: 'probed'; id: number; keysLoaded: boolean; certificateNotAfter?: number; metrics?: MetricsSnapshot };
+import type { Config } from '../../config/schema.js';
+import { UsageError } from '../../errors.js';
+import { readTlsPem, type TlsPem } from '../../http/listener.js';
+import type { LockoutStore } from '../../http/lockout.js';
+import type { RunningGateway } from '../server.js';
+import { send, type ToPrimary } from './protocol.js';
 
 const STARTUP_TIMEOUT_MS = 30_000;
 const FIRST_RESTART_DELAY_MS = 500;
@@ -267,98 +233,6 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
       clearTimeout(timer);
     },
   };
-}
-
-/**
- * Worker side (the process cluster.fork started): asks the primary for the config, serves /api/
- * with it, applies the configs and lockouts the primary sends, drains on `shutdown`.
- */
-export async function runGatewayWorker(): Promise<void> {
-  const toPrimary = (message: ToPrimary) => process.send!(message);
-  // This worker's view: its own failures against its share of `max`, and the primary's locks.
-  const locks = new MemoryLockoutStore();
-  let workerCount = 1; // from the primary's first config message, before any request
-  let fullSettings: LockoutSettings | undefined;
-  let shareSettings: LockoutSettings | undefined;
-  const share = (settings: LockoutSettings): LockoutSettings => {
-    if (settings !== fullSettings) {
-      fullSettings = settings;
-      shareSettings = { ...settings, max: Math.max(1, Math.floor(settings.max / workerCount)) };
-    }
-    return shareSettings!;
-  };
-  const lockoutStore: LockoutStore = {
-    refusedFor: (key, now, settings) => locks.refusedFor(key, now, share(settings)),
-    room: (key, now, settings) => locks.room(key, now, share(settings)),
-    recordFailure(key, now, settings) {
-      const lockedFor = locks.recordFailure(key, now, share(settings));
-      toPrimary({ type: 'failure', key, now, settings, lockedFor });
-      // 0: the primary logs the lockout (once for the cluster, not once per worker's share).
-      return 0;
-    },
-  };
-  // Signals go to the primary, which drains the workers in order; a terminal's Ctrl-C reaches
-  // the whole process group, and the default action would drop this worker's in-flight requests.
-  process.on('SIGINT', () => {});
-  process.on('SIGTERM', () => {});
-
-  let logger: Logger | undefined;
-  let running: RunningGateway | undefined;
-  let configuring = Promise.resolve();
-  await new Promise<void>((resolve) => {
-    let stopped = false;
-    const stop = async (graceMs: number) => {
-      if (stopped) return;
-      stopped = true;
-      await running?.close(graceMs);
-      logger?.flush();
-      resolve();
-    };
-    // The primary is gone (crashed or killed): nothing will reload or stop this worker, so stop now.
-    process.once('disconnect', () => void stop(1_000));
-    process.on('message', (message: ToWorker) => {
-      switch (message.type) {
-        case 'config':
-          workerCount = message.workers;
-          configuring = configuring.then(async () => {
-            try {
-              if (!running) {
-                // Before the app is built, which binds its instruments (src/observability/metrics.ts).
-                if (message.config.admin) enableMetrics();
-                logger = createLogger({ level: message.config.log.level, bindings: { worker: cluster.worker!.id } });
-                running = await startGateway(message.config, { logger, lockoutStore, rateLimitShare: 1 / workerCount, tls: message.tls });
-                toPrimary({ type: 'listening', url: running.url });
-              } else {
-                await running.reload(message.config, message.tls);
-                toPrimary({ type: 'configured' });
-              }
-            } catch (err) {
-              toPrimary({ type: 'failed', error: err instanceof Error ? err.message : String(err) });
-              if (!running) process.exit(1);
-            }
-          });
-          break;
-        case 'locked':
-          locks.lockUntil(message.key, message.until);
-          break;
-        case 'shutdown':
-          void configuring.then(() => stop(message.graceMs));
-          break;
-        case 'probe':
-          void (async () => {
-            const probe = await running?.probe({ metrics: false });
-            toPrimary({ type: 'probed', id: message.id, keysLoaded: probe?.keysLoaded ?? false, certificateNotAfter: probe?.certificateNotAfter, metrics: message.metrics ? await metricsSnapshot() : undefined });
-          })();
-          break;
-      }
-    });
-    toPrimary({ type: 'ready' });
-  });
-  process.disconnect?.();
-}
-
-function send(worker: Worker, message: ToWorker): void {
-  if (worker.isConnected()) worker.send(message);
 }
 
 async function withTimeout<T>(promise: Promise<T>, ms: number, message: string): Promise<T> {
