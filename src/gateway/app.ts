@@ -9,7 +9,7 @@ import { compileAuthorizer, type Authorizer, type ImpliedRule } from './authoriz
 import { createClientIpResolver, type ClientOrigin } from '../http/client-ip.js';
 import { Authenticator, type AuthOutcome } from './credentials/authenticate.js';
 import { prepareUpstreamHeaders } from './forward-headers.js';
-import { compileAddressMatcher, parseAddress } from './ip-allowlist.js';
+import { compileAddressMatcher, parseAddress } from '../http/ip-ranges.js';
 import type { FailureLockout, LockoutSlot } from '../http/lockout.js';
 import { API_PREFIX, checkApiPath } from './path-gate.js';
 import { matchablePath } from './path-pattern.js';

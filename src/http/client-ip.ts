@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import proxyaddr from 'proxy-addr';
-import { compileAddressMatcher, parseAddress } from '../gateway/ip-allowlist.js';
+import { compileAddressMatcher, parseAddress } from './ip-ranges.js';
 
 /** Where a request came from: the client address and the hops it crossed to reach us. Read-only (it may be shared). */
 export interface ClientOrigin {

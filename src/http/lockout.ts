@@ -1,5 +1,5 @@
 import type ipaddr from 'ipaddr.js';
-import { parseAddress } from '../gateway/ip-allowlist.js';
+import { parseAddress } from './ip-ranges.js';
 
 /**
  * Failure lockout: at most `max` bad credentials from one client are evaluated within

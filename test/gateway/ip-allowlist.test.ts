@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { compileAddressMatcher, isValidAddressRange, parseAddress } from '../../src/gateway/ip-allowlist.js';
+import { compileAddressMatcher, isValidAddressRange, parseAddress } from '../../src/http/ip-ranges.js';
 
 describe('ip allow-list: parseAddress accepts only canonical address forms', () => {
   it('parses IPv4 dotted quads', () => {

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { isValidAddressRange } from '../../gateway/ip-allowlist.js';
+import { isValidAddressRange } from '../../http/ip-ranges.js';
 import { pathPatternProblem } from '../../gateway/path-pattern.js';
 import { compileTemplate } from '../../webhooks/translate.js';
 import { redactUrlCredentials } from '../redact.js';
