@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { startAdmin, type GatewayProbe, type RunningAdmin } from '../admin/listener.js';
+import { startAdmin, type GatewayProbe } from '../admin/listener.js';
 import { buildGatewayApp, type GatewayApp } from '../gateway/app.js';
 import { isLoopbackHost, type Config } from '../config/schema.js';
 import { configWarnings } from '../config/warnings.js';
@@ -12,8 +12,9 @@ import { createChannelSender } from '../integrations/channels/outbound.js';
 import { startGrantRefresher } from '../integrations/channels/refresh.js';
 import type { ChannelStore } from '../integrations/channels/state.js';
 import { closeServer, listen, type Listening, type TlsPem } from '../http/listener.js';
+import { ResourceStack } from './resources.js';
 import { enableMetrics } from '../observability/metrics.js';
-import { startGmail, type RunningGmail } from '../integrations/gmail/run.js';
+import { startGmail } from '../integrations/gmail/run.js';
 import { secretKeysFromEnv } from '../storage/secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from '../webhooks/receiver.js';
 import { createVerifier } from '../webhooks/verifiers/index.js';
@@ -49,50 +50,36 @@ export async function startGatehouse(
   let config = initial;
   // Before any app is built: they bind their instruments when built (src/observability/metrics.ts).
   if (config.admin) enableMetrics();
-  // On postgres every instance shares the lockout (counted there, checked here in memory).
-  const sharedLockout = options.lockoutStore === undefined && config.storage.driver === 'postgres'
-    ? await PostgresLockoutStore.open(config.storage, { logger })
-    : undefined;
-  const lockoutStore = options.lockoutStore ?? sharedLockout ?? new MemoryLockoutStore();
-  // What can refuse the webhook side's start comes before any listener, so a refused start has
-  // listened on nothing: a key missing for sealed tokens, a SQLite file another server holds.
-  let ownStore: EventStore | undefined;
-  if (config.webhooks.enabled && options.eventStore === undefined) {
-    try {
+  const resources = new ResourceStack();
+  const { gateway, webhooks, admin } = await resources.open(async () => {
+    // On postgres every instance shares the lockout (counted there, checked here in memory).
+    const sharedLockout = options.lockoutStore === undefined && config.storage.driver === 'postgres'
+      ? await PostgresLockoutStore.open(config.storage, { logger })
+      : undefined;
+    if (sharedLockout) resources.defer(() => sharedLockout.close());
+    const lockoutStore = options.lockoutStore ?? sharedLockout ?? new MemoryLockoutStore();
+    // What can refuse the webhook side's start comes before any listener, so a refused start has
+    // listened on nothing: a key missing for sealed tokens, a SQLite file another server holds.
+    let ownStore: EventStore | undefined;
+    let ownStoreHandedOver = false;
+    if (config.webhooks.enabled && options.eventStore === undefined) {
       if (needsSecretKey(config)) secretKeysFromEnv();
-      ownStore = await openEventStore(config.storage, { role: 'server', logger });
-    } catch (err) {
-      await sharedLockout?.close();
-      throw err;
+      const store = await openEventStore(config.storage, { role: 'server', logger });
+      ownStore = store;
+      resources.defer(() => (ownStoreHandedOver ? undefined : store.close()));
     }
-  }
-  let gateway: RunningGateway;
-  try {
-    gateway = await (options.startGateway ?? startGateway)(config, { logger, lockoutStore });
-  } catch (err) {
-    await ownStore?.close();
-    await sharedLockout?.close();
-    throw err;
-  }
-  let webhooks: RunningWebhooks | undefined;
-  try {
-    webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore ?? ownStore);
-  } catch (err) {
-    await gateway.close(0); // nothing is half-started: the process can exit with the error
-    await ownStore?.close(); // startWebhooks closes it on most paths, not all; closing twice is harmless
-    await sharedLockout?.close();
-    throw err;
-  }
-  let admin: RunningAdmin | undefined;
-  try {
-    admin = config.admin
+    const gateway = await (options.startGateway ?? startGateway)(config, { logger, lockoutStore });
+    const receiver: { webhooks?: RunningWebhooks } = {};
+    // The two listeners drain side by side, before the admin listener closes (see close() below).
+    resources.defer(async (graceMs) => void (await Promise.all([gateway.close(graceMs), receiver.webhooks?.close(graceMs)])));
+    ownStoreHandedOver = ownStore !== undefined; // startWebhooks closes it from here on, whatever happens
+    const webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore ?? ownStore);
+    receiver.webhooks = webhooks;
+    const admin = config.admin
       ? await startAdmin(config, { probeGateway: gateway.probe, lockoutStore, store: webhooks?.listening.store, channelStore: webhooks?.channelStore }, logger)
       : undefined;
-  } catch (err) {
-    await Promise.all([gateway.close(0), webhooks?.close(0)]);
-    await sharedLockout?.close();
-    throw err;
-  }
+    return { gateway, webhooks, admin };
+  });
 
   return {
     gateway: { url: gateway.url },
@@ -109,9 +96,11 @@ export async function startGatehouse(
     async close(graceMs = 10_000) {
       // /readyz turns 503 at once and the admin listener closes last: a load balancer sees the drain.
       admin?.startDraining();
-      await Promise.all([gateway.close(graceMs), webhooks?.close(graceMs)]);
-      await sharedLockout?.close();
-      await admin?.close(1_000);
+      try {
+        await resources.close(graceMs);
+      } finally {
+        await admin?.close(1_000);
+      }
     },
   };
 }
@@ -164,31 +153,33 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   const { logger } = options;
   let config = initial;
   const lockout = new FailureLockout(options.lockoutStore, config.gateway.auth.failures, 'gateway');
-  // Outlives each app: a reload keeps the buckets of the limits it leaves unchanged. Shared on
-  // Postgres: then each process (each worker too) holds whole buckets and syncs them itself.
-  const rateLimitStore = openRateLimitStore(config.storage);
-  const rateLimits = new RateLimitState(rateLimitStore ? 1 : options.rateLimitShare);
-  const rateLimitSync = rateLimitStore ? startRateLimitSync(rateLimits, rateLimitStore, { logger }) : undefined;
-  // Channels' outbound API needs their grants (a connection of its own: workers have one each).
+  const resources = new ResourceStack();
+  // Channels' outbound API needs their grants (a connection of its own: workers have one each),
+  // opened with the first channel, perhaps at a reload; closed last.
   let channelStore: ChannelStore | undefined;
+  resources.defer(() => channelStore?.close());
   const channelsOf = async (c: Config) => {
     if (Object.keys(c.channels).length === 0) return undefined;
     channelStore ??= await openChannelStore(c.storage, { role: 'server', logger });
     return createChannelSender(c, { store: channelStore, secretKeys: secretKeysFromEnv(), logger });
   };
+  // Outlives each app: a reload keeps the buckets of the limits it leaves unchanged. Shared on
+  // Postgres: then each process (each worker too) holds whole buckets and syncs them itself.
+  const rateLimitStore = openRateLimitStore(config.storage);
+  const rateLimits = new RateLimitState(rateLimitStore ? 1 : options.rateLimitShare);
+  const rateLimitSync = rateLimitStore ? startRateLimitSync(rateLimits, rateLimitStore, { logger }) : undefined;
+  if (rateLimitSync) resources.defer(() => rateLimitSync.close());
   // The parser limits are the listener's: fixed at start, whatever a reload says.
   const limits = config.gateway.limits;
-  let app: GatewayApp;
-  let listening: Listening;
-  try {
+  let app!: GatewayApp;
+  const listening = await resources.open(async () => {
     app = await buildGatewayApp(config, { logger, lockout, rateLimits, channels: await channelsOf(config), limits });
+    resources.defer(() => app.close()); // the app in force then: releases its idle upstream connections
     const tls = config.gateway.tls && (options.tls ?? config.gateway.tls);
-    listening = await listen('gateway.listen', config.gateway.listen, tls, limits, (req, res) => app.handle(req, res));
-  } catch (err) {
-    await rateLimitSync?.close();
-    await channelStore?.close();
-    throw err;
-  }
+    const opened = await listen('gateway.listen', config.gateway.listen, tls, limits, (req, res) => app.handle(req, res));
+    resources.defer((graceMs) => closeServer(opened.server, graceMs));
+    return opened;
+  });
   describeGateway(logger, config, app, listening.url, 'gateway listening');
   void warmUp(logger, app);
   return {
@@ -215,12 +206,8 @@ export const startGateway: GatewayStarter = async (initial, options) => {
       describeGateway(logger, config, app, listening.url, 'gateway configuration now in force');
     },
     probe: async () => ({ keysLoaded: app.authenticator.jwt?.keysLoaded ?? true, certificateNotAfter: listening.certificate?.notAfter, snapshots: [] }),
-    async close(graceMs) {
-      await closeServer(listening.server, graceMs);
-      app.close();
-      await rateLimitSync?.close();
-      await channelStore?.close();
-    },
+    /** The listener drains (up to `graceMs`), then the app, the rate-limit sync and the channel store close. */
+    close: (graceMs) => resources.close(graceMs),
   };
 };
 
@@ -237,75 +224,60 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     return undefined;
   }
   const hasChannels = Object.keys(config.channels).length > 0;
-  // No key, no start (said with how to make one), before storage is opened.
-  const secretKeys = needsSecretKey(config) ? secretKeysFromEnv() : undefined;
-  const store = injectedStore ?? await openEventStore(config.storage, { role: 'server', logger });
-  const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
-  const deliverer = new Deliverer(store, config.webhooks, logger);
-  const onAccepted = () => deliverer.notify();
-  let gmail: RunningGmail | undefined;
-  let channelStore: ChannelStore | undefined;
-  try {
-    if (hasChannels) channelStore = await openChannelStore(config.storage, { role: 'server', logger });
-    gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store, logger, onAccepted, secretKeys: secretKeys! }) : undefined;
-  } catch (err) {
-    await channelStore?.close();
-    await store.close();
-    throw err;
-  }
-  // The Gmail route is fixed at start (webhooks.gmail changes need a restart); channel routes follow reloads.
-  const gmailRoutes: IntegrationRoute[] = gmail?.push
-    ? [{ path: gmail.push.path, action: config.webhooks.gmail!.action, verifyType: 'gmail push', verifier: createVerifier(gmail.push.verify), consume: gmail.push.consume, countsFailures: false }]
-    : [];
-  const refresher = channelStore ? startGrantRefresher(config, { store: channelStore, secretKeys: secretKeys!, logger }) : undefined;
-  const limits = config.webhooks.limits; // the listener's, fixed at start
-  const build = (c: Config): WebhookApp => {
-    const channels = channelStore ? channelRoutes(c, { store: channelStore, secretKeys: secretKeys!, logger }) : { routes: [], prefixRoutes: [] };
-    return buildWebhookApp(c, { logger, lockout, store, onAccepted, limits, routes: [...gmailRoutes, ...channels.routes], prefixRoutes: channels.prefixRoutes });
-  };
-  let app = build(config);
-  let opened: Listening | undefined;
-  try {
-    opened = await listen('webhooks.listen', config.webhooks.listen, undefined, limits, (req, res) => app.handle(req, res));
-    await deliverer.start();
-  } catch (err) {
+  const resources = new ResourceStack();
+  return resources.open(async () => {
+    // The store is this function's from the call on (an injected one too): closed on every failure below.
+    if (injectedStore) resources.defer(() => injectedStore.close());
+    // No key, no start (said with how to make one), before storage is opened.
+    const secretKeys = needsSecretKey(config) ? secretKeysFromEnv() : undefined;
+    const store = injectedStore ?? await openEventStore(config.storage, { role: 'server', logger });
+    if (!injectedStore) resources.defer(() => store.close());
+    const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
+    const deliverer = new Deliverer(store, config.webhooks, logger);
+    resources.defer((graceMs) => deliverer.stop(graceMs));
+    const onAccepted = () => deliverer.notify();
+    const channelStore = hasChannels ? await openChannelStore(config.storage, { role: 'server', logger }) : undefined;
+    if (channelStore) resources.defer(() => channelStore.close());
+    const gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store, logger, onAccepted, secretKeys: secretKeys! }) : undefined;
+    if (gmail) resources.defer(() => gmail.close());
+    // The Gmail route is fixed at start (webhooks.gmail changes need a restart); channel routes follow reloads.
+    const gmailRoutes: IntegrationRoute[] = gmail?.push
+      ? [{ path: gmail.push.path, action: config.webhooks.gmail!.action, verifyType: 'gmail push', verifier: createVerifier(gmail.push.verify), consume: gmail.push.consume, countsFailures: false }]
+      : [];
+    const refresher = channelStore ? startGrantRefresher(config, { store: channelStore, secretKeys: secretKeys!, logger }) : undefined;
+    if (refresher) resources.defer(() => refresher.close());
+    const limits = config.webhooks.limits; // the listener's, fixed at start
+    const build = (c: Config): WebhookApp => {
+      const channels = channelStore ? channelRoutes(c, { store: channelStore, secretKeys: secretKeys!, logger }) : { routes: [], prefixRoutes: [] };
+      return buildWebhookApp(c, { logger, lockout, store, onAccepted, limits, routes: [...gmailRoutes, ...channels.routes], prefixRoutes: channels.prefixRoutes });
+    };
+    let app = build(config);
     // Nothing half-started may keep the process alive (a port in use must exit 1, not hang).
-    if (opened) await closeServer(opened.server, 0);
-    await gmail?.close();
-    await refresher?.close();
-    await deliverer.stop(0);
-    await channelStore?.close();
-    await store.close();
-    throw err;
-  }
-  const listening = opened;
-  logger.info({
-    url: listening.url,
-    endpoints: [
-      ...config.webhooks.endpoints.map((e) => `${e.path} (${e.verify.type}) -> ${e.action}`),
-      ...gmailRoutes.map((r) => `${r.path} (${r.verifyType}) -> ${r.action}`),
-      ...Object.entries(config.channels).map(([name, c]) => `/webhook/channels/${name} (channel ${c.kind}) -> ${c.action}`),
-    ],
-    storage: `${config.storage.driver} ${describeStorage(config.storage)}`,
-  }, 'webhook receiver listening');
-  return {
-    listening: { ...listening, store, deliverer },
-    channelStore,
-    reload(next: Config) {
-      app = build(next);
-      refresher?.reconfigure(next);
-      lockout.configure(next.gateway.auth.failures);
-      deliverer.reconfigure(next.webhooks);
-    },
-    async close(graceMs: number) {
-      await closeServer(listening.server, graceMs);
-      await gmail?.close();
-      await refresher?.close();
-      await deliverer.stop(graceMs);
-      await store.close();
-      await channelStore?.close();
-    },
-  };
+    const listening = await listen('webhooks.listen', config.webhooks.listen, undefined, limits, (req, res) => app.handle(req, res));
+    resources.defer((graceMs) => closeServer(listening.server, graceMs));
+    await deliverer.start();
+    logger.info({
+      url: listening.url,
+      endpoints: [
+        ...config.webhooks.endpoints.map((e) => `${e.path} (${e.verify.type}) -> ${e.action}`),
+        ...gmailRoutes.map((r) => `${r.path} (${r.verifyType}) -> ${r.action}`),
+        ...Object.entries(config.channels).map(([name, c]) => `/webhook/channels/${name} (channel ${c.kind}) -> ${c.action}`),
+      ],
+      storage: `${config.storage.driver} ${describeStorage(config.storage)}`,
+    }, 'webhook receiver listening');
+    return {
+      listening: { ...listening, store, deliverer },
+      channelStore,
+      reload(next: Config) {
+        app = build(next);
+        refresher?.reconfigure(next);
+        lockout.configure(next.gateway.auth.failures);
+        deliverer.reconfigure(next.webhooks);
+      },
+      /** The listener drains first; then the refresher, Gmail, the channel store, the deliverer (up to `graceMs`) and the store. */
+      close: (graceMs: number) => resources.close(graceMs),
+    };
+  });
 }
 
 /** Gmail and channels keep sealed tokens: they need GATEHOUSE_SECRET_KEY. */
