@@ -47,7 +47,11 @@ export function createUpstreamProxy(
     // http-proxy's deleteLength pass turns a chunked DELETE/OPTIONS into `Content-Length: 0` and
     // still pipes the body: the upstream would read that body as a second, smuggled request
     // (http-party/node-http-proxy#1720). Without it, Node frames the body as the headers say.
-    const passes = proxyServer as unknown as { webPasses: { name: string }[] };
+    const passes = proxyServer as unknown as { webPasses?: { name: string }[] };
+    // An http-proxy internal: an upgrade that renames or drops it must be looked at, not run past.
+    if (!Array.isArray(passes.webPasses) || !passes.webPasses.some((pass) => pass.name === 'deleteLength')) {
+      throw new Error('http-proxy internals changed: webPasses has no deleteLength pass to remove (src/gateway/proxy.ts)');
+    }
     passes.webPasses = passes.webPasses.filter((pass) => pass.name !== 'deleteLength');
 
     proxyServer.on('proxyReq', (proxyReq, req, res) => {
