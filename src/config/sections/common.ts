@@ -106,3 +106,13 @@ export const messageTemplate = z.string().superRefine((template, ctx) => {
 });
 
 export const hookSecret = (what: string) => z.string().min(16, `${what} must be at least 16 characters`);
+
+const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
+/** A duration as text (`72h`, `30m`, `7d`, `90s`, `500ms`), parsed to milliseconds. */
+export const duration = z.string({ error: (issue) => `${issue.input === undefined ? 'required: ' : ''}a duration as text, like "72h", "30m", "7d" or "90s"` })
+  .regex(/^[1-9]\d*(ms|s|m|h|d)$/, 'a duration like "72h", "30m", "7d" or "90s"')
+  .transform((text) => {
+    const [, amount, unit] = /^(\d+)(ms|s|m|h|d)$/.exec(text)!;
+    return Number(amount) * DURATION_UNIT_MS[unit as keyof typeof DURATION_UNIT_MS];
+  })
+  .meta({ docsType: 'duration like "72h"' });

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { CHANNEL_PATHS, isChannelPath } from './channels.js';
-import { hookSecret, httpLimits, httpUrl, listen, messageTemplate, positiveInt } from './common.js';
+import { duration, hookSecret, httpLimits, httpUrl, listen, messageTemplate, positiveInt } from './common.js';
 import { gmail } from './gmail.js';
 import { normalizeVerify, verifySchema } from './verify.js';
 
@@ -44,16 +44,7 @@ const webhookTarget = z.strictObject({
 });
 const targetFor = (action: string) => webhookTarget.optional().describe(`Where \`"${action}"\` actions are delivered. Unset: an endpoint, Gmail or channel with that action is a config error.`);
 
-const DURATION_UNIT_MS = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000 } as const;
 const RETRY_FOR_DEFAULT = '72h';
-/** A duration as text (`72h`, `30m`, `7d`, `90s`), parsed to milliseconds. */
-const retryBudget = z.string({ error: (issue) => `${issue.input === undefined ? 'required: ' : ''}a duration as text, like "72h", "30m", "7d" or "90s"` })
-  .regex(/^[1-9]\d*(ms|s|m|h|d)$/, 'a duration like "72h", "30m", "7d" or "90s"')
-  .transform((text) => {
-    const [, amount, unit] = /^(\d+)(ms|s|m|h|d)$/.exec(text)!;
-    return Number(amount) * DURATION_UNIT_MS[unit as keyof typeof DURATION_UNIT_MS];
-  })
-  .meta({ docsType: 'duration like "72h"' });
 
 export const webhooks = z
   .strictObject({
@@ -77,7 +68,7 @@ export const webhooks = z
       agent: targetFor('agent'),
     }).prefault({}).describe('Where each action is delivered: one internal target per action.'),
     delivery: z.strictObject({
-      retryFor: retryBudget.prefault(RETRY_FOR_DEFAULT)
+      retryFor: duration.prefault(RETRY_FOR_DEFAULT)
         .describe('How long after acceptance an event is retried before it is dead (`"72h"` as Stripe, `"30m"`, `"7d"`, `"90s"`); the last attempt is made at the deadline itself.'),
       maxAttempts: positiveInt.optional()
         .describe('A cap on attempts per round (from acceptance, or from a `deliveries retry`): the event is dead on reaching it, even within `retryFor`. Unset: only `retryFor` limits them.'),
