@@ -2,21 +2,14 @@ import type pg from 'pg';
 import type { Logger } from 'pino';
 import type { PostgresStorageConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
+import { latestVersion, migratePostgres, newerSchemaMessage, type MigrationResult, type PostgresMigration } from '../migrate.js';
 import { createPool, describeUrl, withClient } from './pool.js';
 
 /**
- * The Postgres schema, as numbered migrations: each runs once and is recorded in
+ * The Postgres schema, as numbered migrations (run by src/storage/migrate.ts), each recorded in
  * `schema_migrations`. Append only: a released migration is never edited.
- * - `sql`: in one transaction, all or nothing.
- * - `concurrently`: statements run one by one outside a transaction, for CREATE/DROP INDEX
- *   CONCURRENTLY, which do not block the instances still serving on the table (a plain CREATE
- *   INDEX holds off every insert for the whole build). Each must be safe to run again (IF [NOT]
- *   EXISTS): a migration stopped half way is run again from its start. An index a failed
- *   concurrent build left invalid is dropped before it is created again.
  */
-type Migration = { version: number; name: string } & ({ sql: string } | { concurrently: readonly string[] });
-
-export const MIGRATIONS: readonly Migration[] = [
+export const MIGRATIONS: readonly PostgresMigration[] = [
   {
     version: 1,
     name: 'webhook events, attempts, replay keys, leases',
@@ -198,27 +191,7 @@ CREATE INDEX rate_limit_buckets_full ON rate_limit_buckets (full_at);
   },
 ];
 
-export const POSTGRES_SCHEMA_VERSION = MIGRATIONS[MIGRATIONS.length - 1]!.version;
-
-/** pg_advisory_lock key of gatehouse's migrations (any constant; "gatehous" in ASCII). */
-const MIGRATION_LOCK_KEY = '7449363237540164979';
-const MIGRATION_LOCK_POLL_MS = 100;
-const MIGRATION_LOCK_REPORT_MS = 10_000;
-/** The longest a migration statement is waited for on the client side (setTimeout's limit, ~24 days: in effect none). */
-const MIGRATION_QUERY_TIMEOUT_MS = 2 ** 31 - 1;
-
-/** `client`, its queries without the pool's query_timeout (a per-query 0 would fall back to the pool's). */
-function withoutQueryTimeout(client: pg.PoolClient): Pick<pg.PoolClient, 'query'> {
-  return {
-    query: ((text: string, values?: unknown[]) => client.query({ text, values, query_timeout: MIGRATION_QUERY_TIMEOUT_MS } as pg.QueryConfig)) as pg.PoolClient['query'],
-  };
-}
-
-/** An index a CREATE INDEX CONCURRENTLY that failed left behind (invalid: never used, still maintained): dropped. */
-async function dropIfInvalid(client: Pick<pg.PoolClient, 'query'>, index: string): Promise<void> {
-  const { rows } = await client.query<{ invalid: boolean }>('SELECT NOT indisvalid AS invalid FROM pg_index WHERE indexrelid = to_regclass($1)', [index]);
-  if (rows[0]?.invalid) await client.query(`DROP INDEX CONCURRENTLY IF EXISTS ${index}`);
-}
+export const POSTGRES_SCHEMA_VERSION = latestVersion(MIGRATIONS);
 
 /** The version recorded in the database: 0 when gatehouse's schema is not there at all. */
 export async function schemaVersion(pool: pg.Pool): Promise<number> {
@@ -231,71 +204,12 @@ export async function schemaVersion(pool: pg.Pool): Promise<number> {
 }
 
 /**
- * Brings the schema to POSTGRES_SCHEMA_VERSION. Under a session advisory lock, so instances
- * starting together take turns: the first applies, the others find nothing left to do. Refuses a
- * database migrated by a newer gatehouse (its schema may not be what this code writes).
+ * Brings the schema to POSTGRES_SCHEMA_VERSION (see migratePostgres: instances starting together
+ * take turns). Refuses a database migrated by a newer gatehouse (its schema may not be what this
+ * code writes).
  */
-export async function migrate(pool: pg.Pool, logger?: Pick<Logger, 'warn'>): Promise<{ from: number; to: number; applied: number[] }> {
-  return withClient(pool, async (pooled) => {
-    // A migration's statements wait as long as they take: the pool's query_timeout (2 s on the
-    // lockout's) would give up on the client side only, while the server went on building under
-    // the lock, and fail the start.
-    const client = withoutQueryTimeout(pooled);
-    // Polled, not waited for in one statement: a session blocked inside pg_advisory_lock holds a
-    // snapshot, and CREATE INDEX CONCURRENTLY (in the holder's migration) waits for every older
-    // snapshot: the two would deadlock.
-    let waitingSince = Date.now();
-    while (!(await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1::bigint) AS locked', [MIGRATION_LOCK_KEY])).rows[0]!.locked) {
-      if (Date.now() - waitingSince >= MIGRATION_LOCK_REPORT_MS) {
-        waitingSince = Date.now();
-        const { rows: holders } = await client.query<{ pid: number; query: string }>(
-          `SELECT a.pid, left(a.query, 120) AS query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-            WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1::bigint`,
-          [MIGRATION_LOCK_KEY],
-        );
-        logger?.warn({ holders }, 'waiting for another gatehouse to finish migrating the schema');
-      }
-      await new Promise((resolve) => setTimeout(resolve, MIGRATION_LOCK_POLL_MS));
-    }
-    try {
-      await client.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
-        version    integer PRIMARY KEY,
-        name       text NOT NULL,
-        applied_at timestamptz NOT NULL DEFAULT now()
-      )`);
-      const { rows } = await client.query<{ version: number | null }>('SELECT max(version) AS version FROM schema_migrations');
-      const from = rows[0]!.version ?? 0;
-      if (from > POSTGRES_SCHEMA_VERSION) {
-        throw new Error(`the database schema is at version ${from}, newer than this gatehouse knows (${POSTGRES_SCHEMA_VERSION}): upgrade gatehouse`);
-      }
-      const applied: number[] = [];
-      for (const migration of MIGRATIONS.filter((m) => m.version > from)) {
-        if ('concurrently' in migration) {
-          for (const statement of migration.concurrently) {
-            const building = /^CREATE INDEX CONCURRENTLY IF NOT EXISTS (\w+)/.exec(statement)?.[1];
-            if (building) await dropIfInvalid(client, building);
-            await client.query(statement);
-          }
-          await client.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [migration.version, migration.name]);
-          applied.push(migration.version);
-          continue;
-        }
-        await client.query('BEGIN');
-        try {
-          await client.query(migration.sql);
-          await client.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [migration.version, migration.name]);
-          await client.query('COMMIT');
-        } catch (err) {
-          await client.query('ROLLBACK').catch(() => {});
-          throw err;
-        }
-        applied.push(migration.version);
-      }
-      return { from, to: POSTGRES_SCHEMA_VERSION, applied };
-    } finally {
-      await client.query('SELECT pg_advisory_unlock($1::bigint)', [MIGRATION_LOCK_KEY]).catch(() => {});
-    }
-  });
+export async function migrate(pool: pg.Pool, logger?: Pick<Logger, 'warn'>): Promise<MigrationResult> {
+  return withClient(pool, (client) => migratePostgres(client, MIGRATIONS, logger));
 }
 
 /**
@@ -312,7 +226,7 @@ export async function openMigratedPool(storage: PostgresStorageConfig, options: 
       if (version < POSTGRES_SCHEMA_VERSION) {
         throw new UsageError(`the database at ${describeUrl(storage.url)} ${version === 0 ? 'has no gatehouse schema' : `has schema version ${version}, older than this gatehouse's ${POSTGRES_SCHEMA_VERSION}`}: run \`gatehouse storage migrate\` (the server also does at start)`);
       }
-      if (version > POSTGRES_SCHEMA_VERSION) throw new UsageError(`the database schema is at version ${version}, newer than this gatehouse knows (${POSTGRES_SCHEMA_VERSION}): upgrade gatehouse`);
+      if (version > POSTGRES_SCHEMA_VERSION) throw new UsageError(newerSchemaMessage(version, POSTGRES_SCHEMA_VERSION));
     }
   } catch (err) {
     await pool.end().catch(() => {});

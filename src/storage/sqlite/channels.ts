@@ -7,52 +7,6 @@ import {
 } from '../contracts/channels.js';
 import type { SealedChange } from '../contracts/sealed.js';
 
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS channel_grants (
-  name          TEXT PRIMARY KEY,
-  kind          TEXT NOT NULL,
-  sealed        TEXT NOT NULL,
-  details       TEXT NOT NULL,
-  connected_at  INTEGER NOT NULL,
-  expires_at    INTEGER,
-  last_event_at INTEGER,
-  last_error    TEXT,
-  last_error_at INTEGER
-);
-CREATE TABLE IF NOT EXISTS channel_devices (
-  id           TEXT PRIMARY KEY,
-  channel      TEXT NOT NULL,
-  name         TEXT NOT NULL,
-  token_hash   TEXT NOT NULL UNIQUE,
-  created_at   INTEGER NOT NULL,
-  revoked_at   INTEGER,
-  last_seen_at INTEGER
-);
-CREATE TABLE IF NOT EXISTS channel_pairings (
-  code_hash  TEXT PRIMARY KEY,
-  channel    TEXT NOT NULL,
-  created_at INTEGER NOT NULL,
-  expires_at INTEGER NOT NULL,
-  used_at    INTEGER,
-  device_id  TEXT
-);
-CREATE TABLE IF NOT EXISTS channel_outbox (
-  id         INTEGER PRIMARY KEY AUTOINCREMENT,
-  channel    TEXT NOT NULL,
-  device_id  TEXT NOT NULL,
-  text       TEXT NOT NULL,
-  created_at INTEGER NOT NULL,
-  fetched_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS channel_outbox_pending ON channel_outbox (device_id, fetched_at, id);
-CREATE TABLE IF NOT EXISTS channel_oauth_requests (
-  state_hash TEXT PRIMARY KEY,
-  channel    TEXT NOT NULL,
-  expires_at INTEGER NOT NULL,
-  answer     TEXT
-);
-`;
-
 /**
  * Channel state in the `storage.path` SQLite file, on a connection of its own, so the CLI, the
  * receiver and every gateway worker can use it at once (WAL; writes wait for the file's lock).
@@ -65,7 +19,6 @@ export class SqliteChannelStore implements ChannelStore {
 
   constructor(file: string, options: { mustExist?: boolean } = {}) {
     this.db = openDatabase(file, options);
-    this.db.exec(SCHEMA);
     const db = this.db;
     this.statements = {
       grant: db.prepare<[string], ChannelGrantRow>('SELECT * FROM channel_grants WHERE name = ?'),

@@ -3,12 +3,15 @@ import { createRequire } from 'node:module';
 import path from 'node:path';
 import Database from 'better-sqlite3';
 import { UsageError } from '../../errors.js';
+import { migrateSqlite } from '../migrate.js';
+import { SQLITE_MIGRATIONS } from './migrations.js';
 
 /**
  * Opens gatehouse's SQLite file the one way every part uses it: WAL (readers never block the
  * writer, so the CLI works beside the server), synchronous=FULL (a commit survives power loss),
- * and a 5 s wait for another process's write lock. `mustExist`: open an existing file only (the
- * CLI), rather than create an empty one at a mistyped path.
+ * and a 5 s wait for another process's write lock; its schema brought to the latest version
+ * (src/storage/sqlite/migrations.ts). `mustExist`: open an existing file only (the CLI), rather
+ * than create an empty one at a mistyped path.
  */
 export function openDatabase(file: string, options: { mustExist?: boolean } = {}): Database.Database {
   assertSafeSqliteBuild();
@@ -18,6 +21,12 @@ export function openDatabase(file: string, options: { mustExist?: boolean } = {}
   db.pragma('synchronous = FULL');
   db.pragma('foreign_keys = ON');
   db.pragma('busy_timeout = 5000');
+  try {
+    migrateSqlite(db, SQLITE_MIGRATIONS);
+  } catch (err) {
+    db.close();
+    throw err;
+  }
   return db;
 }
 

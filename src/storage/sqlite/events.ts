@@ -4,65 +4,35 @@ import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction } from '../../config/schema.js';
 import { openDatabase } from './database.js';
 import { acquireWriterLock, type WriterLock } from './writer-lock.js';
+import { HandOverQueue } from '../hand-over-queue.js';
+import { exportEvents } from './export.js';
 import {
   DeliveredCounts, IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId, toEvent,
   type AcceptResult, type EventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type QueueStats, type StoreStatus, type StoredEvent,
 } from '../contracts/events.js';
 
-const MAX_FRESH_EVENTS = 10_000;
-/** Index entries per step of the delivered count (measured: ~5 ms of the event loop at 20,000). */
-const DELIVERED_COUNT_STEP = 20_000;
-/** The fresh queue holds envelopes in memory: bounded in bytes too (a slow target, large bodies). */
-const MAX_FRESH_BYTES = 32 * 1024 * 1024;
-/** A /readyz write that worked stands this long. */
-const PROBE_REUSE_MS = 1_000;
+/** The SQLite driver's tuning, in one place. */
+export interface SqliteTuning {
+  /** The hand-over queue's bounds: events this process accepted, waiting in memory for its deliverer (beyond them, for a scan). */
+  maxFreshEvents: number;
+  maxFreshBytes: number;
+  /** Index entries per step of the delivered count (measured: ~5 ms of the event loop at 20,000). */
+  deliveredCountStep: number;
+  /** A /readyz write that worked stands this long. */
+  probeReuseMs: number;
+  /** exportAll's batches: this many events at most, and about this many bytes of envelopes (a batch is one multi-row insert on the other side). */
+  exportBatchEvents: number;
+  exportBatchBytes: number;
+}
 
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS events (
-  id              TEXT PRIMARY KEY,
-  endpoint        TEXT NOT NULL,
-  action          TEXT NOT NULL,
-  idempotency_key TEXT,
-  received_at     INTEGER NOT NULL,
-  envelope        TEXT NOT NULL,
-  status          TEXT NOT NULL CHECK (status IN ('queued', 'delivered', 'dead')),
-  attempts        INTEGER NOT NULL DEFAULT 0,
-  round_attempts  INTEGER NOT NULL DEFAULT 0,
-  next_attempt_at INTEGER NOT NULL,
-  last_error      TEXT,
-  delivered_at    INTEGER
-);
-CREATE UNIQUE INDEX IF NOT EXISTS events_idempotency ON events (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS events_due ON events (status, action, next_attempt_at, id);
-CREATE INDEX IF NOT EXISTS events_next ON events (status, next_attempt_at, id);
--- purgeDelivered's chunks find what is old enough here: without it each one (and the last,
--- empty one) read every delivered event while holding the write lock the server's accepts wait
--- for (measured at 1,000,000: up to 460 ms a chunk; now 5 ms, p99 18 ms). Built at open on an
--- existing file, once (0.9 s at 1,000,000).
-CREATE INDEX IF NOT EXISTS events_delivered ON events (delivered_at) WHERE status = 'delivered';
-CREATE TABLE IF NOT EXISTS attempts (
-  event_id    TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
-  attempt     INTEGER NOT NULL,
-  at          INTEGER NOT NULL,
-  status      INTEGER,
-  error       TEXT,
-  duration_ms INTEGER NOT NULL,
-  PRIMARY KEY (event_id, attempt)
-);
--- Replay keys (see NewEvent.replayKey): one row per signed event, gone with its event (purge).
--- A table of its own rather than a column, so a file from an earlier version gains it here
--- without an ALTER.
-CREATE TABLE IF NOT EXISTS event_replay_keys (
-  endpoint   TEXT NOT NULL,
-  replay_key TEXT NOT NULL,
-  event_id   TEXT NOT NULL REFERENCES events (id) ON DELETE CASCADE,
-  PRIMARY KEY (endpoint, replay_key)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS event_replay_keys_event ON event_replay_keys (event_id);
--- /readyz's write (probeWrite): one row, rewritten at each probe. A statement that changes no row
--- writes nothing to SQLite, so it passed on a file the OS refused every write to.
-CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY CHECK (id = 1), at INTEGER NOT NULL);
-`;
+export const DEFAULT_SQLITE_TUNING: Readonly<SqliteTuning> = Object.freeze({
+  maxFreshEvents: 10_000,
+  maxFreshBytes: 32 * 1024 * 1024,
+  deliveredCountStep: 20_000,
+  probeReuseMs: 1_000,
+  exportBatchEvents: 500,
+  exportBatchBytes: 8 * 1024 * 1024,
+});
 
 /**
  * One chunk of purgeDelivered: its own short transaction, found through events_delivered (INDEXED
@@ -95,12 +65,7 @@ async function inChunks(chunk: () => number): Promise<number> {
   }
 }
 
-/** exportAll's batches: this many events at most, and about this many bytes of envelopes (a batch is one multi-row insert on the other side). */
-const EXPORT_BATCH_EVENTS = 500;
-const EXPORT_BATCH_BYTES = 8 * 1024 * 1024;
-
-/** PRAGMA user_version once SCHEMA is in place (what `gatehouse storage status` reports). */
-export const SQLITE_SCHEMA_VERSION = 1;
+export { SQLITE_SCHEMA_VERSION } from './migrations.js';
 
 interface Lease {
   until: number;
@@ -133,14 +98,12 @@ export class SqliteEventStore implements EventStore {
    * Events this process accepted and no deliverer has claimed yet, per action: handed out
    * without reading them back from the file. Bounded; beyond it, events wait for a scan.
    */
-  private readonly fresh = new Map<WebhookAction, StoredEvent[]>();
-  private readonly freshIds = new Set<string>();
-  private freshBytes = 0;
+  private readonly fresh: HandOverQueue<StoredEvent>;
+  private readonly tuning: Readonly<SqliteTuning>;
   private readonly statements;
 
   private readonly writerLock: WriterLock | undefined;
   private readonly delivered: DeliveredCounts;
-  private readonly deliveredCountStep: number;
   /** /readyz's write: the one under way, and when one last worked. */
   private probing: Promise<void> | undefined;
   private probedOkAt: number | undefined;
@@ -149,10 +112,15 @@ export class SqliteEventStore implements EventStore {
    * `mustExist`: open an existing store only (the CLI), rather than create an empty one at a
    * mistyped path. `singleWriter`: the server's store, refused while another server has the file
    * (see acquireWriterLock); released by close(). `deliveredCountStep`: see countDelivered (tests
-   * take small steps). `logger`: where a failed count of the delivered events is said.
+   * take small steps). `tuning`: beside DEFAULT_SQLITE_TUNING. `logger`: where a failed count of
+   * the delivered events is said. The file's schema is migrated (see openDatabase).
    */
-  constructor(file: string, options: { mustExist?: boolean; singleWriter?: boolean; deliveredCountStep?: number; logger?: Pick<Logger, 'warn'> } = {}) {
-    this.deliveredCountStep = options.deliveredCountStep ?? DELIVERED_COUNT_STEP;
+  constructor(
+    file: string,
+    options: { mustExist?: boolean; singleWriter?: boolean; deliveredCountStep?: number; tuning?: Partial<SqliteTuning>; logger?: Pick<Logger, 'warn'> } = {},
+  ) {
+    this.tuning = { ...DEFAULT_SQLITE_TUNING, ...options.tuning, ...(options.deliveredCountStep !== undefined && { deliveredCountStep: options.deliveredCountStep }) };
+    this.fresh = new HandOverQueue({ maxEvents: this.tuning.maxFreshEvents, maxBytes: this.tuning.maxFreshBytes });
     this.delivered = new DeliveredCounts(
       () => this.countDelivered(),
       (err) => this.db.open && options.logger?.warn({ err: (err as Error).message }, 'metrics: could not count the delivered events; the last count stands'),
@@ -164,8 +132,6 @@ export class SqliteEventStore implements EventStore {
       this.writerLock?.release();
       throw err;
     }
-    this.db.exec(SCHEMA);
-    if ((this.db.pragma('user_version', { simple: true }) as number) < SQLITE_SCHEMA_VERSION) this.db.pragma(`user_version = ${SQLITE_SCHEMA_VERSION}`);
     const db = this.db;
     this.statements = {
       findByKey: db.prepare<[string, string], { id: string; received_at: number }>('SELECT id, received_at FROM events WHERE endpoint = ? AND idempotency_key = ?'),
@@ -191,7 +157,7 @@ export class SqliteEventStore implements EventStore {
       purgeRecentDelete: db.prepare<[{ rows: string; forgotten: number }]>(PURGE_RECENT_DELETE_SQL),
       counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
       // queueStats: queued and dead through events_due (as many entries as there are); delivered
-      // ones in DELIVERED_COUNT_STEP steps along it (the key after a step, then what is left).
+      // ones in deliveredCountStep steps along it (the key after a step, then what is left).
       undeliveredCounts: db.prepare<[], { action: WebhookAction; status: DeliveryStatus; n: number }>('SELECT action, status, COUNT(*) AS n FROM events WHERE status IN (\'queued\', \'dead\') GROUP BY action, status'),
       deliveredStep: db.prepare<[string, number, string, number], { at: number; id: string }>(
         'SELECT next_attempt_at AS at, id FROM events WHERE status = \'delivered\' AND action = ? AND (next_attempt_at, id) > (?, ?) ORDER BY next_attempt_at, id LIMIT 1 OFFSET ?',
@@ -200,14 +166,6 @@ export class SqliteEventStore implements EventStore {
       oldestDue: db.prepare<[number], { at: number | null }>('SELECT MIN(next_attempt_at) AS at FROM events WHERE status = \'queued\' AND next_attempt_at <= ?'),
       // Takes the write lock and changes nothing (no row has an empty id).
       probeWrite: db.prepare<[number]>('INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at'),
-      // exportAll: pages in id order, and the attempts and replay keys of a page's id range (both indexed by event_id).
-      exportPage: db.prepare<[string, number], EventRow>('SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?'),
-      exportAttempts: db.prepare<[string, string], { event_id: string; attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>(
-        'SELECT * FROM attempts WHERE event_id > ? AND event_id <= ? ORDER BY event_id, attempt',
-      ),
-      exportReplayKeys: db.prepare<[string, string], { endpoint: string; replay_key: string; event_id: string }>(
-        'SELECT endpoint, replay_key, event_id FROM event_replay_keys WHERE event_id > ? AND event_id <= ? ORDER BY event_id, endpoint, replay_key',
-      ),
     };
   }
 
@@ -242,12 +200,7 @@ export class SqliteEventStore implements EventStore {
 
   /** A committed event goes to the deliverer from memory, while the fresh queue has room. */
   private handOver(stored: StoredEvent): void {
-    if (this.freshIds.size >= MAX_FRESH_EVENTS || this.freshBytes + stored.envelope.length > MAX_FRESH_BYTES) return;
-    this.freshBytes += stored.envelope.length;
-    const queue = this.fresh.get(stored.action) ?? [];
-    this.fresh.set(stored.action, queue);
-    queue.push(stored);
-    this.freshIds.add(stored.id);
+    if (this.fresh.fits(stored.envelope.length)) this.fresh.push(stored);
   }
 
   /** Queues a write for the next group commit; resolves once it is durable. */
@@ -311,30 +264,16 @@ export class SqliteEventStore implements EventStore {
   }
 
   async claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<ClaimedEvent[]> {
-    const claimed: StoredEvent[] = [];
-    const queue = this.fresh.get(action);
-    if (queue?.length) {
-      // Just accepted by this process: handed out from memory, not read back from the file.
-      // An id no longer in freshIds was settled some other way meanwhile and is dropped.
-      const notDue: StoredEvent[] = [];
-      let i = 0;
-      for (; i < queue.length && claimed.length < limit; i++) {
-        const event = queue[i]!;
-        if (event.nextAttemptAt > now && this.freshIds.has(event.id)) {
-          notDue.push(event);
-          continue;
-        }
-        this.freshBytes -= event.envelope.length;
-        if (!this.freshIds.has(event.id)) continue;
-        this.freshIds.delete(event.id);
-        claimed.push(event);
-      }
-      queue.splice(0, i, ...notDue);
+    let claimed: StoredEvent[] = [];
+    if (this.fresh.lane(action)?.length) {
+      // Just accepted by this process: handed out from memory, not read back from the file (one
+      // settled some other way meanwhile was forgotten, and is dropped).
+      claimed = this.fresh.take(action, now, limit);
       if (claimed.length === limit) return this.lease(claimed, now + leaseMs);
     }
     const fromMemory = new Set(claimed.map((e) => e.id));
-    for (const { id } of this.statements.due.all(action, now, limit + this.leases.size + this.freshIds.size + fromMemory.size)) {
-      if ((this.leases.get(id)?.until ?? 0) > now || this.freshIds.has(id) || fromMemory.has(id)) continue;
+    for (const { id } of this.statements.due.all(action, now, limit + this.leases.size + this.fresh.size + fromMemory.size)) {
+      if ((this.leases.get(id)?.until ?? 0) > now || this.fresh.has(id) || fromMemory.has(id)) continue;
       const row = this.statements.get.get(id);
       if (!row) continue;
       claimed.push(toEvent(row));
@@ -355,7 +294,7 @@ export class SqliteEventStore implements EventStore {
 
   recordAttempt(id: string, attempt: AttemptRecord, outcome: AttemptOutcome, claimId?: string): Promise<boolean> {
     const fenced = () => claimId !== undefined && this.leases.get(id)?.claimId !== claimId;
-    if (!fenced()) this.freshIds.delete(id);
+    if (!fenced()) this.fresh.forget(id);
     return this.write(() => {
       if (fenced()) return false; // the lease passed to another claim meanwhile: its holder settles the event
       this.statements.insertAttempt.run(id, attempt.attempt, attempt.at, attempt.status, attempt.error, Math.round(attempt.durationMs));
@@ -382,8 +321,6 @@ export class SqliteEventStore implements EventStore {
 
   async releaseLeases(): Promise<number> {
     this.fresh.clear();
-    this.freshIds.clear();
-    this.freshBytes = 0;
     const held = this.leases.size;
     this.leases.clear();
     return held;
@@ -405,7 +342,7 @@ export class SqliteEventStore implements EventStore {
   }
 
   /**
-   * Every delivered event counted, per action, DELIVERED_COUNT_STEP index entries at a time with
+   * Every delivered event counted, per action, `deliveredCountStep` index entries at a time with
    * the event loop free in between: the server's requests wait for one step (a few ms), never
    * for the whole count. Events settled or purged meanwhile may count or not, as in any count of
    * a store in use.
@@ -417,12 +354,12 @@ export class SqliteEventStore implements EventStore {
       let n = 0;
       for (;;) {
         if (!this.db.open) throw new Error('the event store is closed');
-        const next = this.statements.deliveredStep.get(action, key.at, key.id, this.deliveredCountStep - 1);
+        const next = this.statements.deliveredStep.get(action, key.at, key.id, this.tuning.deliveredCountStep - 1);
         if (!next) {
           n += this.statements.deliveredRest.get(action, key.at, key.id)!.n;
           break;
         }
-        n += this.deliveredCountStep;
+        n += this.tuning.deliveredCountStep;
         key = next;
         await new Promise((resolve) => setImmediate(resolve));
       }
@@ -435,7 +372,7 @@ export class SqliteEventStore implements EventStore {
   async probeWrite(): Promise<void> {
     // A real write is a commit (an fsync): probes at once share one, and one that worked stands
     // for a second, so a flood of /readyz (it has no token) costs the disk one write a second.
-    if (this.probedOkAt !== undefined && Date.now() - this.probedOkAt < PROBE_REUSE_MS) return;
+    if (this.probedOkAt !== undefined && Date.now() - this.probedOkAt < this.tuning.probeReuseMs) return;
     this.probing ??= this.write(() => this.statements.probeWrite.run(Date.now())).then(
       () => {
         this.probedOkAt = Date.now();
@@ -449,8 +386,8 @@ export class SqliteEventStore implements EventStore {
   /** The earliest time a queued event can be claimed: leased events count from their lease's end. */
   async nextDueAt(now: number): Promise<number | undefined> {
     let earliest: number | undefined;
-    for (const queue of this.fresh.values()) {
-      const head = queue.find((e) => this.freshIds.has(e.id));
+    for (const lane of this.fresh.lanesInUse()) {
+      const head = lane.find((e) => this.fresh.has(e.id));
       if (head) earliest = Math.min(earliest ?? head.nextAttemptAt, head.nextAttemptAt);
     }
     if (earliest !== undefined && earliest <= now) return earliest; // work is waiting: no need to ask the file
@@ -460,8 +397,8 @@ export class SqliteEventStore implements EventStore {
       active++;
       earliest = Math.min(earliest ?? until, until);
     }
-    for (const row of this.statements.nextDue.all(active + this.freshIds.size + 1)) {
-      if ((this.leases.get(row.id)?.until ?? 0) > now || this.freshIds.has(row.id)) continue;
+    for (const row of this.statements.nextDue.all(active + this.fresh.size + 1)) {
+      if ((this.leases.get(row.id)?.until ?? 0) > now || this.fresh.has(row.id)) continue;
       earliest = Math.min(earliest ?? row.next_attempt_at, row.next_attempt_at);
       break;
     }
@@ -519,43 +456,13 @@ export class SqliteEventStore implements EventStore {
   }
 
   /**
-   * Every event with its attempts and replay keys, in id order, in batches (see
-   * EXPORT_BATCH_EVENTS), all read from one snapshot: a read transaction held until the iteration
-   * ends, so a requeue another process commits meanwhile is either wholly in it or not at all.
-   * For `gatehouse storage copy`, which holds the writer lock (no server accepts meanwhile) and
-   * writes nothing through this store while iterating.
+   * Every event with its attempts and replay keys, in id order, in batches, all read from one
+   * snapshot (see exportEvents). For `gatehouse storage copy`, which holds the writer lock (no
+   * server accepts meanwhile) and writes nothing through this store while iterating.
    */
   async *exportAll(): AsyncGenerator<ExportedEvent[]> {
     if (this.db.inTransaction || this.pending.length > 0) throw new Error('exportAll needs a store with no write under way');
-    this.db.exec('BEGIN'); // deferred: the snapshot is taken at the first read and kept to COMMIT
-    try {
-      let after = '';
-      for (;;) {
-        const rows = this.statements.exportPage.all(after, EXPORT_BATCH_EVENTS);
-        if (rows.length === 0) return;
-        const last = rows[rows.length - 1]!.id;
-        const byId = new Map<string, ExportedEvent>(rows.map((row) => [row.id, { event: toEvent(row), attempts: [], replayKeys: [] }]));
-        for (const a of this.statements.exportAttempts.all(after, last)) {
-          byId.get(a.event_id)?.attempts.push({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms });
-        }
-        for (const r of this.statements.exportReplayKeys.all(after, last)) byId.get(r.event_id)?.replayKeys.push({ endpoint: r.endpoint, replayKey: r.replay_key });
-        after = last;
-        let batch: ExportedEvent[] = [];
-        let bytes = 0;
-        for (const exported of byId.values()) {
-          if (batch.length > 0 && bytes + exported.event.envelope.length > EXPORT_BATCH_BYTES) {
-            yield batch;
-            batch = [];
-            bytes = 0;
-          }
-          batch.push(exported);
-          bytes += exported.event.envelope.length;
-        }
-        yield batch;
-      }
-    } finally {
-      if (this.db.inTransaction) this.db.exec('COMMIT'); // read only: this just ends the snapshot
-    }
+    yield* exportEvents(this.db, this.tuning);
   }
 
   async close(): Promise<void> {

@@ -9,30 +9,6 @@ import {
 import type { SealedChange } from '../contracts/sealed.js';
 import type { SqliteEventStore } from './events.js';
 
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS gmail_accounts (
-  account              TEXT PRIMARY KEY,
-  client_id            TEXT NOT NULL,
-  project              TEXT,
-  sealed_grant         TEXT NOT NULL,
-  cursor               TEXT,
-  cursor_at            INTEGER,
-  watch_expiration     INTEGER,
-  watch_renewed_at     INTEGER,
-  last_notification_at INTEGER,
-  last_error           TEXT,
-  last_error_at        INTEGER,
-  emails_enqueued      INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS gmail_seen (
-  account    TEXT NOT NULL,
-  message_id TEXT NOT NULL,
-  event_id   TEXT NOT NULL,
-  seen_at    INTEGER NOT NULL,
-  PRIMARY KEY (account, message_id)
-);
-`;
-
 /**
  * Gmail state in the event store's SQLite file, on its connection: commitEmails is one of the
  * event store's group commits (see SqliteEventStore.atomically). One server per file, so
@@ -43,12 +19,7 @@ export class SqliteGmailStore implements GmailStore {
   private readonly queue = new KeyedQueue();
 
   constructor(private readonly store: SqliteEventStore) {
-    const db: Database.Database = store.database;
-    db.exec(SCHEMA);
-    // Files written before the project was kept with the grant.
-    if (!db.prepare<[], { name: string }>('PRAGMA table_info(gmail_accounts)').all().some((c) => c.name === 'project')) {
-      db.exec('ALTER TABLE gmail_accounts ADD COLUMN project TEXT');
-    }
+    const db: Database.Database = store.database; // migrated when the event store opened it (src/storage/sqlite/migrations.ts)
     this.statements = {
       get: db.prepare<[string], GmailAccountRow>('SELECT * FROM gmail_accounts WHERE account = ?'),
       saveGrant: db.prepare('INSERT INTO gmail_accounts (account, client_id, sealed_grant, project) VALUES (?, ?, ?, ?) ON CONFLICT (account) DO UPDATE SET client_id = excluded.client_id, sealed_grant = excluded.sealed_grant, project = excluded.project'),
