@@ -12,6 +12,7 @@ export const errorCatalogue = {
   request_header_fields_too_large: { status: 431, message: 'The request has too many header lines, or they are too large.' },
   invalid_client_ip: { status: 400, message: 'The client address could not be determined.' },
   ip_not_allowed: { status: 403, message: 'Requests from this address are not allowed.' },
+  cors_origin_not_allowed: { status: 403, message: 'Pages on this origin may not call this API (see the CORS settings).' },
   insufficient_scope: { status: 403, message: 'The credentials do not grant access to this path and method.' },
   rate_limited: { status: 429, message: 'Too many requests; slow down and retry after the time given.' },
   too_many_failures: { status: 429, message: 'Too many failed authentication attempts; try again later.' },
@@ -41,6 +42,8 @@ export const errorCatalogue = {
   pairing_gone: { status: 410, message: 'This pairing code was already used or has expired.' },
   integration_unavailable: { status: 503, message: 'The notification could not be processed now; retry later.' },
   invalid_admin_token: { status: 401, message: 'The admin token is missing or wrong (Authorization: Bearer <admin.token>).' },
+  upgrade_not_supported: { status: 501, message: 'This gateway does not proxy protocol upgrades (WebSocket) here.' },
+  too_many_connections: { status: 503, message: 'Too many open connections; retry later.' },
   internal_error: { status: 500, message: 'Internal error.' },
 } as const satisfies Record<string, { status: number; message: string }>;
 

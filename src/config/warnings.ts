@@ -1,6 +1,7 @@
 import { compileMethodSet, compilePathPatterns } from '../gateway/path-pattern.js';
 import { formatPath } from './load.js';
 import { channelSendPath, isLoopbackHost, type Config } from './schema.js';
+import type { CorsConfig } from './sections/cors.js';
 
 const EXPIRY_NOTICE_MS = 7 * 86_400_000;
 
@@ -61,6 +62,19 @@ export function configWarnings(config: Config, now: number = Date.now()): string
     if (!covered) {
       warnings.push(`channels.${name}: any credential the gateway accepts can send through this channel (no send.scopes, no rule covers POST ${path}, gateway.auth.defaultAllow is true); set send: { scopes: ["channels:send:${name}"] } and grant that scope to the callers that send`);
     }
+  }
+  // A page served over plain HTTP can be rewritten by anyone on its network, script included: allowing it lets them call the API as its visitors.
+  const corsSettings: [string, CorsConfig | false | undefined][] = [
+    ['gateway.cors', config.gateway.cors],
+    ...config.gateway.routes.map((route, i): [string, CorsConfig | false | undefined] => [`gateway.routes[${i}].cors`, route.cors]),
+  ];
+  for (const [at, settings] of corsSettings) {
+    if (!settings) continue;
+    settings.origins.forEach((origin, i) => {
+      const host = /^http:\/\/(?:\*\.)?(\[[^\]]*\]|[^:]*)/i.exec(origin)?.[1]?.toLowerCase();
+      if (host === undefined || isLoopbackHost(host.replace(/^\[|\]$/g, '')) || host.endsWith('.localhost')) return;
+      warnings.push(`${at}.origins[${i}]: "${origin}" is plain http: anyone on that page's network can change it and call the API as its visitors; use https`);
+    });
   }
   return warnings;
 }

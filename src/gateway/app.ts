@@ -15,7 +15,10 @@ import { API_PREFIX, checkApiPath } from './path-gate.js';
 import { matchablePath } from './path-pattern.js';
 import { compileRateLimiter, type RateLimitState } from './rate-limit.js';
 import { createUpstreamRoutes } from './routes.js';
-import { countAuthFailure, countRequests, metricsEnabled, observeUpstream } from '../observability/metrics.js';
+import { ANSWERED, compileCors } from './cors.js';
+import { compileBrowserCredentials } from './browser-credentials.js';
+import { isWebSocketUpgrade, relayWebSocket, type ConnectionCredentials, type WebSocketConnections } from './websocket.js';
+import { countAuthFailure, countRequests, countWebSocket, metricsEnabled, observeUpstream } from '../observability/metrics.js';
 import { admitRequest, answerHealthy, requestLogger, noteError, respondWithError, type RequestContext } from '../http/request-context.js';
 
 type Next = NextFunction;
@@ -31,6 +34,10 @@ export interface GatewayApp {
   close(): void;
   /** The rate limits this app counts with (RateLimitState.retain once it is in force). */
   rateLimitSignatures: ReadonlySet<string>;
+  /** Requests to switch protocols (the listener's `upgrade`): WebSockets on /api/ through the whole pipeline. */
+  upgrade: (req: IncomingMessage, res: ServerResponse, head: Buffer) => void;
+  /** Whether an open WebSocket's credentials still pass this config (its key, token, address and rules). */
+  stillAllowed(credentials: ConnectionCredentials): Promise<boolean>;
 }
 
 /**
@@ -39,7 +46,7 @@ export interface GatewayApp {
  * Everything that can be compiled (matchers, keys, verifiers) is compiled here, once.
  * Never listens: server.ts does, so tests can mount it anywhere.
  */
-export async function buildGatewayApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; rateLimits: RateLimitState; channels?: ChannelSender; limits: HttpLimits }): Promise<GatewayApp> {
+export async function buildGatewayApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; rateLimits: RateLimitState; channels?: ChannelSender; limits: HttpLimits; websockets: WebSocketConnections }): Promise<GatewayApp> {
   const { gateway } = config;
   const { logger, lockout } = deps;
   const resolveClientIp = createClientIpResolver(gateway.trustProxy);
@@ -60,11 +67,16 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     noteError(req, error);
     timeUpstream?.(req);
   }, timeUpstream);
+  // Undefined without any `cors` setting: the pipeline then does no CORS work at all.
+  const cors = compileCors(gateway, (url, path) => routes.select(url, path));
   const authorize = compileAuthorizer(gateway.auth);
   // Sending through a channel is an egress point: its `send.scopes` act as one more rule, for the channel API only.
   const channelSendRules: ImpliedRule[] = Object.entries(config.channels).flatMap(([name, channel]) =>
     channel.send ? [{ name: `channels.${name}.send`, rule: { paths: [channelSendPath(name)], scopes: channel.send.scopes } }] : []);
   const authorizeChannelSend = compileAuthorizer(gateway.auth, channelSendRules);
+  // Undefined while gateway.auth.browser is off (both forms): nothing more per request.
+  const readBrowserCredential = compileBrowserCredentials(gateway.auth.browser);
+  const jwtToleranceMs = (gateway.auth.bearer?.jwt.clockToleranceSeconds ?? 0) * 1000;
   const rateLimiter = compileRateLimiter(gateway.rateLimits, gateway.auth.apiKeys.map((key) => key.rateLimit), deps.rateLimits);
 
   // The /api/ pipeline: each step returns the error to answer with, or undefined to go on.
@@ -158,8 +170,9 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
    * cost gatehouse added on top of proxying. Everything that is not /api/ still goes to Express.
    */
   async function apiPipeline(req: Req, res: ServerResponse): Promise<void> {
-    const error = checkApiPath(req) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req))
-      ?? authorization(req) ?? rateLimit(req, res);
+    const error = cors?.decorate(req, res) ?? checkApiPath(req) ?? readBrowserCredential?.(req, false) ?? clientAddress(req) ?? ipAllowlist(req) ?? cors?.preflight(req, res)
+      ?? (await failureLockout(req)) ?? (await credentials(req)) ?? authorization(req) ?? rateLimit(req, res);
+    if (error === ANSWERED) return;
     if (error) return respondWithError(req, res, error, logger);
     continueIfExpected(res);
     const route = routes.select(req.url!, req.gatehouse.path!);
@@ -168,6 +181,93 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     routes.aim(req, route);
     req.gatehouse.upstreamStartedAt = performance.now();
     await route.proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
+  }
+
+  function refuseUpgrade(req: Req, res: ServerResponse, error: HttpError): void {
+    countWebSocket(`refused_${error.code}`);
+    respondWithError(req, res, error, logger);
+  }
+
+  /** The WebSocket limits, checked last: a slot is taken here, given back if the handshake does not open. */
+  function connectionLimits(req: Req): HttpError | undefined {
+    const { websocket } = gateway;
+    const subject = req.gatehouse.identity!.subject;
+    if (deps.websockets.size >= websocket.maxConnections) {
+      return new HttpError('too_many_connections', `${deps.websockets.size} WebSockets open (gateway.websocket.maxConnections)`, { 'retry-after': '5' });
+    }
+    if (websocket.maxConnectionsPerSubject !== undefined && subject !== undefined && deps.websockets.countFor(subject) >= websocket.maxConnectionsPerSubject) {
+      return new HttpError('rate_limited', `${subject} has ${websocket.maxConnectionsPerSubject} WebSockets open (gateway.websocket.maxConnectionsPerSubject)`, { 'retry-after': '5' });
+    }
+    deps.websockets.reserve(subject);
+    return undefined;
+  }
+
+  /**
+   * A WebSocket handshake: the whole /api/ pipeline (a refusal is an ordinary answer, and nothing
+   * reaches the upstream), the connection limits, then the relay to the route's upstream.
+   */
+  async function websocketPipeline(req: Req, res: ServerResponse, head: Buffer): Promise<void> {
+    // No CORS here: browsers do not apply it to WebSockets (RFC 6455 §10.2 leaves Origin to the server; credentials are explicit).
+    const before = checkApiPath(req)
+      ?? (gateway.websocket.enabled ? undefined : new HttpError('upgrade_not_supported', 'gateway.websocket.enabled is false'))
+      ?? readBrowserCredential?.(req, true) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req));
+    if (before) return refuseUpgrade(req, res, before);
+    // Kept to check again at each reload (credentials() strips them from the headers).
+    const presentedKey = req.headers['x-api-key'];
+    const presentedAuthorization = req.headers.authorization;
+    const error = (await credentials(req)) ?? authorization(req) ?? rateLimit(req, res);
+    if (error) return refuseUpgrade(req, res, error);
+    const route = routes.select(req.url!, req.gatehouse.path!);
+    if (route instanceof HttpError) return refuseUpgrade(req, res, route);
+    const limited = connectionLimits(req);
+    if (limited) return refuseUpgrade(req, res, limited);
+    req.gatehouse.url = req.url;
+    routes.aim(req, route);
+    const identity = req.gatehouse.identity!;
+    const target = new URL(route.upstream.target);
+    const exp = identity.claims?.exp;
+    relayWebSocket(req, res, head, {
+      target,
+      basePath: target.pathname.replace(/\/+$/, ''),
+      timeoutMs: route.upstream.timeoutMs,
+      settings: gateway.websocket,
+      connections: deps.websockets,
+      route: route.prefix,
+      subject: identity.subject,
+      credentials: {
+        apiKey: typeof presentedKey === 'string' ? presentedKey : undefined,
+        authorization: presentedAuthorization,
+        method: req.method!,
+        path: req.gatehouse.path!,
+        clientIp: req.gatehouse.clientIp!,
+      },
+      expiresAt: typeof exp === 'number' ? exp * 1000 + jwtToleranceMs : undefined,
+      onError: (err) => refuseUpgrade(req, res, err),
+      onUpgraded: () => {
+        req.gatehouse.rawStatus = 101;
+      },
+    });
+  }
+
+  /** Requests to switch protocols: WebSockets on /api/; any other upgrade is served as an ordinary request (RFC 9110 §7.8 lets a server ignore Upgrade). */
+  function upgrade(req: IncomingMessage, res: ServerResponse, head: Buffer): void {
+    if (!isWebSocketUpgrade(req) || !req.url?.startsWith(API_PREFIX)) return handle(req, res);
+    if (!admitRequest(req, res, requestLog, deps.limits, logger)) return;
+    websocketPipeline(req as Req, res, head).catch((err: unknown) => respondWithError(req, res, err, logger));
+  }
+
+  /** An open WebSocket against this config: its address, its credentials (not their lockout), its rules. */
+  async function stillAllowed(presented: ConnectionCredentials): Promise<boolean> {
+    if (!gateway.websocket.enabled) return false;
+    if (allowed && !allowed.matches(parseAddress(presented.clientIp)!)) return false;
+    const headers: Record<string, string> = {};
+    if (presented.apiKey !== undefined) headers['x-api-key'] = presented.apiKey;
+    if (presented.authorization !== undefined) headers.authorization = presented.authorization;
+    const probe = { headers, headersDistinct: presented.authorization === undefined ? {} : { authorization: [presented.authorization] } } as unknown as IncomingMessage;
+    const outcome = await authenticator.authenticate(probe);
+    // The identity provider being down is not the connection's fault: it stays.
+    if (!outcome.ok) return outcome.error.code === 'auth_unavailable';
+    return authorize(presented.method, presented.path, outcome.identity) === undefined;
   }
 
   /**
@@ -206,5 +306,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     warmUp: async () => authenticator.jwt?.prefetch(),
     close: routes.close,
     rateLimitSignatures: rateLimiter.signatures,
+    upgrade,
+    stillAllowed,
   };
 }

@@ -5,6 +5,7 @@ import { createProxyMiddleware, type Plugin, type RequestHandler } from 'http-pr
 import type { GatewayConfig } from '../config/schema.js';
 import { HttpError, sendError } from '../errors.js';
 import { hasBody } from '../http/listener.js';
+import { replaceUpstreamCors } from './cors.js';
 
 const UPSTREAM_TIMEOUT = 'GATEHOUSE_UPSTREAM_TIMEOUT';
 const SAFE_REASON = /^[\t\x20-\x7e\x80-\xff]*$/;
@@ -95,6 +96,8 @@ export function createUpstreamProxy(
       if (res.destroyed) return void proxyRes.destroy();
       const headers: OutgoingHttpHeaders = {};
       for (const name in proxyRes.headers) if (!HOP_BY_HOP_RESPONSE.has(name)) headers[name] = proxyRes.headers[name];
+      // Gatehouse answers CORS on this route (src/gateway/cors.ts): the upstream's own Access-Control-* would contradict it.
+      if (req.gatehouse?.cors !== undefined) replaceUpstreamCors(headers);
       const status = proxyRes.statusCode ?? 0;
       const reason = proxyRes.statusMessage !== undefined && SAFE_REASON.test(proxyRes.statusMessage) ? proxyRes.statusMessage : undefined;
       try {

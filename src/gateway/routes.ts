@@ -7,6 +7,8 @@ import { createUpstreamProxy, type UpstreamProxy } from './proxy.js';
 /** One upstream and the prefix that leads to it. */
 export interface UpstreamRoute {
   prefix: string;
+  /** Where it goes (what a WebSocket relay connects to). */
+  upstream: GatewayConfig['upstream'];
   /** Removed from the front of the request target before proxying. */
   stripPrefix: string | undefined;
   proxy: UpstreamProxy;
@@ -43,10 +45,10 @@ export function createUpstreamRoutes(
   /** Called when an upstream's response headers arrive (the upstream timing). */
   onAnswer?: (req: IncomingMessage) => void,
 ): UpstreamRoutes {
-  const fallback: UpstreamRoute = { prefix: API_PREFIX, stripPrefix: undefined, proxy: createUpstreamProxy(gateway.upstream, onError, onAnswer) };
+  const fallback: UpstreamRoute = { prefix: API_PREFIX, upstream: gateway.upstream, stripPrefix: undefined, proxy: createUpstreamProxy(gateway.upstream, onError, onAnswer) };
   const routes: (UpstreamRoute & { folded: string })[] = [...gateway.routes]
     .sort((a, b) => b.prefix.length - a.prefix.length)
-    .map((route) => ({ prefix: route.prefix, folded: foldAscii(route.prefix), stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError, onAnswer) }));
+    .map((route) => ({ prefix: route.prefix, upstream: route.upstream, folded: foldAscii(route.prefix), stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError, onAnswer) }));
 
   return {
     select(url, decodedPath) {

@@ -78,6 +78,12 @@ export async function listen(
   tls: TlsFiles | TlsPem | undefined,
   limits: HttpLimits,
   handler: http.RequestListener,
+  /**
+   * Requests asking to switch protocols (`Upgrade`). Each gets a ServerResponse on its socket, so
+   * a refusal is an ordinary answer, in its turn on the connection like any request; the socket
+   * closes after such an answer. Without it, Node serves them as ordinary requests.
+   */
+  upgrade?: (req: http.IncomingMessage, res: http.ServerResponse, head: Buffer) => void,
 ): Promise<Listening> {
   const options: http.ServerOptions = {
     maxHeaderSize: limits.maxHeaderBytes,
@@ -109,6 +115,18 @@ export async function listen(
     closeAfterAnswer(res);
     sendError(res, new HttpError('expectation_failed', `Expect: ${req.headers.expect}`));
   }));
+  if (upgrade) {
+    const serveUpgrade = oneAtATime((req, res) => upgrade(req, res, upgradeHeads.get(req) ?? EMPTY));
+    server.on('upgrade', (req: http.IncomingMessage, socket: Socket, head: Buffer) => {
+      const res = new http.ServerResponse(req);
+      res.assignSocket(socket);
+      res.shouldKeepAlive = false; // the parser has let go of this socket: nothing more is read as HTTP
+      res.once('finish', () => socket.end());
+      socket.once('error', () => socket.destroy());
+      if (head.length > 0) upgradeHeads.set(req, head);
+      serveUpgrade(req, res);
+    });
+  }
   // gatehouse tunnels nothing: CONNECT gets an answer instead of a silently dropped socket.
   server.on('connect', (_req: http.IncomingMessage, socket: Socket) => writeRawError(socket, 'method_not_allowed'));
   await new Promise<void>((resolve, reject) => {
@@ -186,6 +204,10 @@ function writeRawError(socket: Socket, code: ErrorCode): void {
   socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n${body}`);
   socket.destroySoon();
 }
+
+/** The bytes that came after an upgrade request's headers (the new protocol's first ones). */
+const upgradeHeads = new WeakMap<http.IncomingMessage, Buffer>();
+const EMPTY = Buffer.alloc(0);
 
 /** Requests pipelined behind one still being answered, per connection; past this the connection is cut. */
 const MAX_PIPELINED = 16;

@@ -5,6 +5,7 @@ import type { HttpLimits } from '../config/schema.js';
 import { HttpError, sendError } from '../errors.js';
 import { bodyPending, checkFraming, closeAfterAnswer, isClosing } from './listener.js';
 import type { ClientOrigin } from './client-ip.js';
+import type { CorsPolicy } from '../gateway/cors.js';
 import type { Identity } from '../gateway/credentials/authenticate.js';
 
 /** What gatehouse learns about a request on its way through the pipeline; read by the request log. */
@@ -28,6 +29,8 @@ export interface RequestContext {
   upstreamStartedAt?: number;
   /** The status written straight to the socket for this request (listener.ts), when its own answer never was. */
   rawStatus?: number;
+  /** The CORS policy that allowed this request's Origin (src/gateway/cors.ts), or false when it did not; unset without Origin or CORS. */
+  cors?: CorsPolicy | false;
 }
 
 declare module 'node:http' {

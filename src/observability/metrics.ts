@@ -125,6 +125,20 @@ const deliveries = new Counter({
   registers: [registry],
 });
 
+const websocketConnections = new Gauge({
+  name: 'gatehouse_websocket_connections',
+  help: 'Open WebSocket connections through /api/, by route prefix.',
+  labelNames: ['route'] as const,
+  registers: [registry],
+});
+
+const websocketOutcomes = new Counter({
+  name: 'gatehouse_websocket_connections_total',
+  help: 'WebSocket upgrades and their ends, by outcome: accepted, refused_<error code>, not_upgraded (the upstream answered without 101), closed (by either side), revoked, expired, idle, lifetime, drained.',
+  labelNames: ['outcome'] as const,
+  registers: [registry],
+});
+
 const jwksFetches = new Counter({
   name: 'gatehouse_jwks_fetches_total',
   help: 'Fetches of the JWKS (gateway.auth.bearer.jwt.jwksUri), by outcome (ok, http_error, unreachable).',
@@ -250,6 +264,16 @@ export function observeUpstream(startedAt: number): void {
 /** One delivery attempt settled: `delivered`, `retry` (queued again) or `dead`. */
 export function countDelivery(action: string, outcome: 'delivered' | 'queued' | 'dead'): void {
   if (enabled) deliveries.labels(action, outcome === 'queued' ? 'retry' : outcome).inc();
+}
+
+/** A WebSocket upgrade refused, accepted, not upgraded by the upstream, or an open one ended (and why). */
+export function countWebSocket(outcome: string): void {
+  if (enabled) websocketOutcomes.labels(outcome).inc();
+}
+
+/** One more (1) or one fewer (-1) open WebSocket on `route`. */
+export function trackWebSocket(route: string, change: 1 | -1): void {
+  if (enabled) websocketConnections.labels(route).inc(change);
 }
 
 export function countJwksFetch(outcome: 'ok' | 'http_error' | 'unreachable'): void {

@@ -13,6 +13,7 @@ import { startGrantRefresher } from '../integrations/channels/refresh.js';
 import type { ChannelStore } from '../integrations/channels/state.js';
 import { closeServer, listen, type Listening, type TlsPem } from '../http/listener.js';
 import { ResourceStack } from './resources.js';
+import { WebSocketConnections } from '../gateway/websocket.js';
 import { enableMetrics } from '../observability/metrics.js';
 import { startGmail } from '../integrations/gmail/run.js';
 import { secretKeysFromEnv } from '../storage/secrets.js';
@@ -171,13 +172,16 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   if (rateLimitSync) resources.defer(() => rateLimitSync.close());
   // The parser limits are the listener's: fixed at start, whatever a reload says.
   const limits = config.gateway.limits;
+  // Outlive each app: a reload checks every open WebSocket against the new config.
+  const websockets = new WebSocketConnections();
   let app!: GatewayApp;
   const listening = await resources.open(async () => {
-    app = await buildGatewayApp(config, { logger, lockout, rateLimits, channels: await channelsOf(config), limits });
+    app = await buildGatewayApp(config, { logger, lockout, rateLimits, channels: await channelsOf(config), limits, websockets });
     resources.defer(() => app.close()); // the app in force then: releases its idle upstream connections
     const tls = config.gateway.tls && (options.tls ?? config.gateway.tls);
-    const opened = await listen('gateway.listen', config.gateway.listen, tls, limits, (req, res) => app.handle(req, res));
-    resources.defer((graceMs) => closeServer(opened.server, graceMs));
+    const opened = await listen('gateway.listen', config.gateway.listen, tls, limits, (req, res) => app.handle(req, res), (req, res, head) => app.upgrade(req, res, head));
+    // Open WebSockets are held to the same drain window, then closed (the server waits for them too).
+    resources.defer(async (graceMs) => void (await Promise.all([closeServer(opened.server, graceMs), websockets.drain(graceMs)])));
     return opened;
   });
   describeGateway(logger, config, app, listening.url, 'gateway listening');
@@ -185,7 +189,7 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   return {
     url: listening.url,
     async reload(next, tls) {
-      const nextApp = await buildGatewayApp(next, { logger, lockout, rateLimits, channels: await channelsOf(next), limits });
+      const nextApp = await buildGatewayApp(next, { logger, lockout, rateLimits, channels: await channelsOf(next), limits, websockets });
       await warmUp(logger, nextApp);
       // The TLS pair is read again (or given, the primary's): a renewed certificate at the same paths is served from now on.
       // One that does not load refuses the whole reload (turning TLS on or off needs a restart).
@@ -204,6 +208,11 @@ export const startGateway: GatewayStarter = async (initial, options) => {
       config = next;
       previous.close();
       describeGateway(logger, config, app, listening.url, 'gateway configuration now in force');
+      // A connection lives no longer than its credential: those the new config refuses are closed now.
+      const current = app;
+      void websockets.recheck((credentials) => current.stillAllowed(credentials)).then((closed) => {
+        if (closed > 0) logger.info({ closed }, 'WebSockets closed: the configuration now in force refuses their credentials');
+      });
     },
     probe: async () => ({ keysLoaded: app.authenticator.jwt?.keysLoaded ?? true, certificateNotAfter: listening.certificate?.notAfter, snapshots: [] }),
     /** The listener drains (up to `graceMs`), then the app, the rate-limit sync and the channel store close. */

@@ -146,4 +146,12 @@ export const auth = z.strictObject({
     .describe('What a request must hold: every rule whose paths and methods match must be satisfied, else 403 `insufficient_scope`.'),
   defaultAllow: z.boolean().default(true)
     .describe('A request no rule matches: allowed (`true`), or refused with 403 `insufficient_scope` (`false`).'),
+  // Browsers cannot set headers on `new WebSocket()` or `new EventSource()` (src/gateway/browser-credentials.ts).
+  browser: z.strictObject({
+    websocketProtocol: z.boolean().default(false)
+      .describe('Read a credential offered in a WebSocket upgrade\'s `Sec-WebSocket-Protocol` as `gatehouse, gatehouse.bearer.<JWT>` or `gatehouse, gatehouse.api-key.<key>`; both `gatehouse` entries are removed before the upstream.'),
+    queryParameter: z.string().regex(/^[A-Za-z0-9_.~-]{1,64}$/, 'queryParameter: 1-64 characters of A-Z a-z 0-9 _ . ~ -').optional()
+      .describe('A query parameter (e.g. `"access_token"`) that carries a credential on `GET` requests only (EventSource, WebSocket): a JWT or an API key, removed from the URL the upstream sees and never logged. Unset: none.'),
+  }).prefault({})
+    .describe('Credential forms a browser can send where it cannot set headers; both off by default. They are checked exactly like `X-API-Key` and `Authorization: Bearer`.'),
 });

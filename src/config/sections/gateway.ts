@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { auth } from './auth.js';
-import { addressRange, httpLimits, httpUrl, listen, methods, pathPatterns, positiveInt, rateLimitQuota } from './common.js';
+import { cors } from './cors.js';
+import { addressRange, duration, httpLimits, httpUrl, listen, methods, pathPatterns, positiveInt, rateLimitQuota } from './common.js';
 
 /** `gateway.routes`: prefixes under /api/ sent to their own upstream (src/gateway/routes.ts). */
 const upstreamSettings = (what: string) => z.strictObject({
@@ -15,8 +16,10 @@ const routes = z.array(z.strictObject({
   upstream: upstreamSettings('routes[].upstream.target').describe('Where this route\'s requests go, as `gateway.upstream`.'),
   stripPrefix: z.string().regex(/^\/[^/]/, 'stripPrefix must start with "/"').refine((strip) => !strip.endsWith('/'), 'stripPrefix must not end with "/" (the upstream path keeps its leading "/")').optional()
     .describe('A leading part of `prefix` removed from the path on the way up, byte for byte (`"/api"` turns `/api/billing/x` into `/billing/x`, with `X-Forwarded-Prefix: /api`). Unset: the path goes up whole.'),
+  cors: z.union([cors, z.literal(false)]).optional()
+    .describe('CORS for this route, replacing `gateway.cors` whole; `false`: none here (the upstream answers preflights itself). Unset: `gateway.cors`.'),
 }).refine((route) => route.stripPrefix === undefined || route.prefix.startsWith(route.stripPrefix + '/'), { path: ['stripPrefix'], message: 'stripPrefix must be a leading part of prefix, ending at a "/"' }))
-  .default([])
+  .prefault([]) // not .default: zod leaves a default over a transform (`cors.maxAge`) out of the JSON Schema; both parse alike
   .superRefine((list, ctx) => {
     // Case aside: rules compare paths in any case, and a path in another case than its route's prefix is refused.
     const seen = new Map<string, number>();
@@ -49,6 +52,8 @@ export const gateway = z.strictObject({
   upstream: upstreamSettings('upstream.target').describe('The internal API behind `/api/`: every request no route claims goes there.'),
   routes,
   rateLimits,
+  cors: cors.optional()
+    .describe('Let pages on other origins call `/api/` from a browser: preflights answered at the edge before credentials, and CORS headers on every answer to an allowed origin (see docs/browsers-and-websockets.md). Unset: no CORS headers, and the upstream\'s pass unchanged.'),
   trustProxy: z.array(addressRange).default([]).meta({ docsType: 'list of IPs or CIDRs' })
     .describe('Proxies in front of gatehouse (IPs or CIDRs) whose `X-Forwarded-For`, `-Proto` and `-Host` are believed. Empty: the peer is the client.'),
   tls: z.strictObject({
@@ -59,6 +64,19 @@ export const gateway = z.strictObject({
   // Uploads stream through to the upstream, so the whole-request time is generous.
   limits: httpLimits(300_000).prefault({}).describe('The HTTP parser\'s limits and timeouts on the gateway listener. A change needs a restart.'),
   auth: auth.prefault({}).describe('Who may call `/api/`: credentials, the client IP allow-list, the lockout after failures, and authorization rules.'),
+  websocket: z.strictObject({
+    enabled: z.boolean().default(true)
+      .describe('Proxy WebSocket upgrades on `/api/` after the whole pipeline (credentials, rules, rate limits). `false`: an upgrade is answered 501 `upgrade_not_supported`.'),
+    maxConnections: positiveInt.default(10_000)
+      .describe('Open WebSocket connections at most, per gateway process; past it an upgrade gets 503 `too_many_connections`.'),
+    maxConnectionsPerSubject: positiveInt.optional()
+      .describe('Open WebSocket connections at most per subject (JWT `sub`, else API key id), per gateway process; past it 429 `rate_limited`. Unset: no limit per subject.'),
+    idleTimeout: duration.prefault('15m')
+      .describe('A connection with no bytes in either direction for this long is closed.'),
+    maxLifetime: duration.optional()
+      .describe('A connection open this long is closed, whatever it carries (e.g. `"24h"`). Unset: no limit.'),
+  }).prefault({})
+    .describe('WebSockets through `/api/`. A connection also lives no longer than its credential: it is closed when a reload removes its key or a rule refuses it, and when its JWT expires.'),
   workers: z.union([z.literal('auto'), z.number().int().min(1).max(256)], { error: 'workers must be "auto" or a whole number from 1 to 256' }).default(1)
     .describe('Processes serving `/api/` on the one port (node:cluster): a number, or `"auto"` for one per CPU. The webhook receiver stays in the primary. A change needs a restart.'),
 }).describe('The `/api/` edge: where it listens, the upstreams behind it, and who may pass.');
