@@ -19,6 +19,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
+import WebSocket from 'ws';
 import { exportJWK, generateKeyPair, SignJWT } from 'jose';
 import pg from 'pg';
 import { generateApiKey, hashApiKey } from '../src/gateway/credentials/api-key.js';
@@ -144,6 +145,73 @@ async function load(name: string, options: autocannon.Options, expectedStatus: n
     non2xx: wrongStatus,
     expectedStatus,
     cpuMicrosPerRequest: cpuBefore !== undefined && cpuAfter !== undefined && r.requests.total > 0 ? Math.round((cpuAfter - cpuBefore) / r.requests.total) : undefined,
+  };
+}
+
+/**
+ * WebSockets: `CONNECTIONS` clients each send a 64-byte message and wait for its echo, again and
+ * again, for `duration` s (round trips per second, and their latency); then 16 loops open and
+ * close connections for half as long (connections per second, handshake through the edge).
+ */
+async function loadWebSocket(name: string, url: string, headers: Record<string, string>, duration: number, pid?: number): Promise<CaseResult> {
+  const open = () => new Promise<WebSocket>((resolve, reject) => {
+    const ws = new WebSocket(url, { headers, perMessageDeflate: false });
+    ws.once('open', () => resolve(ws));
+    ws.once('error', reject);
+  });
+  const message = Buffer.alloc(64, 'x');
+  const clients = await Promise.all(Array.from({ length: CONNECTIONS }, open));
+  const latencies: number[] = [];
+  let errors = 0;
+  const cpuBefore = processCpuMicros(pid);
+  const deadline = performance.now() + duration * 1000;
+  await Promise.all(clients.map((ws) => new Promise<void>((resolve) => {
+    let sentAt = 0;
+    const send = () => {
+      if (performance.now() >= deadline) return resolve();
+      sentAt = performance.now();
+      ws.send(message);
+    };
+    ws.on('message', () => {
+      latencies.push(performance.now() - sentAt);
+      send();
+    });
+    ws.on('error', () => {
+      errors++;
+      resolve();
+    });
+    send();
+  })));
+  const cpuAfter = processCpuMicros(pid);
+  for (const ws of clients) ws.terminate();
+  const connectDeadline = performance.now() + (duration / 2) * 1000;
+  let connects = 0;
+  await Promise.all(Array.from({ length: 16 }, async () => {
+    while (performance.now() < connectDeadline) {
+      try {
+        const ws = await open();
+        connects++;
+        await new Promise<void>((resolve) => {
+          ws.once('close', () => resolve());
+          ws.close();
+        });
+      } catch {
+        errors++;
+      }
+    }
+  }));
+  const sorted = latencies.sort((a, b) => a - b);
+  const at = (q: number) => Math.round((sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? 0) * 100) / 100;
+  return {
+    name,
+    requestsPerSec: Math.round(latencies.length / duration),
+    p50: at(0.5),
+    p99: at(0.99),
+    errors,
+    non2xx: 0,
+    expectedStatus: 101,
+    cpuMicrosPerRequest: cpuBefore !== undefined && cpuAfter !== undefined && latencies.length > 0 ? Math.round((cpuAfter - cpuBefore) / latencies.length) : undefined,
+    extra: { connectsPerSec: Math.round(connects / (duration / 2)) },
   };
 }
 
@@ -293,6 +361,48 @@ async function main() {
     const median = [...bareRuns].sort((x, y) => x.requestsPerSec - y.requestsPerSec)[Math.floor(bareRuns.length / 2)]!;
     results.splice(results.findIndex((r) => r.name.startsWith('gatehouse')) === -1 ? results.length : results.findIndex((r) => r.name.startsWith('gatehouse')), 0,
       { ...median, extra: { runs: bareRuns.map((r) => r.requestsPerSec).join('/') } });
+  }
+
+  if (want('websocket') || want('gatehouse websocket')) {
+    // Round trips on open connections through the edge, against a bare node:http upgrade proxy.
+    const wsUpstream = await startProcess(tsx('ws-upstream.ts'));
+    const wsBare = await startProcess(tsx('ws-bare.ts', String(wsUpstream.port), key));
+    const file = path.join(work, 'websocket.json5');
+    writeFileSync(file, JSON.stringify({
+      storage: { path: path.join(work, 'websocket.db') },
+      gateway: { listen: { host: '127.0.0.1', port: 0 }, upstream: { target: `http://127.0.0.1:${wsUpstream.port}` }, auth: { apiKeys: [{ id: 'bench', hash: hashApiKey(key) }] } },
+    }));
+    const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('gateway listening'));
+    const headers = { 'x-api-key': key };
+    const perRound = Math.max(2, Math.round(DURATION / ROUNDS));
+    const rounds: { run: CaseResult; reference: CaseResult }[] = [];
+    for (let round = 0; round < ROUNDS; round++) {
+      const measureRef = () => loadWebSocket('websocket ws-bare', `ws://127.0.0.1:${wsBare.port}/api/ws`, headers, perRound, wsBare.child.pid);
+      const reference = round % 2 === 0 ? await measureRef() : undefined;
+      const run = await loadWebSocket('gatehouse websocket', `ws://127.0.0.1:${gatehouse.port}/api/ws`, headers, perRound, gatehouse.child.pid);
+      rounds.push({ run, reference: reference ?? (await measureRef()) });
+    }
+    const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
+    const summarize = (pick: (r: { run: CaseResult; reference: CaseResult }) => CaseResult, ratio?: number): CaseResult => {
+      const runs = rounds.map(pick);
+      return {
+        ...runs[0]!,
+        requestsPerSec: Math.round(runs.reduce((n, r) => n + r.requestsPerSec, 0) / runs.length),
+        p50: median(runs.map((r) => r.p50)),
+        p99: median(runs.map((r) => r.p99)),
+        errors: runs.reduce((n, r) => n + r.errors, 0),
+        cpuMicrosPerRequest: median(runs.map((r) => r.cpuMicrosPerRequest ?? NaN)),
+        ...(ratio !== undefined ? { ratio, ratioTo: 'websocket ws-bare' } : {}),
+        extra: { connectsPerSec: median(runs.map((r) => Number(r.extra!.connectsPerSec))), roundRatios: rounds.map((r) => (r.run.requestsPerSec / r.reference.requestsPerSec).toFixed(2)).join('/') },
+      };
+    };
+    const tripRatio = Math.round(median(rounds.map((r) => r.run.requestsPerSec / r.reference.requestsPerSec)) * 100) / 100;
+    const connectRatio = Math.round(median(rounds.map((r) => Number(r.run.extra!.connectsPerSec) / Number(r.reference.extra!.connectsPerSec))) * 100) / 100;
+    results.push(summarize((r) => r.reference));
+    const gatehouseRow = summarize((r) => r.run, tripRatio);
+    gatehouseRow.extra!.connectsRatio = connectRatio;
+    results.push(gatehouseRow);
+    await Promise.all([stop(gatehouse.child), stop(wsBare.child), stop(wsUpstream.child)]);
   }
 
   const body = JSON.stringify({ event: 'deploy', service: 'bench', padding: 'x'.repeat(1024 - 60) });
@@ -461,6 +571,8 @@ function checkTargets(results: CaseResult[]) {
   }
   const rs = r('gatehouse jwt-rs256');
   if (bare && rs) out.push({ target: 'jwt-rs256 >= 0.6 x node-bare', measured: `${rs.ratio}`, met: rs.ratio! >= 0.6 });
+  const ws = r('gatehouse websocket');
+  if (ws) out.push({ target: 'websocket round trips >= 0.7 x ws-bare', measured: `${ws.ratio} (connects ${ws.extra?.connectsRatio} x)`, met: ws.ratio! >= 0.7 });
   const rejected = r('gatehouse rejected');
   if (apiKey && rejected) out.push({ target: 'rejected req/s >= api-key req/s', measured: `${rejected.requestsPerSec} vs ${apiKey.requestsPerSec}`, met: rejected.requestsPerSec >= apiKey.requestsPerSec });
   // SQLite: p99 < 25 ms against ingest-bare; PostgreSQL (a network round trip and a server's commit per batch): p99 < 50 ms against ingest-bare-pg.
