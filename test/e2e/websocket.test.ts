@@ -279,6 +279,28 @@ describe('WebSockets through /api/', () => {
     await reload();
   });
 
+  it('metrics: open connections by route, and outcomes (accepted, refused, revoked)', async () => {
+    const other = await startTestGatehouse({ ...gatewayConfig(upstream), admin: { listen: { host: '127.0.0.1', port: 0 } } });
+    try {
+      const scrape = async () => (await request(other.admin!.url, '/metrics')).body;
+      const ws = await connect(wsUrl(other.url, '/api/chat/m'), { headers: { 'x-api-key': KEY_A } });
+      await assert.rejects(connect(wsUrl(other.url, '/api/chat/m')), { status: 401 });
+      let text = await scrape();
+      assert.match(text, /^gatehouse_websocket_connections\{route="\/api\/chat\/"\} 1$/m);
+      assert.match(text, /^gatehouse_websocket_connections_total\{outcome="accepted"\} 1$/m);
+      assert.match(text, /^gatehouse_websocket_connections_total\{outcome="refused_missing_credentials"\} 1$/m);
+      await other.reload(parseConfig({ ...gatewayConfig(upstream, {}, { apiKeys: [{ id: 'b', hash: hashApiKey(KEY_B) }] }), admin: { listen: { host: '127.0.0.1', port: 0 } } }));
+      await closed(ws);
+      text = await waitFor(async () => {
+        const now = await scrape();
+        return /^gatehouse_websocket_connections\{route="\/api\/chat\/"\} 0$/m.test(now) && now;
+      }, { what: 'the gauge back at 0' });
+      assert.match(text, /^gatehouse_websocket_connections_total\{outcome="revoked"\} 1$/m);
+    } finally {
+      await other.close(100);
+    }
+  });
+
   it('a drain closes open connections at the end of its window, not later', async () => {
     const other = await startTestGatehouse(gatewayConfig(upstream));
     const ws = await connect(wsUrl(other.url, '/api/chat/drain'), { headers: { 'x-api-key': KEY_A } });
