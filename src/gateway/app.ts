@@ -77,6 +77,8 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   // Undefined while gateway.auth.browser is off (both forms): nothing more per request.
   const readBrowserCredential = compileBrowserCredentials(gateway.auth.browser);
   const jwtToleranceMs = (gateway.auth.bearer?.jwt.clockToleranceSeconds ?? 0) * 1000;
+  // When each expiring key stops being accepted: an open WebSocket on it closes then.
+  const keyExpiry = new Map(gateway.auth.apiKeys.flatMap((key) => (key.expiresAt === undefined ? [] : [[key.id, Date.parse(key.expiresAt)] as const])));
   const rateLimiter = compileRateLimiter(gateway.rateLimits, gateway.auth.apiKeys.map((key) => key.rateLimit), deps.rateLimits);
 
   // The /api/ pipeline: each step returns the error to answer with, or undefined to go on.
@@ -226,6 +228,8 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     const identity = req.gatehouse.identity!;
     const target = new URL(route.upstream.target);
     const exp = identity.claims?.exp;
+    const expiries = [typeof exp === 'number' ? exp * 1000 + jwtToleranceMs : undefined, identity.keyId === undefined ? undefined : keyExpiry.get(identity.keyId)]
+      .filter((at): at is number => at !== undefined);
     relayWebSocket(req, res, head, {
       target,
       basePath: target.pathname.replace(/\/+$/, ''),
@@ -241,7 +245,7 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
         path: req.gatehouse.path!,
         clientIp: req.gatehouse.clientIp!,
       },
-      expiresAt: typeof exp === 'number' ? exp * 1000 + jwtToleranceMs : undefined,
+      expiresAt: expiries.length > 0 ? Math.min(...expiries) : undefined,
       onError: (err) => refuseUpgrade(req, res, err),
       onUpgraded: () => {
         req.gatehouse.rawStatus = 101;

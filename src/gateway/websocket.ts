@@ -124,7 +124,7 @@ export interface WebSocketRelay {
   route: string;
   subject: string | undefined;
   credentials: ConnectionCredentials;
-  /** When the credential stops being accepted (a JWT's `exp` plus the clock tolerance, ms since the epoch). */
+  /** When the credential stops being accepted (a JWT's `exp` plus the clock tolerance, an API key's `expiresAt`: ms since the epoch). */
   expiresAt: number | undefined;
   /** The request failed before an answer (the upstream could not be reached, or took too long). */
   onError(error: HttpError): void;

@@ -249,6 +249,15 @@ describe('WebSockets through /api/', () => {
     assert.ok(lasted > 500 && lasted < 3_200, `lasted ${lasted} ms`);
   });
 
+  it('a connection opened with an API key is closed when the key\'s expiresAt passes', async () => {
+    const expiresAt = new Date(Date.now() + 1_500).toISOString();
+    await reload({}, { apiKeys: [{ id: 'a', hash: hashApiKey(KEY_A), expiresAt }, { id: 'b', hash: hashApiKey(KEY_B) }] });
+    const ws = await connect(wsUrl(gatehouse.url, '/api/chat/k'), { headers: { 'x-api-key': KEY_A } });
+    await closed(ws);
+    assert.ok(Date.now() >= Date.parse(expiresAt) - 50 && Date.now() < Date.parse(expiresAt) + 1_000, `closed at ${new Date().toISOString()}, key expired ${expiresAt}`);
+    await reload();
+  });
+
   it('limits: maxConnections (503), maxConnectionsPerSubject (429), idleTimeout and maxLifetime close', async () => {
     await reload({ websocket: { maxConnections: 2, maxConnectionsPerSubject: 1 } });
     const first = await connect(wsUrl(gatehouse.url, '/api/chat/1'), { headers: { 'x-api-key': KEY_A } });
