@@ -4,7 +4,7 @@ import type { Logger } from 'pino';
 import type { ChannelSender } from '../integrations/channels/outbound.js';
 import { CHANNEL_SEND_PREFIX, channelSendPath, type Config, type HttpLimits } from '../config/schema.js';
 import { HttpError } from '../errors.js';
-import { continueIfExpected } from '../http/listener.js';
+import { continueIfExpected, hasBody } from '../http/listener.js';
 import { compileAuthorizer, type Authorizer, type ImpliedRule } from './authorize.js';
 import { createClientIpResolver, type ClientOrigin } from '../http/client-ip.js';
 import { Authenticator, type AuthOutcome } from './credentials/authenticate.js';
@@ -255,7 +255,13 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
 
   /** Requests to switch protocols: WebSockets on /api/; any other upgrade is served as an ordinary request (RFC 9110 §7.8 lets a server ignore Upgrade). */
   function upgrade(req: IncomingMessage, res: ServerResponse, head: Buffer): void {
-    if (!isWebSocketUpgrade(req) || !req.url?.startsWith(API_PREFIX)) return handle(req, res);
+    if (!isWebSocketUpgrade(req) || !req.url?.startsWith(API_PREFIX)) {
+      // Node's parser stopped at the headers: a body behind them cannot be read as this request's.
+      if (hasBody(req) && admitRequest(req, res, requestLog, deps.limits, logger)) {
+        return respondWithError(req, res, new HttpError('invalid_request', `a body on a request that asks to upgrade (${req.headers.upgrade})`), logger);
+      }
+      return handle(req, res);
+    }
     if (!admitRequest(req, res, requestLog, deps.limits, logger)) return;
     websocketPipeline(req as Req, res, head).catch((err: unknown) => respondWithError(req, res, err, logger));
   }

@@ -172,6 +172,11 @@ export function relayWebSocket(req: IncomingMessage, res: ServerResponse, head: 
   client.once('close', clientGone);
 
   upstreamReq.on('response', (upstreamRes) => {
+    // A 101 Node did not take as an upgrade (no Upgrade header) switches to nothing: no answer to relay.
+    if (upstreamRes.statusCode === 101) {
+      upstreamReq.destroy();
+      return fail(Object.assign(new Error('101 without Upgrade: websocket'), { code: 'GATEHOUSE_BAD_UPGRADE' }));
+    }
     answered = true;
     relay.connections.release(relay.subject);
     client.off('close', clientGone);
@@ -185,6 +190,11 @@ export function relayWebSocket(req: IncomingMessage, res: ServerResponse, head: 
   });
 
   upstreamReq.on('upgrade', (upstreamRes: IncomingMessage, upstream: Socket, upstreamHead: Buffer) => {
+    // A 101 that does not switch to WebSocket (RFC 6455 §4.2.2: Upgrade: websocket, Connection: Upgrade) is no handshake.
+    if (!isWebSocketAnswer(upstreamRes)) {
+      upstream.destroy();
+      return fail(Object.assign(new Error('101 without Upgrade: websocket'), { code: 'GATEHOUSE_BAD_UPGRADE' }));
+    }
     answered = true;
     client.off('close', clientGone);
     upstreamReq.setTimeout(0);
@@ -208,6 +218,12 @@ export function relayWebSocket(req: IncomingMessage, res: ServerResponse, head: 
     relay.onUpgraded();
   });
   upstreamReq.end();
+}
+
+function isWebSocketAnswer(res: IncomingMessage): boolean {
+  const { upgrade, connection } = res.headers;
+  return typeof upgrade === 'string' && upgrade.trim().toLowerCase() === 'websocket'
+    && typeof connection === 'string' && connection.toLowerCase().split(',').some((token) => token.trim() === 'upgrade');
 }
 
 /** Both sockets piped, tracked and timed: idle, lifetime and credential expiry each close it. */

@@ -116,15 +116,29 @@ export async function listen(
     sendError(res, new HttpError('expectation_failed', `Expect: ${req.headers.expect}`));
   }));
   if (upgrade) {
-    const serveUpgrade = oneAtATime((req, res) => upgrade(req, res, upgradeHeads.get(req) ?? EMPTY));
+    const runUpgrade = inTurn((req, res) => upgrade(req, res, upgradeHeads.get(req) ?? EMPTY));
     server.on('upgrade', (req: http.IncomingMessage, socket: Socket, head: Buffer) => {
-      const res = new http.ServerResponse(req);
-      res.assignSocket(socket);
-      res.shouldKeepAlive = false; // the parser has let go of this socket: nothing more is read as HTTP
-      res.once('finish', () => socket.end());
       socket.once('error', () => socket.destroy());
+      lastParsed.set(socket, req);
+      if (isClosing(socket)) return void socket.destroy(); // behind an answer that closes the connection
       if (head.length > 0) upgradeHeads.set(req, head);
-      serveUpgrade(req, res);
+      // Its answer is made only in its turn: a request before it on this connection may still hold the socket.
+      const start = () => {
+        const res = new http.ServerResponse(req);
+        res.assignSocket(socket);
+        res.shouldKeepAlive = false; // the parser has let go of this socket: nothing more is read as HTTP
+        res.once('finish', () => socket.end());
+        runUpgrade(req, res);
+      };
+      const queue = waiting.get(socket);
+      if (queue === undefined) {
+        waiting.set(socket, []);
+        start();
+      } else if (queue.length >= MAX_PIPELINED) {
+        socket.destroy();
+      } else {
+        queue.push(start);
+      }
     });
   }
   // gatehouse tunnels nothing: CONNECT gets an answer instead of a silently dropped socket.
@@ -223,17 +237,7 @@ const lastParsed = new WeakMap<Socket, http.IncomingMessage>();
  * (descriptors, memory): each waits until the one before it on its connection is answered.
  */
 function oneAtATime(handler: http.RequestListener): http.RequestListener {
-  const run = (req: http.IncomingMessage, res: http.ServerResponse) => {
-    answering.set(req.socket, res);
-    res.once('close', () => {
-      answering.delete(req.socket);
-      const queue = waiting.get(req.socket);
-      const next = queue?.shift();
-      if (next) next();
-      else waiting.delete(req.socket);
-    });
-    handler(req, res);
-  };
+  const run = inTurn(handler);
   return function serveInTurn(req, res) {
     lastParsed.set(req.socket, req);
     if (isClosing(req.socket)) return; // behind an answer that closes the connection: never handled
@@ -251,6 +255,21 @@ function oneAtATime(handler: http.RequestListener): http.RequestListener {
       return;
     }
     queue.push(() => run(req, res));
+  };
+}
+
+/** Runs `handler` as the request its connection is answering now; the next one waiting goes once this answer closes. */
+function inTurn(handler: http.RequestListener): http.RequestListener {
+  return function run(req, res) {
+    answering.set(req.socket, res);
+    res.once('close', () => {
+      answering.delete(req.socket);
+      const queue = waiting.get(req.socket);
+      const next = queue?.shift();
+      if (next) next();
+      else waiting.delete(req.socket);
+    });
+    handler(req, res);
   };
 }
 

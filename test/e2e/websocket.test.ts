@@ -58,6 +58,20 @@ async function startWsUpstream(options: { selectProtocol?: (offered: Set<string>
 
 type Upstream = Awaited<ReturnType<typeof startWsUpstream>>;
 
+/** An upstream that answers every handshake `101` without `Upgrade: websocket`, then speaks HTTP. */
+async function startBadUpgradeUpstream() {
+  const server = http.createServer();
+  server.on('upgrade', (_req, socket) => socket.end('HTTP/1.1 101 Switching Protocols\r\nConnection: close\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi'));
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    close: () => new Promise<void>((resolve) => {
+      server.closeAllConnections();
+      server.close(() => resolve());
+    }),
+  };
+}
+
 const wsUrl = (httpUrl: string, path: string) => httpUrl.replace(/^http/, 'ws') + path;
 
 /** Opens a client; resolves once open, rejects with the HTTP status when the handshake is refused. */
@@ -180,6 +194,37 @@ describe('WebSockets through /api/', () => {
     assert.equal(exchange.responses[0]?.body, '{"why":"upstream"}');
     assert.equal(exchange.responses[0]?.headers['x-upstream'], 'yes');
     assert.ok(exchange.closedByServer);
+  });
+
+  it('an upgrade pipelined behind another request waits its turn (it crashed the process with ERR_HTTP_SOCKET_ASSIGNED)', async () => {
+    const first = 'GET /healthz HTTP/1.1\r\nHost: gatehouse.test\r\n\r\n';
+    const refused = await rawExchange(gatehouse.url, first + handshake('/api/chat/x'), { idleMs: 1000 });
+    assert.deepEqual(refused.responses.map((r) => r.status), [200, 401], refused.raw);
+    const seen = upstream.handshakes.length;
+    const accepted = await rawExchange(gatehouse.url, first + first + handshake('/api/chat/x', `X-API-Key: ${KEY_A}\r\n`), { idleMs: 1000 });
+    assert.deepEqual(accepted.responses.slice(0, 2).map((r) => r.status), [200, 200], accepted.raw);
+    assert.match(accepted.raw, /\r\n\r\nHTTP\/1\.1 101 Switching Protocols\r\n/);
+    assert.equal(upstream.handshakes.length, seen + 1);
+    assert.equal((await request(gatehouse.url, '/healthz')).status, 200, 'the process is still serving');
+  });
+
+  it('another upgrade with a body is 400 (the parser stopped at its headers), and a 101 that is no WebSocket answer is 502', async () => {
+    const body = 'GET /api/secret HTTP/1.1\r\nHost: x\r\n\r\n';
+    const posted = await rawExchange(gatehouse.url, `POST /api/x HTTP/1.1\r\nHost: gatehouse.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nX-API-Key: ${KEY_A}\r\nContent-Length: ${body.length}\r\n\r\n${body}`, { idleMs: 1000 });
+    assert.equal(posted.responses[0]?.status, 400, posted.raw);
+    assert.equal(JSON.parse(posted.responses[0]!.body).error.code, 'invalid_request');
+    assert.equal(posted.responses.length, 1);
+    assert.ok(!upstream.handshakes.some((h) => h.url.includes('secret')));
+    const bad = await startBadUpgradeUpstream();
+    try {
+      await reload({ routes: [{ prefix: '/api/bad/', upstream: { target: bad.url } }] });
+      const answer = await rawExchange(gatehouse.url, handshake('/api/bad/x', `X-API-Key: ${KEY_A}\r\n`), { idleMs: 1000 });
+      assert.equal(answer.responses[0]?.status, 502, answer.raw);
+      assert.doesNotMatch(answer.raw, /101/);
+    } finally {
+      await reload();
+      await bad.close();
+    }
   });
 
   it('a browser\'s credential in Sec-WebSocket-Protocol: read, removed with the marker, and "gatehouse" answered when the upstream chooses none', async () => {
