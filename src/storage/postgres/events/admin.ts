@@ -1,0 +1,176 @@
+import type pg from 'pg';
+import { webhookActions, type PostgresStorageConfig, type WebhookAction } from '../../../config/schema.js';
+import {
+  IDEMPOTENCY_WINDOW_MS, toEvent,
+  type AttemptRecord, type DeliveredCounts, type DeliveryStatus, type QueueStats, type StoreStatus, type StoredEvent,
+} from '../../contracts/events.js';
+import { schemaVersion } from '../migrations.js';
+import { describeUrl, withClient } from '../pool.js';
+import { oldestUnleasedSql, type EventRow } from './claims.js';
+import type { DueNotifier } from './notify.js';
+import type { PostgresTuning } from './tuning.js';
+
+/**
+ * Queued and dead events per action, for each scrape (queueStats): unleased and leased ones apart
+ * so each part takes its index (events_free, events_leased, events_dead), reading as many rows as
+ * there are, not the delivered ones. Exported for the test that checks its plan.
+ */
+export const UNDELIVERED_COUNTS_SQL = `SELECT action, status, sum(n)::bigint AS n FROM (
+     SELECT action, 'queued' AS status, count(*) AS n FROM events WHERE status = 'queued' AND lease_until IS NULL GROUP BY action
+     UNION ALL SELECT action, 'queued', count(*) FROM events WHERE status = 'queued' AND lease_until IS NOT NULL GROUP BY action
+     UNION ALL SELECT action, 'dead', count(*) FROM events WHERE status = 'dead' GROUP BY action) c
+   GROUP BY action, status`;
+
+/**
+ * What the CLI and /metrics ask of the events (as Convoy's inspector and monitor): listing and
+ * reading them, requeueing, purging the delivered, the store's status and queue statistics, and
+ * /readyz's write probe. Each is a statement or a few on the pool, none holding long locks.
+ */
+export class EventAdmin {
+  /** The backend pid of the connection counting delivered events, while it does (cancelCount() cancels it). */
+  private countingBackend: number | undefined;
+
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly storage: PostgresStorageConfig,
+    private readonly tuning: Readonly<PostgresTuning>,
+    private readonly notifier: DueNotifier,
+    /** The delivered events' counts /metrics shows, recounted in the background with countDelivered. */
+    private readonly delivered: DeliveredCounts,
+  ) {}
+
+  async list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]> {
+    const { rows } = await this.pool.query<EventRow>(
+      `SELECT * FROM events
+        WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR endpoint = $2)
+        ORDER BY received_at DESC, id DESC
+        LIMIT $3`,
+      [filter.status ?? null, filter.endpoint ?? null, filter.limit ?? 100],
+    );
+    return rows.map(toEvent);
+  }
+
+  async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
+    const { rows } = await this.pool.query<EventRow>('SELECT * FROM events WHERE id = $1', [id]);
+    if (rows.length === 0) return undefined;
+    const attempts = await this.pool.query<{ attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>(
+      'SELECT attempt, at, status, error, duration_ms FROM attempts WHERE event_id = $1 ORDER BY attempt',
+      [id],
+    );
+    return { event: toEvent(rows[0]!), attempts: attempts.rows.map((a) => ({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms })) };
+  }
+
+  async requeue(id: string, now: number): Promise<boolean> {
+    const { rowCount } = await this.pool.query(
+      // A queued event only while it waits for a retry, leased by no one: an attempt under way
+      // (even one claimed by an instance whose clock is ahead of this one's) is left to finish.
+      `UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $2::bigint, delivered_at = NULL,
+              lease_until = NULL, claim_id = NULL, lease_owner = NULL
+        WHERE id = $1 AND (status <> 'queued' OR (next_attempt_at > $2::bigint AND lease_until IS NULL))`,
+      [id, now],
+    );
+    if (rowCount) this.notifier.requeued();
+    return rowCount === 1;
+  }
+
+  async requeueDead(now: number): Promise<number> {
+    return this.requeueAll("UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'dead'", now);
+  }
+
+  async requeueWaiting(now: number): Promise<number> {
+    return this.requeueAll("UPDATE events SET round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'queued' AND lease_until IS NULL AND next_attempt_at > $1::bigint", now);
+  }
+
+  /** One UPDATE (row locks only: the instances keep accepting and claiming the rest) making events due at `now` ($1); wakes the deliverers. */
+  private async requeueAll(sql: string, now: number): Promise<number> {
+    const { rowCount } = await this.pool.query(sql, [now]);
+    if (rowCount) this.notifier.requeued();
+    return rowCount ?? 0;
+  }
+
+  async purgeDelivered(olderThan: number, now: number): Promise<number> {
+    const forgotten = now - IDEMPOTENCY_WINDOW_MS;
+    let purged = 0;
+    // Delivered before the delivery-id window began means received before it too: all of it goes.
+    for (;;) {
+      // In chunks, each its own short transaction: no long lock over what the servers write.
+      const { rowCount } = await this.pool.query(
+        "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE status = 'delivered' AND delivered_at < $1::bigint LIMIT 500)",
+        [Math.min(olderThan, forgotten)],
+      );
+      if (!rowCount) break;
+      purged += rowCount;
+    }
+    // Within the window an event stays while its delivery id is remembered: the rows delivered in
+    // that last day are walked once, a page at a time from where the last ended (rows kept are
+    // not read again by every chunk), and the page's rows that may go are deleted.
+    let cursor = { at: forgotten, id: '' };
+    while (olderThan > forgotten) {
+      const { rows } = await this.pool.query<{ id: string; at: number }>(
+        `SELECT id, delivered_at AS at FROM events WHERE status = 'delivered' AND delivered_at < $1::bigint AND (delivered_at, id) > ($2::bigint, $3)
+          ORDER BY delivered_at, id LIMIT 500`,
+        [olderThan, cursor.at, cursor.id],
+      );
+      if (rows.length === 0) break;
+      const { rowCount } = await this.pool.query(
+        "DELETE FROM events WHERE id = ANY($1::text[]) AND status = 'delivered' AND (idempotency_key IS NULL OR received_at <= $2::bigint)",
+        [rows.map((r) => r.id), forgotten],
+      );
+      purged += rowCount ?? 0;
+      cursor = rows.at(-1)!;
+    }
+    return purged;
+  }
+
+  async status(now: number): Promise<StoreStatus> {
+    const counts: Record<DeliveryStatus, number> = { queued: 0, delivered: 0, dead: 0 };
+    const { rows } = await this.pool.query<{ status: DeliveryStatus; n: number }>('SELECT status, count(*) AS n FROM events GROUP BY status');
+    for (const row of rows) counts[row.status] = row.n;
+    const leased = await this.pool.query<{ n: number }>("SELECT count(*) AS n FROM events WHERE status = 'queued' AND lease_until > $1::bigint", [now]);
+    return { driver: 'postgres', location: describeUrl(this.storage.url), schemaVersion: await schemaVersion(this.pool), counts, leased: leased.rows[0]!.n };
+  }
+
+  async queueStats(now: number): Promise<QueueStats> {
+    const delivered = await this.delivered.get(now); // first: it may wait, and the rest is then read as of the same moment
+    const { rows } = await this.pool.query<{ action: WebhookAction; status: DeliveryStatus; n: number }>(UNDELIVERED_COUNTS_SQL);
+    const counts = rows.map((row) => ({ action: row.action, status: row.status, events: row.n }));
+    for (const [action, events] of delivered ?? []) counts.push({ action, status: 'delivered', events });
+    const due = await this.pool.query<{ at: number | null }>(
+      `SELECT least(${oldestUnleasedSql('$1')},
+                    (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND lease_until IS NOT NULL)) AS at`,
+      [webhookActions],
+    );
+    const oldest = due.rows[0]?.at ?? null;
+    return { counts, deliveredCounted: delivered !== undefined, oldestDueAt: oldest !== null && oldest <= now ? oldest : undefined };
+  }
+
+  /**
+   * Every delivered event counted, per action (a read of them all: see DeliveredCounts), with
+   * deliveredCountTimeoutMs rather than the pool's query_timeout: on a store of tens of
+   * millions it takes longer, and runs in the background.
+   */
+  async countDelivered(): Promise<Map<WebhookAction, number>> {
+    const { rows } = await withClient(this.pool, async (client) => {
+      this.countingBackend = (await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid;
+      try {
+        return await client.query<{ action: WebhookAction; n: number }>({
+          text: "SELECT action, count(*) AS n FROM events WHERE status = 'delivered' GROUP BY action",
+          query_timeout: this.tuning.deliveredCountTimeoutMs,
+        } as pg.QueryConfig);
+      } finally {
+        this.countingBackend = undefined;
+      }
+    });
+    return new Map(rows.map((row) => [row.action, row.n]));
+  }
+
+  /** A statement that writes nothing but is refused wherever writes are (a standby, a read-only session, no connection). */
+  async probeWrite(): Promise<void> {
+    await this.pool.query("UPDATE events SET status = status WHERE id = ''");
+  }
+
+  /** Cancels a recount under way: it would hold its connection, and so pool.end(), for as long as it takes (minutes on a big store). */
+  async cancelCount(): Promise<void> {
+    if (this.countingBackend !== undefined) await this.pool.query('SELECT pg_cancel_backend($1)', [this.countingBackend]).catch(() => {});
+  }
+}
