@@ -12,7 +12,7 @@ import { DISCORD_CLIENT, startFakeDiscord, type FakeDiscord } from '../helpers/f
 import { request } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertCallsDocumented, assertNotInStorage, channelsCli, consent, envelopes, loginThroughBrowser, nthEnvelope, printedAuthorizeUrl, settledEnvelopeCount, startGatehouse,
+  API_KEY, assertCallsDocumented, assertNotInStorage, channelsCli, consent, envelopes, loginThroughBrowser, nthEnvelope, printedAuthorizeUrl, settledEnvelopeCount, sqliteQueued, startGatehouse,
   startLogin, statusJson, storedGrant, visit, removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
 } from './helpers.js';
 
@@ -187,7 +187,7 @@ describe('oauth-bot channel (Discord)', () => {
       const ping = await fake.deliverInteraction(`${gatehouse.webhookUrl}${interactions}`, { id: '1300000000000000009', type: 1, application_id: DISCORD_CLIENT.clientId, token: 't', version: 1 });
       assert.equal(ping.status, 200);
       assert.deepEqual(JSON.parse(ping.body), { type: 1 });
-      assert.equal(await settledEnvelopeCount(target), seen);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
     });
 
     it('a signed command is deferred ({"type":5}) and reaches the target: channel, from, text, the raw interaction as payload', async () => {
@@ -218,7 +218,7 @@ describe('oauth-bot channel (Discord)', () => {
         assert.equal(reply.status, 401, what);
         assert.equal(reply.json().error.code, 'invalid_webhook_signature', what);
       }
-      assert.equal(await settledEnvelopeCount(target), seen);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
     });
   });
 

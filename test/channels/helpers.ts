@@ -11,12 +11,12 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
 import jsQR from 'jsqr';
 import type { FakeChatServer } from '../helpers/fake-chat.js';
 import { runCli, spawnCli, startServerProcess, type CliResult, type ServerProcess } from '../helpers/process.js';
 import type { ReceivedRequest, RecordingServer } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 
 /** gateway.auth.apiKey of every workspace: what an internal service sends to the channel API. */
 export const API_KEY = 'channels-e2e-api-key-0123456789abcdefghij';
@@ -220,17 +220,6 @@ export function withDatabase<T>(ws: Workspace, use: (db: Database.Database) => T
   }
 }
 
-/** Polls `probe` until it returns something other than undefined. */
-export async function waitFor<T>(probe: () => T | undefined, what: string, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(20);
-  }
-}
-
 /** The envelopes the `message` target received, parsed. */
 export function envelopes(target: RecordingServer): Record<string, any>[] {
   return target.received.filter((r: ReceivedRequest) => r.url === '/messages').map((r) => JSON.parse(r.body));
@@ -238,13 +227,24 @@ export function envelopes(target: RecordingServer): Record<string, any>[] {
 
 /** Waits for the `message` target's n-th envelope (1-based) and returns it. */
 export async function nthEnvelope(target: RecordingServer, n: number): Promise<Record<string, any>> {
-  return waitFor(() => envelopes(target)[n - 1], `envelope #${n} at the target`);
+  return waitFor(() => envelopes(target)[n - 1], { what: `envelope #${n} at the target` });
 }
 
-/** Gives the deliverer time to deliver anything it (wrongly) queued, then returns the envelope count. */
-export async function settledEnvelopeCount(target: RecordingServer): Promise<number> {
-  await sleep(400);
+/**
+ * The `message` target's envelope count once nothing is left to deliver: storage holds no queued
+ * event (`queued` counts them; sqliteQueued for a workspace's file). An event is stored before the
+ * request that brought it is answered and is queued until its delivery is settled, which is after
+ * the target got it: so anything wrongly accepted by the requests answered so far is counted.
+ */
+export async function settledEnvelopeCount(target: RecordingServer, queued: () => number | Promise<number>): Promise<number> {
+  let left: number | undefined;
+  await waitFor(async () => (left = await queued()) === 0, { what: () => `no queued event in storage (${left} left)` });
   return envelopes(target).length;
+}
+
+/** Events the workspace's SQLite file holds as queued (not yet delivered, nor dead). */
+export function sqliteQueued(ws: Workspace): () => number {
+  return () => withDatabase(ws, (db) => (db.prepare("SELECT count(*) AS n FROM events WHERE status = 'queued'").get() as { n: number }).n);
 }
 
 // ─── The terminal QR code ───────────────────────────────────────────────────────────────────

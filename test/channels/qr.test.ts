@@ -11,7 +11,7 @@ import { request } from '../helpers/http.js';
 import type { CliResult } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertNotInStorage, channelsCli, decodeTerminalQr, envelopes, nthEnvelope, settledEnvelopeCount, startGatehouse, storageBytes,
+  API_KEY, assertNotInStorage, channelsCli, decodeTerminalQr, envelopes, nthEnvelope, settledEnvelopeCount, sqliteQueued, startGatehouse, storageBytes,
   startLogin, withDatabase, removeWorkspace, workspace, writeConfig, type RunningGatehouse, type RunningLogin, type Workspace,
 } from './helpers.js';
 
@@ -125,7 +125,7 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
       const resent = await postMessage(device.token, body);
       assert.equal(resent.status, 200);
       assert.equal(resent.json().status, 'duplicate');
-      assert.equal(await settledEnvelopeCount(target), seen + 1);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen + 1);
     });
 
     it('a forged, missing or other-channel token gets 401 and nothing reaches the target', async () => {
@@ -138,7 +138,7 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
       // A phone token is not a kiosk token.
       const elsewhere = await request(gatehouse.webhookUrl, '/webhook/channels/kiosk', { method: 'POST', headers: { ...json, authorization: `Bearer ${device.token}` }, body: '{"text":"wrong channel"}', localAddress: '127.0.0.4' });
       assert.equal(elsewhere.status, 401);
-      assert.equal(await settledEnvelopeCount(target), seen);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
     });
 
     it('outbound: the message waits in the device outbox and is handed over once; without the API key nothing is queued', async () => {
@@ -174,7 +174,7 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
   it('revoke: the device token fails at once (messages and outbox); other devices keep working', async () => {
     const [keeper, doomed] = await Promise.all([pairedDevice('Cy phone'), pairedDevice('Old tablet')]);
     assert.equal((await postMessage(doomed.token, { text: 'still here' })).status, 202);
-    const seen = await settledEnvelopeCount(target);
+    const seen = await settledEnvelopeCount(target, sqliteQueued(ws));
 
     const revoke = await channelsCli(ws, ['revoke', 'phone', 'Old tablet']);
     assert.equal(revoke.code, 0, revoke.stderr);
@@ -184,7 +184,7 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
     assert.equal(refused.status, 401);
     assert.equal((await outbox(doomed.token, '127.0.0.6')).status, 401);
     assert.equal((await postMessage(keeper.token, { text: 'keeper' })).status, 202);
-    assert.equal(await settledEnvelopeCount(target), seen + 1);
+    assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen + 1);
     assert.ok(!envelopes(target).some((e) => e.text === 'after revoke'));
 
     const [devices, twice] = await Promise.all([channelsCli(ws, ['devices', 'phone', '--json']), channelsCli(ws, ['revoke', 'phone', 'Old tablet'])]);
@@ -265,7 +265,7 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
     assert.equal(logout.code, 0, logout.stderr);
     const seen = envelopes(target).length;
     assert.equal((await post('127.0.0.8')).status, 401);
-    assert.equal(await settledEnvelopeCount(target), seen);
+    assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
     const [after, devices] = await Promise.all([channelsCli(ws, ['status', 'desk']), channelsCli(ws, ['devices', 'desk'])]);
     assert.match(after.stdout, /^✗ desk \(qr, device\): not connected: run `gatehouse channels login desk`$/m);
     assert.match(devices.stdout, new RegExp(`^${device.id} {2}Front desk {15}revoked \\d{4}-`, 'm'));

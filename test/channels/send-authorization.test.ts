@@ -13,7 +13,7 @@ import { scrape } from '../helpers/admin.js';
 import { startFakeTelegram, type FakeTelegram } from '../helpers/fake-chat.js';
 import { request, type Reply } from '../helpers/http.js';
 import { runCli } from '../helpers/process.js';
-import { waitUntil } from '../helpers/instances.js';
+import { waitFor } from '../helpers/wait.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import { removeWorkspace, startGatehouse, startLogin, workspace, writeConfig, type RunningGatehouse, type Workspace } from './helpers.js';
 
@@ -59,7 +59,7 @@ describe('channel send API: rules, scopes, defaultAllow and rate limits', () => 
   const requestLines = (status: number) => gatehouse.process.lines.filter((l) => l.msg === 'request' && l.path === CHANNEL_PATH && l.status === status);
   /** The request lines with `status`, once there are `count` (a line is written as its answer closes, after the client read it). */
   const waitForRequestLines = async (status: number, count: number) => {
-    await waitUntil(() => requestLines(status).length >= count, 10_000, () => `${count} request lines with status ${status}; got ${requestLines(status).length}`);
+    await waitFor(() => requestLines(status).length >= count, { what: () => `${count} request lines with status ${status}; got ${requestLines(status).length}` });
     return requestLines(status);
   };
 

@@ -10,7 +10,7 @@ import { SLACK_CLIENT, startFakeSlack, type FakeSlack } from '../helpers/fake-ch
 import { request } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertCallsDocumented, assertNotInStorage, consent, envelopes, loginThroughBrowser, nthEnvelope, settledEnvelopeCount, startGatehouse, statusJson,
+  API_KEY, assertCallsDocumented, assertNotInStorage, consent, envelopes, loginThroughBrowser, nthEnvelope, settledEnvelopeCount, sqliteQueued, startGatehouse, statusJson,
   storedGrant, visit, removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
 } from './helpers.js';
 
@@ -148,7 +148,7 @@ describe('oauth channel (Slack)', () => {
       const reply = await fake.deliverEvent(`${gatehouse.webhookUrl}${events}`, { token: 't', challenge: 'challenge-3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P', type: 'url_verification' }, SLACK_CLIENT.signingSecret);
       assert.equal(reply.status, 200);
       assert.deepEqual(JSON.parse(reply.body), { challenge: 'challenge-3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P' });
-      assert.equal(await settledEnvelopeCount(target), seen);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
     });
 
     it('a signed message event reaches the target: channel, from, text, the raw event as payload; deduped by event_id', async () => {
@@ -162,7 +162,7 @@ describe('oauth channel (Slack)', () => {
       assert.equal(envelope.text, 'hello from slack');
       assert.deepEqual(envelope.payload, event);
       assert.equal((await fake.deliverEvent(`${gatehouse.webhookUrl}${events}`, event, SLACK_CLIENT.signingSecret)).status, 200);
-      assert.equal(await settledEnvelopeCount(target), seen + 1);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen + 1);
     });
 
     it('another secret\'s signature, a stale timestamp or none gets 401 and nothing reaches the target (not even a challenge)', async () => {
@@ -179,7 +179,7 @@ describe('oauth channel (Slack)', () => {
         assert.equal(reply.status, 401, what);
         assert.doesNotMatch(reply.body, /leak/, what);
       }
-      assert.equal(await settledEnvelopeCount(target), seen);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
     });
   });
 

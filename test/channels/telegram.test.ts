@@ -11,7 +11,7 @@ import { request } from '../helpers/http.js';
 import type { CliResult } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertCallsDocumented, assertNotInStorage, channelsCli, envelopes, nthEnvelope, settledEnvelopeCount, startGatehouse, startLogin, statusJson, storedGrant,
+  API_KEY, assertCallsDocumented, assertNotInStorage, channelsCli, envelopes, nthEnvelope, settledEnvelopeCount, sqliteQueued, startGatehouse, startLogin, statusJson, storedGrant,
   removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
 } from './helpers.js';
 
@@ -99,7 +99,7 @@ describe('bot-token channel (Telegram)', () => {
       assert.equal(wrong.status, 401);
       assert.equal(wrong.json().error.code, 'invalid_webhook_secret');
       assert.equal((await postUpdate({ update_id: 2, ...message('forged') }, undefined)).status, 401);
-      assert.equal(await settledEnvelopeCount(target), seen);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
     });
 
     it('the same update_id twice is delivered once', async () => {
@@ -109,7 +109,7 @@ describe('bot-token channel (Telegram)', () => {
       const again = await postUpdate(update, secretToken);
       assert.equal(again.status, 200);
       assert.equal(again.json().status, 'duplicate');
-      assert.equal(await settledEnvelopeCount(target), seen + 1);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen + 1);
     });
 
     it('outbound: sendMessage with the bot token, 200 with the message id; without the API key 401 and Telegram gets nothing', async () => {
@@ -168,7 +168,7 @@ describe('bot-token channel (Telegram)', () => {
       assert.equal(reply.status, 409);
       assert.equal(reply.json().error.code, 'channel_not_connected');
       assert.equal(calls('sendMessage').length, sends);
-      assert.equal(await settledEnvelopeCount(target), seen);
+      assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
 
       const human = await channelsCli(ws, ['status', 'tg']);
       assert.match(human.stdout, /^✗ tg \(bot-token, telegram\): not connected: run `gatehouse channels login tg`$/m);

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { jwks, scrape, sendTraffic, signGood, start, useAdminFixtures, waitUntil, writeConfig } from '../helpers/admin.js';
+import { jwks, scrape, sendTraffic, signGood, start, useAdminFixtures, writeConfig } from '../helpers/admin.js';
+import { waitFor } from '../helpers/wait.js';
 import { request } from '../helpers/http.js';
 
 // The admin listener with gateway.workers: 2: one scrape of the primary covers both workers
@@ -19,7 +20,7 @@ describe('admin listener, gateway.workers: 2', () => {
       await s.server.waitFor(() => s.server.lines.slice(from).filter((l) => l.msg === 'request' && l.worker !== undefined).length >= 16);
       const workers = new Set(s.server.lines.slice(from).filter((l) => l.msg === 'request' && l.worker !== undefined).map((l) => l.worker));
       assert.deepEqual([...workers].sort(), [1, 2]);
-      await waitUntil(async () => (await scrape(s.admin)).value('gatehouse_deliveries_total{action="message",outcome="delivered"}') === 2, 'both deliveries counted');
+      await waitFor(async () => (await scrape(s.admin)).value('gatehouse_deliveries_total{action="message",outcome="delivered"}') === 2, { what: 'both deliveries counted' });
 
       const m = await scrape(s.admin);
       assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="200",auth="api-key"}'), 8);

@@ -3,7 +3,8 @@ import { execFileSync } from 'node:child_process';
 import { once } from 'node:events';
 import path from 'node:path';
 import { before, after, describe, it } from 'node:test';
-import { auth, dir, KEY, scrape, sendTraffic, signGood, start, TOKEN, upstream, target, useAdminFixtures, waitUntil, WRONG_KEY, writeConfig, type Started } from '../helpers/admin.js';
+import { auth, dir, KEY, scrape, sendTraffic, signGood, start, TOKEN, upstream, target, useAdminFixtures, WRONG_KEY, writeConfig, type Started } from '../helpers/admin.js';
+import { waitFor } from '../helpers/wait.js';
 import { request } from '../helpers/http.js';
 import { runCli } from '../helpers/process.js';
 import { rawExchange } from '../helpers/raw-socket.js';
@@ -27,9 +28,9 @@ describe('admin listener, one process', () => {
     await sendTraffic(s);
     assert.equal((await request(s.gateway, '/api/me', { headers: { authorization: `Bearer ${await signGood('alice@example.com')}` } })).status, 200);
     assert.equal(upstream.received.length - upstreamBefore, 5, 'only the authenticated requests went upstream');
-    await waitUntil(async () => target.received.some((r) => r.body.includes('"ref":"main"')), 'the webhook delivered to the target');
+    await waitFor(async () => target.received.some((r) => r.body.includes('"ref":"main"')), { what: 'the webhook delivered to the target' });
     // Settled after the target answered: wait for the delivery counter rather than guess.
-    await waitUntil(async () => (await scrape(s.admin)).value('gatehouse_deliveries_total{action="message",outcome="delivered"}') === 1, 'delivery counted');
+    await waitFor(async () => (await scrape(s.admin)).value('gatehouse_deliveries_total{action="message",outcome="delivered"}') === 1, { what: 'delivery counted' });
 
     const m = await scrape(s.admin);
     assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="200",auth="api-key"}'), 4);
@@ -139,7 +140,7 @@ describe('admin listener, one process', () => {
     try {
       const inFlight = request(d.gateway, '/api/slow', { headers: { 'x-api-key': KEY } });
       inFlight.catch(() => {}); // awaited below; a failure must not surface as an unhandled rejection first
-      await waitUntil(async () => slow.received.length === 1, 'the slow request reached the upstream');
+      await waitFor(async () => slow.received.length === 1, { what: 'the slow request reached the upstream' });
       d.server.child.kill('SIGTERM');
       await d.server.waitFor((l) => l.msg === 'shutting down: draining in-flight requests');
       const draining = await request(d.admin, '/readyz');
@@ -180,7 +181,7 @@ describe('admin listener: /readyz on a SQLite file the OS refuses writes to', ()
       assert.deepEqual(refused.json().failing, ['store']);
       assert.match(refused.json().checks.store, /^the store does not take writes \(/);
       immutable(false);
-      await waitUntil(async () => (await request(s.admin, '/readyz')).status === 200, 'ready again once the file takes writes');
+      await waitFor(async () => (await request(s.admin, '/readyz')).status === 200, { what: 'ready again once the file takes writes' });
     } finally {
       try {
         immutable(false);

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, describe, it } from 'node:test';
 import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
+import { waitFor } from '../helpers/wait.js';
 import { request } from '../helpers/http.js';
 import { startServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream } from '../helpers/upstream.js';
@@ -19,14 +20,6 @@ after(async () => {
 
 const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-admin-pg-'));
 const SECRET = 'admin-pg-hook-secret-012345';
-
-async function waitUntil(check: () => Promise<boolean>, what: string, timeoutMs = 15_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out: ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
 
 describe('admin /readyz on postgres', { skip, timeout: 90_000 }, () => {
   it('200 while the database takes writes, 503 "store" while it is stopped, 200 again once it is back', async () => {
@@ -56,8 +49,8 @@ describe('admin /readyz on postgres', { skip, timeout: 90_000 }, () => {
 
       const hook = await request(webhooks, '/webhook/pg', { method: 'POST', headers: { 'content-type': 'application/json', 'x-webhook-secret': SECRET }, body: '{"n":1}' });
       assert.equal(hook.status, 202);
-      await waitUntil(async () => target.received.length >= 1, 'the first attempt');
-      await waitUntil(async () => (await request(admin, '/metrics')).body.includes('gatehouse_deliveries_total{action="message",outcome="retry"} 1'), 'the retry counted');
+      await waitFor(async () => target.received.length >= 1, { timeoutMs: 15_000, what: 'the first attempt' });
+      await waitFor(async () => (await request(admin, '/metrics')).body.includes('gatehouse_deliveries_total{action="message",outcome="retry"} 1'), { timeoutMs: 15_000, what: 'the retry counted' });
       const metrics = (await request(admin, '/metrics')).body;
       assert.match(metrics, /^gatehouse_queue_events\{action="message",status="queued"\} 1$/m);
       assert.match(metrics, /^gatehouse_queue_events\{action="message",status="delivered"\} 0$/m);
@@ -75,7 +68,7 @@ describe('admin /readyz on postgres', { skip, timeout: 90_000 }, () => {
       assert.match(partial.body, /^gatehouse_webhooks_received_total\{endpoint="\/webhook\/pg",outcome="accepted"\} 1$/m);
 
       await pg.start();
-      await waitUntil(async () => (await request(admin, '/readyz')).status === 200, 'ready again after the restart');
+      await waitFor(async () => (await request(admin, '/readyz')).status === 200, { timeoutMs: 15_000, what: 'ready again after the restart' });
     } finally {
       await server.stop('SIGKILL');
       await upstream.close();

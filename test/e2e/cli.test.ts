@@ -7,6 +7,7 @@ import { hasValidKeyChecksum, hashApiKey } from '../../src/gateway/credentials/a
 import { request } from '../helpers/http.js';
 import { ROOT, runCli, startServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 
 const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-cli-'));
 function writeConfig(name: string, text: string): string {
@@ -179,7 +180,7 @@ describe('gatehouse start', () => {
     try {
       const { url } = await server.waitFor((l) => l.msg === 'gateway listening');
       const inFlight = request(url, '/api/slow', { headers: { 'x-api-key': key } });
-      await new Promise((r) => setTimeout(r, 200));
+      await waitFor(() => slow.received.length === 1, { what: 'the request at the upstream' });
       server.child.kill('SIGHUP');
       await server.waitFor((l) => l.msg === 'configuration reloaded');
       const reply = await inFlight;

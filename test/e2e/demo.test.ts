@@ -13,6 +13,7 @@ import { createInternalApi } from '../../examples/internal-api.js';
 import { startTestGatehouse, type TestGatehouse } from '../helpers/gatehouse.js';
 import { request } from '../helpers/http.js';
 import { ROOT } from '../helpers/process.js';
+import { waitFor } from '../helpers/wait.js';
 
 /** The README's quick start, against the shipped gateway.json5 and the example services (ports moved to free ones). */
 describe('demo: the README quick start works with the shipped config and examples', () => {
@@ -58,9 +59,7 @@ describe('demo: the README quick start works with the shipped config and example
       body: '{"sender":{"name":"Ada"},"text":"hello"}',
     });
     assert.equal(reply.status, 202);
-    const deadline = Date.now() + 5000;
-    while (!actions.some((a) => a.body?.id === reply.json().id) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-    const action = actions.find((a) => a.body?.id === reply.json().id);
+    const action = await waitFor(() => actions.find((a) => a.body?.id === reply.json().id), { timeoutMs: 5_000, what: 'the demo target to act on the message' });
     assert.equal(action.path, '/messages');
     assert.equal(action.action, 'message');
     assert.equal(action.body.message, 'New message from Ada: hello');

@@ -7,6 +7,7 @@ import { exportJWK, exportSPKI, generateKeyPair, SignJWT, UnsecuredJWT, type Cry
 import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
 import { request, type Reply } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 
 const SECRET = 'jwt-test-secret-0123456789abcdefghijklmnopqrstuvwxyz';
 const ISSUER = 'https://issuer.test';
@@ -243,14 +244,6 @@ async function rsaKey(kid: string): Promise<{ kid: string; privateKey: CryptoKey
   return { kid, privateKey, jwk: { ...(await exportJWK(publicKey)), kid, alg: 'RS256', use: 'sig' } };
 }
 
-async function waitFor(condition: () => boolean, ms = 2000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!condition()) {
-    if (Date.now() > deadline) throw new Error('condition not met in time');
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
-
 describe('jwt: RS256 via a JWKS URL', () => {
   let upstream: RecordingServer;
   let jwks: JwksServer;
@@ -274,7 +267,7 @@ describe('jwt: RS256 via a JWKS URL', () => {
   });
 
   it('the JWKS is fetched at start, before any request', async () => {
-    await waitFor(() => jwks.fetches >= 1);
+    await waitFor(() => jwks.fetches >= 1, { timeoutMs: 2_000, what: 'a JWKS fetch' });
     assert.equal(jwks.fetches, 1);
   });
 

@@ -3,8 +3,9 @@ import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
 import { request } from '../helpers/http.js';
-import { postWebhook, startInstances, stopInstances, waitUntil, type Instance } from '../helpers/instances.js';
-import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
+import { postWebhook, startInstances, stopInstances, type Instance } from '../helpers/instances.js';
+import { waitFor } from '../helpers/wait.js';
+import { postgresDatabases, type PostgresDatabases } from '../helpers/postgres.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 
 // Issue 13: three real `gatehouse start` processes on one real PostgreSQL, a real upstream and a
@@ -21,7 +22,7 @@ const DELIVERY_TIMEOUT_MS = 2_000;
 const TOTAL = 3_000;
 const CONCURRENCY = 48;
 
-const cluster = await startPostgres();
+const cluster = await postgresDatabases();
 const skip = 'skip' in cluster ? cluster.skip : false;
 
 /** One delivery as the target saw it. */
@@ -45,7 +46,7 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
   let killed = false;
 
   before(async () => {
-    const url = await (cluster as PostgresCluster).createDatabase();
+    const url = await (cluster as PostgresDatabases).createDatabase();
     upstream = await startRecordingUpstream();
     target = await startRecordingUpstream((req, res) => {
       const envelope = JSON.parse(req.body);
@@ -140,9 +141,14 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
     }
     const { rows } = await db.query<{ n: string }>("SELECT count(*) AS n FROM events WHERE idempotency_key LIKE 'dedupe-%'");
     assert.equal(Number(rows[0]!.n), KEYS, 'stored once per delivery id');
-    await waitUntil(() => [...ids].every((id) => receipts.some((r) => r.id === id && r.answered)), 10_000, () => 'not every deduplicated event was delivered');
-    // Time for a second delivery to show up, had there been a second event or a second claim.
-    await new Promise((r) => setTimeout(r, 1_500));
+    await waitFor(() => [...ids].every((id) => receipts.some((r) => r.id === id && r.answered)), { what: 'every deduplicated event delivered' });
+    // A second event would be counted above; a second claim can only be made while the event is
+    // queued. So once the store holds each as delivered and the target has answered every request
+    // it got, no second delivery can still come.
+    await waitFor(async () => {
+      const { rows: left } = await db.query<{ n: string }>("SELECT count(*) AS n FROM events WHERE idempotency_key LIKE 'dedupe-%' AND status <> 'delivered'");
+      return Number(left[0]!.n) === 0 && receipts.every((r) => r.answered);
+    }, { what: 'every deduplicated event stored as delivered and every request answered' });
     // One event per delivery id, delivered once: a second request for it only after an attempt the
     // instance itself logged as failed (on an overloaded machine, a 40 ms answer not read in time).
     for (const [k, id] of [...ids].entries()) {
@@ -218,14 +224,16 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
     // Those in flight at the kill, and those whose request the dead instance had written just before it.
     const mustTakeOver = new Set([...unansweredAtKill, ...receipts.filter((r) => r.by === 'i0' && !r.answered)].map((r) => r.id));
     const answered = () => new Set(receipts.filter((r) => r.answered).map((r) => r.id));
-    const drainMs = await waitUntil(() => {
+    const drainStarted = Date.now();
+    await waitFor(() => {
       const got = answered();
       return [...acceptedIds].every((id) => got.has(id));
-    }, 30_000, () => {
+    }, { timeoutMs: 30_000, what: () => {
       const got = answered();
       const missing = [...acceptedIds].filter((id) => !got.has(id));
-      return `${missing.length} accepted events never delivered (${missing.slice(0, 5).join(', ')}…)`;
-    });
+      return `every accepted event delivered; ${missing.length} never were (${missing.slice(0, 5).join(', ')}…)`;
+    } });
+    const drainMs = Date.now() - drainStarted;
     for (const id of mustTakeOver) {
       const again = receipts.filter((r) => r.id === id && r.by !== 'i0' && r.answered);
       assert.ok(again.length >= 1, `${id}, in flight on the dead instance, was delivered by a live one`);

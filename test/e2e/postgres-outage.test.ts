@@ -3,7 +3,8 @@ import http from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
 import { request } from '../helpers/http.js';
-import { postWebhook, startInstances, stopInstances, waitUntil, type Instance } from '../helpers/instances.js';
+import { postWebhook, startInstances, stopInstances, type Instance } from '../helpers/instances.js';
+import { waitFor } from '../helpers/wait.js';
 import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 
@@ -106,7 +107,7 @@ describe('PostgreSQL restarted mid-burst', { skip, timeout: 90_000 }, () => {
       }
     })();
 
-    await waitUntil(() => accepted.size >= 300, 20_000, () => `only ${accepted.size} accepted before the outage`);
+    await waitFor(() => accepted.size >= 300, { timeoutMs: 20_000, what: () => `300 accepted before the outage; only ${accepted.size}` });
     const acceptedBefore = accepted.size;
     await pgc.stop();
     phase = 'down';
@@ -117,7 +118,8 @@ describe('PostgreSQL restarted mid-burst', { skip, timeout: 90_000 }, () => {
     await pgc.start();
     const upAt = Date.now();
     // Service resumes in the same processes: 202s again.
-    const resumeMs = await waitUntil(() => (counts.after['202'] ?? 0) >= 200, 20_000, () => `after the restart: ${JSON.stringify(counts.after)}`);
+    await waitFor(() => (counts.after['202'] ?? 0) >= 200, { timeoutMs: 20_000, what: () => `200 202s after the restart: ${JSON.stringify(counts.after)}` });
+    const resumeMs = Date.now() - upAt;
     sending = false;
     await Promise.all([burst, api]);
 
@@ -128,13 +130,15 @@ describe('PostgreSQL restarted mid-burst', { skip, timeout: 90_000 }, () => {
 
     // No 202 lost: every one reaches the target, with the body posted for it; and the store agrees.
     const delivered = () => new Map(target.received.map((r) => [JSON.parse(r.body).id as string, JSON.parse(r.body).payload.seq as number]));
-    const drainMs = await waitUntil(() => {
+    const drainStarted = Date.now();
+    await waitFor(() => {
       const got = delivered();
       return [...accepted.values()].every((id) => got.has(id));
-    }, 20_000, () => {
+    }, { timeoutMs: 20_000, what: () => {
       const got = delivered();
-      return `${[...accepted.values()].filter((id) => !got.has(id)).length} of ${accepted.size} accepted events never delivered`;
-    });
+      return `every accepted event delivered; ${[...accepted.values()].filter((id) => !got.has(id)).length} of ${accepted.size} never were`;
+    } });
+    const drainMs = Date.now() - drainStarted;
     const got = delivered();
     for (const [n, id] of accepted) assert.equal(got.get(id), n, `${id} carries seq ${n}`);
     const db = new pg.Client({ connectionString: url });
@@ -144,10 +148,10 @@ describe('PostgreSQL restarted mid-burst', { skip, timeout: 90_000 }, () => {
       // batches; one whose write failed in the outage is redelivered after its lease): wait for the store.
       let rows: { id: string; status: string }[] = [];
       const notDelivered = () => [...accepted.values()].filter((id) => rows.find((r) => r.id === id)?.status !== 'delivered');
-      await waitUntil(async () => {
+      await waitFor(async () => {
         rows = (await db.query<{ id: string; status: string }>('SELECT id, status FROM events')).rows;
         return notDelivered().length === 0;
-      }, 20_000, () => `${notDelivered().length} accepted events not stored as delivered, e.g. ${notDelivered()[0]}`);
+      }, { timeoutMs: 20_000, what: () => `every accepted event stored as delivered; ${notDelivered().length} are not, e.g. ${notDelivered()[0]}` });
       // An event stored but answered 503 (COMMIT done, the answer lost with the connection) is possible; more would mean false 503s.
       t.diagnostic(`store: ${rows.length} events for ${accepted.size} 202s (${rows.length - accepted.size} committed as the connection died yet answered 503: a sender's retry with its delivery id is deduplicated)`);
     } finally {

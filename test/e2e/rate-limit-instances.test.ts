@@ -6,7 +6,8 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { hashApiKey } from '../../src/gateway/credentials/api-key.js';
 import { request } from '../helpers/http.js';
-import { startInstances, stopInstances, waitUntil, type Instance } from '../helpers/instances.js';
+import { startInstances, stopInstances, type Instance } from '../helpers/instances.js';
+import { waitFor } from '../helpers/wait.js';
 import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
 import { startServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
@@ -100,6 +101,7 @@ describe('a rate limit shared by two instances on one PostgreSQL', { skip, timeo
     assert.deepEqual(statuses.slice(-4), [429, 429, 429, 429], 'the last requests are refused, on both');
 
     // After a sync each instance knows the whole spend: refused on both, with a Retry-After.
+    // A fixed wait: the sync is periodic (1 s), and polling with requests would spend what is checked.
     await new Promise((r) => setTimeout(r, 1_000));
     for (const instance of instances) {
       const reply = await call(instance, SHARED_KEY);
@@ -171,12 +173,12 @@ describe('a rate limit shared by two instances on one PostgreSQL', { skip, timeo
     await pgc.start();
     restarted = true;
     // Sharing resumes at the next sync with a spend: a request on each (a token has come back meanwhile, or a 429).
-    await waitUntil(async () => {
+    await waitFor(async () => {
       for (const instance of instances) {
         const reply = await call(instance, SHARED_KEY);
         assert.ok(reply.status === 200 || reply.status === 429, `${instance.name}: ${reply.status}`);
       }
       return instances.every((i) => i.process.lines.some((l) => l.msg === 'postgres reachable again: rate limits are shared again'));
-    }, 20_000, () => 'the instances did not log that PostgreSQL was back');
+    }, { timeoutMs: 20_000, intervalMs: 50, what: 'every instance to log that PostgreSQL is back' }); // each check spends tokens: not too often
   });
 });

@@ -7,14 +7,14 @@ import { after, describe, it } from 'node:test';
 import type { StorageConfig } from '../../src/config/schema.js';
 import { channelGrantContext, gmailGrantContext, openSealed, sealSecret, type SecretKeys } from '../../src/storage/secrets.js';
 import { openChannelStore, openEventStore, openGmailStore } from '../../src/storage/open.js';
-import { startPostgres } from '../helpers/postgres.js';
+import { postgresDatabases } from '../helpers/postgres.js';
 import { runCli } from '../helpers/process.js';
 
 // `gatehouse storage reseal`: the end of a GATEHOUSE_SECRET_KEY rotation, on either driver.
 
 const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-reseal-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
-const cluster = await startPostgres();
+const cluster = await postgresDatabases();
 after(async () => {
   if (!('skip' in cluster)) await cluster.destroy();
 });

@@ -8,6 +8,7 @@ import Database from 'better-sqlite3';
 import { request } from '../helpers/http.js';
 import { startServerProcess, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 
 const SECRET = 'crash-hook-secret-0123456789';
 const API_KEY = 'crash-test-key-0123456789abcdefghijklmnop';
@@ -162,18 +163,16 @@ it('SIGKILL mid-stream: every 202 is delivered after a restart, nothing refused 
     const mustRedeliver = new Set([...unansweredAtKill, ...receipts.filter((r) => r.afterKill)].map((r) => r.id));
     const receivedIds = () => new Set(receipts.map((r) => r.id));
     const redeliveredIds = () => new Set(receipts.filter((r) => r.run === 2).map((r) => r.id));
-    const deadline = Date.now() + DRAIN_DEADLINE_MS;
-    for (;;) {
+    await waitFor(() => {
       const got = receivedIds();
       const again = redeliveredIds();
-      const done = accepted.every(([, o]) => got.has(o.id)) && [...mustRedeliver].every((id) => again.has(id)) && queuedCount.get()!.n === 0;
-      if (done) break;
-      if (Date.now() > deadline) {
-        const missing = accepted.filter(([, o]) => !got.has(o.id)).map(([, o]) => o.id);
-        assert.fail(`after ${DRAIN_DEADLINE_MS} ms: ${missing.length} accepted ids never reached the target (${missing.slice(0, 5).join(', ')}…); ${[...mustRedeliver].filter((id) => !again.has(id)).length} unacknowledged not redelivered; ${queuedCount.get()!.n} not delivered in the store`);
-      }
-      await new Promise((r) => setTimeout(r, 50));
-    }
+      return accepted.every(([, o]) => got.has(o.id)) && [...mustRedeliver].every((id) => again.has(id)) && queuedCount.get()!.n === 0;
+    }, { timeoutMs: DRAIN_DEADLINE_MS, intervalMs: 50, what: () => {
+      const got = receivedIds();
+      const again = redeliveredIds();
+      const missing = accepted.filter(([, o]) => !got.has(o.id)).map(([, o]) => o.id);
+      return `the drain: ${missing.length} accepted ids never reached the target (${missing.slice(0, 5).join(', ')}…); ${[...mustRedeliver].filter((id) => !again.has(id)).length} unacknowledged not redelivered; ${queuedCount.get()!.n} not delivered in the store`;
+    } });
     const drainMs = Date.now() - resumedAt;
     assert.equal(await server.stop('SIGTERM'), 0);
     server = undefined;

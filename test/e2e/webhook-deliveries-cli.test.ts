@@ -7,6 +7,7 @@ import Database from 'better-sqlite3';
 import { request } from '../helpers/http.js';
 import { ROOT, runCli, startServerProcess, type CliResult, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 
 const X_SECRET = 'x-hook-secret-0123456789';
 const Y_SECRET = 'y-hook-secret-0123456789';
@@ -60,13 +61,11 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
 
   /** Polls `show` (the CLI, a separate process) until the event has `status`. */
   async function showUntil(id: string, status: Summary['status'], timeoutMs = 15_000): Promise<Shown> {
-    const deadline = Date.now() + timeoutMs;
-    for (;;) {
-      const shown = await show(id);
-      if (shown.event.status === status) return shown;
-      if (Date.now() > deadline) assert.fail(`${id} still ${shown.event.status} after ${timeoutMs} ms, not ${status}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
+    let shown: Shown | undefined;
+    return waitFor(async () => {
+      shown = await show(id);
+      return shown.event.status === status && shown;
+    }, { timeoutMs, intervalMs: 200, what: () => `${id} to be ${status}, still ${shown?.event.status}` });
   }
 
   before(async () => {

@@ -23,6 +23,7 @@ import { errorCatalogue } from '../../src/errors.js';
 import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
 import { request, type Reply } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 
 // In-process channels seal their grants: this test process gets a key of its own.
 process.env.GATEHOUSE_SECRET_KEY ??= randomBytes(32).toString('base64');
@@ -34,20 +35,9 @@ const PUSH_AUDIENCE = 'https://hooks.example.com/webhook/pubsub';
 const PUSH_ACCOUNT = 'pubsub-push@acme-prod.iam.gserviceaccount.com';
 const DAY_MS = 24 * 60 * 60 * 1000;
 const json = { 'content-type': 'application/json' };
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const metaSignature = (body: string) => `sha256=${createHmac('sha256', META_APP_SECRET).update(body).digest('hex')}`;
 /** `{ …head, "data": [[[…]]] }` with `depth` nested arrays under `data` (the object itself is one level more). */
 const nestedUnder = (head: string, depth: number) => `{${head}"data":${'['.repeat(depth)}${']'.repeat(depth)}}`;
-
-async function waitFor<T>(probe: () => T | undefined, what: string, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(20);
-  }
-}
 
 // A stand-in for Google's JWKS (https://www.googleapis.com/oauth2/v3/certs) for the Pub/Sub push endpoint.
 const googleKey = await generateKeyPair('RS256');
@@ -112,9 +102,13 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
   const post = (p: string, body: string, headers: Record<string, string> = {}) => request(hooks, p, { method: 'POST', body, headers: { ...json, ...headers } });
   const githubPost = async (body: string, delivery: string, signature?: string) =>
     post('/webhook/github', body, { 'x-github-event': 'push', 'x-github-delivery': delivery, 'x-hub-signature-256': signature ?? await githubSign(GITHUB_SECRET, body) });
-  /** Bodies the target received that carry `marker`, after giving the deliverer time to send anything it wrongly queued. */
+  /**
+   * Bodies the target received that carry `marker`, once no event is queued: an event is stored before
+   * its request is answered and stays queued until its delivery settles, after the target got it; so
+   * anything wrongly accepted by the requests answered so far is counted.
+   */
   const deliveredWith = async (marker: string) => {
-    await sleep(300);
+    await waitFor(async () => (await gatehouse.webhooks!.store.list({ status: 'queued', limit: 1 })).length === 0, { what: 'no queued event' });
     return target.received.filter((r) => r.body.includes(marker));
   };
   const storedCount = async () => (await gatehouse.webhooks!.store.list({ limit: 10_000 })).length;
@@ -137,7 +131,7 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       const first = await githubPost(body, 'delivery-original');
       assert.equal(first.status, 202, first.body);
       const { id } = first.json();
-      await waitFor(() => target.received.find((r) => r.body.includes(id)), 'the original at the target');
+      await waitFor(() => target.received.find((r) => r.body.includes(id)), { what: 'the original at the target' });
 
       const stored = await storedCount();
       const replay = await githubPost(body, 'delivery-forged-by-replayer');
@@ -159,7 +153,7 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       const first = await githubPost(body, 'delivery-aged');
       assert.equal(first.status, 202);
       const { id } = first.json();
-      await waitFor(() => target.received.find((r) => r.body.includes(id)), 'the original at the target');
+      await waitFor(() => target.received.find((r) => r.body.includes(id)), { what: 'the original at the target' });
       age(id, DAY_MS + 60_000);
 
       for (const delivery of ['delivery-aged', 'delivery-aged-new']) {
@@ -196,7 +190,7 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       const first = await post('/webhook/whatsapp', body, { 'x-hub-signature-256': metaSignature(body) });
       assert.equal(first.status, 202, first.body);
       const { id } = first.json();
-      await waitFor(() => target.received.find((r) => r.body.includes(id)), 'the original at the target');
+      await waitFor(() => target.received.find((r) => r.body.includes(id)), { what: 'the original at the target' });
       age(id, DAY_MS + 60_000);
 
       const stored = await storedCount();
@@ -277,7 +271,7 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       // The top-level object is level 1: 63 arrays under it make 64.
       const ok = await githubPost(nestedUnder('"sender":{"login":"depth-64"},', 63), 'delivery-depth-64');
       assert.equal(ok.status, 202, ok.body);
-      const got = await waitFor(() => target.received.find((r) => r.body.includes(ok.json().id)), 'the 64-level event');
+      const got = await waitFor(() => target.received.find((r) => r.body.includes(ok.json().id)), { what: 'the 64-level event' });
       assert.equal(JSON.parse(got.body).message, `depth-64: ${'['.repeat(63)}${']'.repeat(63)}`);
       await refused(() => githubPost(nestedUnder('"sender":{"login":"depth-65"},', 64), 'delivery-depth-65'), 'depth-65');
     });
@@ -286,7 +280,7 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       const deepText = `\\\\\\"${'[{'.repeat(500)}\\"`;
       const reply = await post('/webhook/deploys', `{"marker":"in-strings","data":"${deepText}","k\\"[[[":[[1]]}`, { 'x-webhook-secret': DEPLOY_SECRET });
       assert.equal(reply.status, 202, reply.body);
-      const got = await waitFor(() => target.received.find((r) => r.body.includes(reply.json().id)), 'the event with brackets in strings');
+      const got = await waitFor(() => target.received.find((r) => r.body.includes(reply.json().id)), { what: 'the event with brackets in strings' });
       assert.equal(JSON.parse(got.body).payload.data, JSON.parse(`"${deepText}"`));
     });
 
@@ -310,12 +304,12 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       const push = { message: { data: Buffer.from(deepData).toString('base64'), messageId: 'm-deep-data', publishTime: '2026-01-01T00:00:00Z' }, subscription: 'projects/p/subscriptions/s' };
       const reply = await post('/webhook/pubsub', JSON.stringify(push), { authorization: `Bearer ${await googleToken()}` });
       assert.equal(reply.status, 202, reply.body);
-      const got = await waitFor(() => target.received.find((r) => r.body.includes(reply.json().id)), 'the push with deep data');
+      const got = await waitFor(() => target.received.find((r) => r.body.includes(reply.json().id)), { what: 'the push with deep data' });
       assert.equal(JSON.parse(got.body).payload.data, deepData, 'too deep to parse: delivered as the decoded text');
 
       const shallow = { ...push, message: { ...push.message, data: Buffer.from('{"n":[1]}').toString('base64'), messageId: 'm-shallow-data' } };
       const ok = await post('/webhook/pubsub', JSON.stringify(shallow), { authorization: `Bearer ${await googleToken()}` });
-      const delivered = await waitFor(() => target.received.find((r) => r.body.includes(ok.json().id)), 'the push with shallow data');
+      const delivered = await waitFor(() => target.received.find((r) => r.body.includes(ok.json().id)), { what: 'the push with shallow data' });
       assert.deepEqual(JSON.parse(delivered.body).payload.data, { n: [1] });
       assert.deepEqual(unexpectedErrors(mark), []);
     });

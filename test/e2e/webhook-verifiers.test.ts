@@ -15,13 +15,13 @@ import { ConfigError } from '../../src/errors.js';
 import { startTestGatehouse, testConfig, type TestGatehouse } from '../helpers/gatehouse.js';
 import { request, type Reply } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 
 // Every verify type of the issue's contract, through the running receiver: real sockets, a real
 // SQLite store, a recording target, and each sender's own signing library where one exists.
 
 const fixtureText = (name: string) => readFileSync(new URL(`../fixtures/webhooks/${name}.json`, import.meta.url), 'utf8');
 const unix = (offsetSeconds = 0) => Math.floor(Date.now() / 1000) + offsetSeconds;
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const hmacHex = (key: string, data: string) => createHmac('sha256', key).update(data).digest('hex');
 
 const WRONG_SECRET = 'not-the-configured-secret-0123456789';
@@ -210,19 +210,21 @@ describe('webhook verifiers: each sender type through the running receiver', () 
   const storedCount = async (endpoint?: string) => (await gatehouse.webhooks!.store.list({ endpoint, limit: 10_000 })).length;
   const deliveredWithId = (id: string) => target.received.filter((r) => JSON.parse(r.body).id === id);
   async function waitForDelivery(id: string) {
-    const deadline = Date.now() + 5_000;
-    while (deliveredWithId(id).length === 0) {
-      if (Date.now() > deadline) throw new Error(`event ${id} never reached the target`);
-      await sleep(15);
-    }
-    return JSON.parse(deliveredWithId(id)[0]!.body);
+    const [first] = await waitFor(() => deliveredWithId(id).length > 0 && deliveredWithId(id), { timeoutMs: 5_000, what: `event ${id} at the target` });
+    return JSON.parse(first!.body);
   }
+  /**
+   * No event queued: one is stored before its request is answered and stays queued until its delivery
+   * settles, after the target got it; so anything wrongly accepted by the requests answered so far has
+   * reached the target by then (the explicit signal for a negative check on deliveries).
+   */
+  const settled = () => waitFor(async () => (await gatehouse.webhooks!.store.list({ status: 'queued', limit: 1 })).length === 0, { what: 'no queued event' });
   /** Runs `send`, then asserts it changed neither the store nor what the target received. */
   async function assertNothingTaken(send: () => Promise<Reply>): Promise<Reply> {
     const stored = await storedCount();
     const delivered = target.received.length;
     const reply = await send();
-    await sleep(30);
+    await settled();
     assert.equal(await storedCount(), stored, 'nothing stored');
     assert.equal(target.received.length, delivered, 'nothing delivered');
     return reply;
@@ -256,7 +258,7 @@ describe('webhook verifiers: each sender type through the running receiver', () 
       assert.equal(again.status, 200);
       assert.equal(again.headers['x-gatehouse-event-id'], id);
       if (!interaction) assert.deepEqual(again.json(), { id, status: 'duplicate' });
-      await sleep(100);
+      await settled();
       assert.equal(deliveredWithId(id).length, 1);
       assert.equal(await storedCount(s.path), before + 1);
     });

@@ -8,6 +8,7 @@ import { Webhook } from 'standardwebhooks';
 import { startTestGatehouse, testConfig, type TestGatehouse } from '../helpers/gatehouse.js';
 import { request } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 
 const SECRET = 'deploy-hook-secret-0123456789';
 const CHAT_SECRET = 'chat-hook-secret-0123456789';
@@ -16,16 +17,6 @@ const json = { 'content-type': 'application/json' };
 
 function tempDb(): string {
   return path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-hooks-')), 'gatehouse.db');
-}
-
-async function waitFor<T>(probe: () => T | undefined, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = probe();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error('timed out waiting');
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 function webhooksConfig(targetUrl: string, overrides: Record<string, any> = {}): Record<string, any> {
@@ -82,7 +73,7 @@ describe('webhook receiver: statuses, envelope and signature', () => {
     const { id, status } = reply.json();
     assert.match(id, /^evt_/);
     assert.equal(status, 'queued');
-    const got = await waitFor(() => target.received.find((r) => r.body.includes(id)));
+    const got = await waitFor(() => target.received.find((r) => r.body.includes(id)), { what: `${id} at the target` });
     assert.equal(got.url, '/events');
     assert.equal(got.method, 'POST');
     assert.equal(got.headers['idempotency-key'], id);
@@ -104,7 +95,7 @@ describe('webhook receiver: statuses, envelope and signature', () => {
     const reply = await post('/webhook/chat', '{"sender":{"name":"Ada"},"text":"hi there"}', { 'x-webhook-secret': CHAT_SECRET });
     assert.equal(reply.status, 202);
     const { id } = reply.json();
-    const got = await waitFor(() => target.received.find((r) => r.body.includes(id)));
+    const got = await waitFor(() => target.received.find((r) => r.body.includes(id)), { what: `${id} at the target` });
     assert.equal(got.url, '/messages');
     assert.equal(JSON.parse(got.body).message, 'New message from Ada: hi there');
     assert.equal(got.headers['webhook-id'], id);
@@ -125,8 +116,8 @@ describe('webhook receiver: statuses, envelope and signature', () => {
       assert.equal(second.json().status, 'duplicate');
       firstIds.push(first.json().id);
     }
-    for (const id of firstIds) await waitFor(() => target.received.find((r) => r.body.includes(id)));
-    await new Promise((r) => setTimeout(r, 200));
+    for (const id of firstIds) await waitFor(() => target.received.find((r) => r.body.includes(id)), { what: `${id} at the target` });
+    await deploysSettled(gatehouse);
     for (const id of firstIds) assert.equal(target.received.filter((r) => r.body.includes(id)).length, 1);
     assert.equal(target.received.filter((r) => r.body.includes('"n":2')).length, 0, 'the repeat is never delivered');
   });
@@ -155,7 +146,7 @@ describe('webhook receiver: statuses, envelope and signature', () => {
       assert.equal(reply.status, status);
       assert.equal(reply.json().error.code, code);
       if (status === 405) assert.equal(reply.headers.allow, 'POST');
-      await new Promise((r) => setTimeout(r, 50));
+      await deploysSettled(gatehouse);
       assert.equal((await gatehouse.webhooks!.store.list({ limit: 1000 })).length, stored);
       assert.equal(target.received.length, delivered);
     });
@@ -350,13 +341,22 @@ async function postDeploy(gatehouse: TestGatehouse): Promise<string> {
   return (await postDeployRaw(gatehouse)).json().id;
 }
 
-async function pollStore(gatehouse: TestGatehouse, id: string, done: (e: NonNullable<Awaited<ReturnType<NonNullable<TestGatehouse['webhooks']>['store']['get']>>>) => boolean, timeoutMs = 10_000) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const found = await gatehouse.webhooks!.store.get(id);
-    if (found && done(found)) return found;
-    if (Date.now() > deadline) throw new Error(`event ${id} not settled: ${JSON.stringify(found)}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
+/**
+ * No /webhook/deploys event queued: one is stored before its request is answered and stays queued until
+ * its delivery settles, after the target got it; so anything wrongly accepted by the requests answered
+ * so far has reached the target by then (the explicit signal for a negative check on deliveries).
+ */
+function deploysSettled(gatehouse: TestGatehouse) {
+  return waitFor(async () => (await gatehouse.webhooks!.store.list({ status: 'queued', endpoint: '/webhook/deploys', limit: 1 })).length === 0,
+    { what: 'no queued /webhook/deploys event' });
+}
+
+/** The stored event `id` once `done` holds for it. */
+async function pollStore(gatehouse: TestGatehouse, id: string, done: (e: NonNullable<Awaited<ReturnType<NonNullable<TestGatehouse['webhooks']>['store']['get']>>>) => boolean) {
+  let found: Awaited<ReturnType<NonNullable<TestGatehouse['webhooks']>['store']['get']>>;
+  return waitFor(async () => {
+    found = await gatehouse.webhooks!.store.get(id);
+    return found && done(found) ? found : undefined;
+  }, { what: () => `event ${id} to settle: ${JSON.stringify(found)}` });
 }
 

@@ -95,7 +95,9 @@ describe('gateway.workers: 2', () => {
       // Logged as one process logs it: one line for the lockout (not one per worker's share, nor none).
       const locked = (l: Record<string, any>) => l.msg === 'client locked out after repeated authentication failures';
       await server.waitFor(locked);
-      await new Promise((r) => setTimeout(r, 500)); // any second line (a worker's) would be flushed by now
+      // A worker's own line would be written as it learnt the verdict, before it refused the four
+      // requests above: once their request lines are in, so is any such line.
+      await server.waitFor(() => server.lines.filter((l) => l.msg === 'request' && l.path === '/api/after-lockout').length === 4);
       assert.deepEqual(server.lines.filter(locked).map((l) => [l.ip, l.seconds, l.level]), [['127.0.0.1', 60, 40]]);
     } finally {
       await server.stop();

@@ -440,13 +440,13 @@ describe('Pub/Sub delivery: pull redelivery and push with OIDC', () => {
     assert.match(first.receivedMessages[0].message.publishTime, /^\d{4}-\d\d-\d\dT.*Z$/);
     assert.deepEqual(await pull(), {}, 'leased until the deadline: an empty pull is `{}`');
 
-    await sleep(450);
+    await sleep(450); // past the fake's ack deadline: time is the property (the lease runs out)
     const again = await pull();
     assert.equal(again.receivedMessages[0].message.messageId, id, 'redelivered');
     assert.notEqual(again.receivedMessages[0].ackId, first.receivedMessages[0].ackId);
 
     await pubsub(fake, auth, 'POST', `${PULL_SUB}:acknowledge`, { ackIds: [again.receivedMessages[0].ackId] });
-    await sleep(450);
+    await sleep(450); // past the ack deadline again: an unacked message would be back by now
     assert.deepEqual(await pull(), {}, 'acked for good');
 
     const bogus = await failure(pubsub(fake, auth, 'POST', `${PULL_SUB}:acknowledge`, { ackIds: ['not-an-ack-id'] }));

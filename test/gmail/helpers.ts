@@ -13,7 +13,6 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
 import JSON5 from 'json5';
 import { FAKE_CLIENT, type FakeGoogle, type RecordedCall } from '../helpers/fake-google.js';
@@ -164,6 +163,20 @@ export function stepLines(stdout: string): [string, string, string][] {
   return [...stdout.matchAll(/^ {2}([✓✗·]) (\S+)\s+(.*)$/gm)].map((m) => [m[1]!, m[2]!, m[3]!]);
 }
 
+/**
+ * The endpoint's events the workspace's SQLite file holds as queued (not yet delivered, nor dead).
+ * Zero means every event stored so far has been settled, after its target got it: a negative
+ * check on deliveries waits for this rather than for a fixed time.
+ */
+export function queuedEvents(ws: Workspace): number {
+  const db = new Database(ws.db, { readonly: true, fileMustExist: true });
+  try {
+    return (db.prepare("SELECT count(*) AS n FROM events WHERE endpoint = ? AND status = 'queued'").get(ENDPOINT) as { n: number }).n;
+  } finally {
+    db.close();
+  }
+}
+
 /** The Gmail message ids of the events committed for the account (a separate read-only connection). */
 export function committedIds(ws: Workspace): string[] {
   const db = new Database(ws.db, { readonly: true, fileMustExist: true });
@@ -197,17 +210,6 @@ export async function pushesSettled(fake: FakeGoogle, timeoutMs = 15_000): Promi
     await Promise.race([fake.pushIdle(), late]);
   } finally {
     clearTimeout(timer);
-  }
-}
-
-/** Polls until `check` returns a value other than undefined/false. */
-export async function waitFor<T>(what: string, check: () => T | undefined | false, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = check();
-    if (value !== undefined && value !== false) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(20);
   }
 }
 

@@ -10,14 +10,16 @@ import { writeFileSync } from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
+import pg from 'pg';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { startFakeGoogle, type FakeGoogle, type StoredEmail } from '../helpers/fake-google.js';
-import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
+import { postgresDatabases, type PostgresDatabases } from '../helpers/postgres.js';
 import { runCli, startServerProcess, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
-import { ACCOUNT, ENDPOINT, PUSH_SERVICE_ACCOUNT, runSetup, waitFor, webhooksWith, workspace, type Workspace } from './helpers.js';
+import { waitFor } from '../helpers/wait.js';
+import { ACCOUNT, ENDPOINT, PUSH_SERVICE_ACCOUNT, runSetup, webhooksWith, workspace, type Workspace } from './helpers.js';
 
-const cluster = await startPostgres();
+const cluster = await postgresDatabases();
 const skip = 'skip' in cluster ? cluster.skip : false;
 after(async () => {
   if (!('skip' in cluster)) await cluster.destroy();
@@ -73,11 +75,12 @@ describe('gmail push on postgres: two instances, every notification to both at o
   let target: RecordingServer;
   let fan: Awaited<ReturnType<typeof startFanOut>>;
   const servers: ServerProcess[] = [];
+  let url: string;
 
   const deliveries = (mail: StoredEmail) => target.received.filter((r) => JSON.parse(r.body).payload?.id === mail.id);
 
   before(async () => {
-    const url = await (cluster as PostgresCluster).createDatabase();
+    url = await (cluster as PostgresDatabases).createDatabase();
     fake = await startFakeGoogle({ timing: { pushMinBackoffMs: 50, pushMaxBackoffMs: 300, pushMaxAttempts: 60 } });
     target = await startRecordingUpstream();
     fan = await startFanOut();
@@ -115,8 +118,17 @@ describe('gmail push on postgres: two instances, every notification to both at o
       mails.push(fake.addEmail({ from: 'Bob <bob@example.com>', subject: `Report ${i}`, text: `body ${i}` }));
       if (i % 2 === 1) await sleep(50); // some notifications alone, some close together
     }
-    for (const mail of mails) await waitFor(`delivery of ${mail.subject}`, () => deliveries(mail).length > 0);
-    await sleep(800); // time for a wrong second delivery to arrive
+    for (const mail of mails) await waitFor(() => deliveries(mail).length > 0, { what: `delivery of ${mail.subject}` });
+    // A second delivery would come from a second stored event: wait until every stored event is settled.
+    await waitFor(async () => {
+      const client = new pg.Client({ connectionString: url });
+      await client.connect();
+      try {
+        return Number((await client.query("SELECT count(*) AS n FROM events WHERE status = 'queued'")).rows[0].n) === 0;
+      } finally {
+        await client.end();
+      }
+    }, { what: 'every stored event settled' });
     for (const mail of mails) assert.equal(deliveries(mail).length, 1, `${mail.subject} delivered ${deliveries(mail).length} times`);
     assert.ok(fan.answers.length >= 1 && fan.answers.every((a) => a.length === 2), 'every push went to both instances');
     assert.ok(target.received.every((r) => JSON.parse(r.body).endpoint === ENDPOINT));

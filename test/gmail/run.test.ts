@@ -11,9 +11,10 @@ import { startFakeGoogle, type FakeGoogle, type StoredEmail } from '../helpers/f
 import { request } from '../helpers/http.js';
 import { runCli, startServerProcess, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 import {
-  ACCOUNT, accountRow, committedIds, contractRefusals, ENDPOINT, methodsUsed, newSecretKey, onCall, PROJECT, PUSH_SERVICE_ACCOUNT, PUSH_SUBSCRIPTION, pushesSettled, runSetup,
-  startHoldingProxy, startPushRelay, waitFor, webhooksWith, workspace, writeConfig, type PushRelay, type Workspace,
+  ACCOUNT, accountRow, committedIds, contractRefusals, ENDPOINT, methodsUsed, newSecretKey, onCall, PROJECT, PUSH_SERVICE_ACCOUNT, PUSH_SUBSCRIPTION, pushesSettled, queuedEvents, runSetup,
+  startHoldingProxy, startPushRelay, webhooksWith, workspace, writeConfig, type PushRelay, type Workspace,
 } from './helpers.js';
 
 const PULL_SUBSCRIPTION = `projects/${PROJECT}/subscriptions/gatehouse-gmail-pull`;
@@ -36,7 +37,7 @@ const deliveryCounts = (target: RecordingServer): Record<string, number> => {
   return counts;
 };
 /** Waits for the target to have received this email; returns its envelope. */
-const delivery = (target: RecordingServer, mail: StoredEmail) => waitFor(`delivery of ${mail.subject}`, () => envelopes(target).find((e) => e.payload.id === mail.id));
+const delivery = (target: RecordingServer, mail: StoredEmail) => waitFor(() => envelopes(target).find((e) => e.payload.id === mail.id), { what: `delivery of ${mail.subject}` });
 
 /** The Date header the fake's Gmail gives a message. */
 const dateHeader = (mail: StoredEmail) => new Date(Number(mail.internalDate)).toUTCString().replace('GMT', '+0000');
@@ -150,7 +151,7 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     relay.forwardTo = undefined; // Pub/Sub's own push cannot get through meanwhile
     const mail = fake.addEmail({ from: 'carol@example.com', subject: 'forged?', text: 'x' });
     mails.push(mail);
-    await waitFor('the real push, held back', () => relay.observed.some((o) => o.historyId === mail.historyId));
+    await waitFor(() => relay.observed.some((o) => o.historyId === mail.historyId), { what: 'the real push, held back' });
     const body = notification(ACCOUNT, mail.historyId);
     const past = Math.floor(Date.now() / 1000) - 7200;
     const forged: [string, string | undefined][] = [
@@ -178,7 +179,7 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     assert.equal(fake.calls.filter((c) => c.path.startsWith('/gmail/')).length, messagesBefore, 'gatehouse read nothing from Gmail');
     assert.equal(committedIds(ws).includes(mail.id), false, 'nothing enqueued');
     assert.ok(BigInt(accountRow(ws)!.cursor) < BigInt(mail.historyId), 'cursor not moved');
-    await sleep(200);
+    await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' }); // a delivery comes from a stored event
     assert.equal(deliveryCounts(target)[mail.id], undefined, 'nothing delivered');
 
     // Pub/Sub's own push, once it gets through, is processed.
@@ -216,7 +217,7 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     assert.equal(answers[0]!.committed.includes(mail.id), false, 'nothing committed by the failed attempt');
     assertAckedAfterCommit(mail);
     await server.waitFor((l) => l.msg === 'notification not processed: the sender will retry');
-    await sleep(200);
+    await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' }); // a second delivery would come from a stored event
     assert.deepEqual(deliveryCounts(target), Object.fromEntries(mails.map((m) => [m.id, 1])));
   });
 
@@ -235,7 +236,7 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     await delivery(target, mail);
     await pushesSettled(fake);
     assertAckedAfterCommit(mail);
-    await sleep(200);
+    await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' }); // a second delivery would come from a stored event
     assert.deepEqual(deliveryCounts(target), Object.fromEntries(mails.map((m) => [m.id, 1])));
   });
 
@@ -251,7 +252,7 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     assert.ok(fake.calls.some((c) => c.method === 'GET' && c.path === '/gmail/v1/users/me/history' && c.status === 404));
     await pushesSettled(fake);
     assertAckedAfterCommit(mail);
-    await sleep(200);
+    await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' }); // a second delivery would come from a stored event
     assert.deepEqual(deliveryCounts(target), Object.fromEntries(mails.map((m) => [m.id, 1])));
     assert.equal(accountRow(ws)!.cursor, String(box.historyId));
   });
@@ -370,19 +371,19 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     const envelope = await delivery(target, mail);
     assert.equal(envelope.message, 'New email from gina@example.com: pulled');
     assert.equal(envelope.payload.body, undefined, 'no body unless includeBody');
-    await waitFor('the acknowledgement', () => fake.calls.find((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`));
+    await waitFor(() => fake.calls.find((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`), { what: 'the acknowledgement' });
     const acks = fake.calls.filter((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`);
     assert.deepEqual(acks.map((c) => [c.status, (c.body as { ackIds: string[] }).ackIds.length]), [[200, 1]]);
     assert.deepEqual(atAcks, [[mail.id]], 'acknowledged only once committed');
-    // Past the ack deadline, nothing comes again.
-    await sleep(800);
+    // Past the ack deadline, nothing comes again: time is the property (Pub/Sub redelivers what is not acknowledged by then).
+    await sleep(800); // the fake's ack deadline is 600 ms
     assert.equal(fake.calls.filter((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`).length, 1);
     assert.deepEqual(deliveryCounts(target), { [mail.id]: 1 });
   });
 
   it('another mailbox\'s notification is acknowledged and dropped; a failed one is left for redelivery and delivered once', async () => {
     fake.publishRaw(PULL_SUBSCRIPTION, { emailAddress: 'mallory@example.com', historyId: 999_999 });
-    await waitFor('the other mailbox acknowledged', () => fake.calls.filter((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`).length === 2);
+    await waitFor(() => fake.calls.filter((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`).length === 2, { what: 'the other mailbox acknowledged' });
 
     fake.failNext({ method: 'GET', path: GMAIL_MESSAGE }, { status: 500, message: 'Backend Error', times: 5 });
     const mail = fake.addEmail({ from: 'hank@example.com', subject: 'retried', text: 'r' });
@@ -392,7 +393,10 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     // and a loaded CI machine read this log line after it had already committed. What proves the
     // failed pass committed nothing is below: delivered once, and acknowledged only once committed.
     await delivery(target, mail);
+    // Past the fake's 600 ms ack deadline (a time-based property: a notification left unacknowledged is
+    // redelivered then), and every stored event settled: a second delivery would have come by now.
     await sleep(800);
+    await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' });
     assert.deepEqual(deliveryCounts(target), Object.fromEntries(mails.map((m) => [m.id, 1])));
     assert.deepEqual(committedIds(ws), mails.map((m) => m.id));
     assert.deepEqual(atAcks.at(-1), mails.map((m) => m.id), 'the retried notification was acknowledged only once committed');
@@ -407,7 +411,10 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     assert.doesNotMatch(failed.problem, /<!DOCTYPE|<html/i);
     assert.equal(committedIds(ws).includes(mail.id), false);
     await delivery(target, mail);
+    // Past the fake's 600 ms ack deadline (a time-based property: a notification left unacknowledged is
+    // redelivered then), and every stored event settled: a second delivery would have come by now.
     await sleep(800);
+    await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' });
     assert.deepEqual(deliveryCounts(target), Object.fromEntries(mails.map((m) => [m.id, 1])));
     assert.equal(runner!.lines.some((l) => l.msg === 'gmail message gone before it was read: skipped'), false, 'not skipped as deleted');
   });

@@ -9,7 +9,6 @@ import { exportJWK, generateKeyPair, SignJWT } from 'jose';
 import { request } from './http.js';
 import { startServerProcess, type ServerProcess } from './process.js';
 import { startRecordingUpstream, type RecordingServer } from './upstream.js';
-import { waitUntil as waitUntilWithin } from './instances.js';
 
 /**
  * Shared by the admin listener's e2e tests (admin-metrics, admin-metrics-workers): a recording
@@ -113,8 +112,3 @@ export async function sendTraffic(s: Started, deliveryId = 'd-1'): Promise<void>
   assert.equal((await hook(HOOK_SECRET, deliveryId)).status, 200); // the same delivery id: a duplicate
   assert.equal((await hook('not-the-secret-0123456789', 'other')).status, 401);
 }
-
-export async function waitUntil(check: () => Promise<boolean>, what: string, timeoutMs = 10_000): Promise<void> {
-  await waitUntilWithin(check, timeoutMs, () => `timed out: ${what}`);
-}
-

@@ -51,13 +51,3 @@ export function postWebhook(hooksUrl: string, endpoint: string, secret: string, 
   if (deliveryId !== undefined) headers['idempotency-key'] = deliveryId;
   return request(hooksUrl, endpoint, { method: 'POST', headers, body: JSON.stringify(body), agent });
 }
-
-/** Polls `check` every 50 ms until it is true; fails with `describe()` after `timeoutMs`. */
-export async function waitUntil(check: () => boolean | Promise<boolean>, timeoutMs: number, describe: () => string | Promise<string>): Promise<number> {
-  const started = Date.now();
-  for (;;) {
-    if (await check()) return Date.now() - started;
-    if (Date.now() - started > timeoutMs) throw new Error(`after ${timeoutMs} ms: ${await describe()}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}

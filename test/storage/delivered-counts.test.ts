@@ -11,6 +11,7 @@ import { MemoryLockoutStore } from '../../src/http/lockout.js';
 import { DELIVERED_RECOUNT_MS, DeliveredCounts } from '../../src/storage/contracts/events.js';
 import { SqliteEventStore } from '../../src/storage/sqlite/events.js';
 import { request } from '../helpers/http.js';
+import { waitFor } from '../helpers/wait.js';
 
 /** A recount whose answers the test gives one by one (a Map, or an Error to fail with). */
 function scriptedRecount() {
@@ -122,12 +123,8 @@ describe('the first scrape after a start (a real admin listener on a real SQLite
       assert.match(first.body, /^gatehouse_queue_events\{action="message",status="dead"\} 0$/m);
       assert.doesNotMatch(first.body, /status="delivered"/, 'delivered is not known yet: no series rather than a 0');
       finishCount();
-      for (const deadline = Date.now() + 10_000; ;) {
-        const body = (await request(admin.url, '/metrics')).body;
-        if (/^gatehouse_queue_events\{action="message",status="delivered"\} 1$/m.test(body)) break;
-        assert.ok(Date.now() < deadline, 'the delivered count never showed');
-        await new Promise((r) => setTimeout(r, 50));
-      }
+      await waitFor(async () => /^gatehouse_queue_events\{action="message",status="delivered"\} 1$/m.test((await request(admin.url, '/metrics')).body),
+        { intervalMs: 50, what: 'the delivered count on /metrics' });
     } finally {
       finishCount();
       await admin.close(0);

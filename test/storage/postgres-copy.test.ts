@@ -15,13 +15,14 @@ import { SqliteEventStore } from '../../src/storage/sqlite/events.js';
 import { SqliteGmailStore } from '../../src/storage/sqlite/gmail.js';
 import { request } from '../helpers/http.js';
 import { startTestGatehouse, testConfig } from '../helpers/gatehouse.js';
-import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
+import { postgresDatabases, type PostgresDatabases } from '../helpers/postgres.js';
 import { runCli } from '../helpers/process.js';
+import { waitFor } from '../helpers/wait.js';
 
-// `gatehouse storage copy`: an SQLite store into an empty PostgreSQL database. One cluster for this file.
-const cluster = await startPostgres();
+// `gatehouse storage copy`: an SQLite store into an empty PostgreSQL database, on the run's cluster (or one of this file's own).
+const cluster = await postgresDatabases();
 const skip = 'skip' in cluster ? cluster.skip : false;
-const pgc = () => cluster as PostgresCluster;
+const pgc = () => cluster as PostgresDatabases;
 after(async () => {
   if (!('skip' in cluster)) await cluster.destroy();
 });
@@ -50,16 +51,6 @@ async function startTarget(): Promise<{ url: string; ids: string[]; close(): Pro
       server.close(() => r());
     }),
   };
-}
-
-async function waitFor<T>(what: string, check: () => Promise<T | undefined> | T | undefined, timeoutMs = 15_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
 }
 
 /** A folder with a config whose storage is `dbFile` (SQLite) and one webhook endpoint to `targetUrl`. */
@@ -168,7 +159,7 @@ describe('gatehouse storage copy: SQLite into PostgreSQL', { skip, timeout: 180_
     // A server on postgres delivers the queued events (and only those), and a delivery id accepted before the copy is a duplicate.
     const gatehouse = await startTestGatehouse({ ...raw, storage: { driver: 'postgres', url } });
     try {
-      await waitFor('the queued events delivered', () => (seeded.queued.every((id) => target.ids.includes(id)) ? true : undefined));
+      await waitFor(() => seeded.queued.every((id) => target.ids.includes(id)), { timeoutMs: 15_000, what: 'the queued events delivered' });
       const reply = await request(gatehouse.webhooks!.url, ENDPOINT, {
         method: 'POST', body: '{"v":2}', headers: { 'content-type': 'application/json', 'x-webhook-secret': SECRET, 'idempotency-key': 'd-0' },
       });
@@ -176,7 +167,7 @@ describe('gatehouse storage copy: SQLite into PostgreSQL', { skip, timeout: 180_
       assert.deepEqual(JSON.parse(reply.body), { id: seeded.delivered[0], status: 'duplicate' });
       const store = await PostgresEventStore.open(storage(url));
       try {
-        await waitFor('the outcomes committed', async () => ((await store.status(Date.now())).counts.delivered === 5 ? true : undefined));
+        await waitFor(async () => (await store.status(Date.now())).counts.delivered === 5, { timeoutMs: 15_000, what: 'the outcomes committed' });
         const retried = await store.get(seeded.queued[2]!);
         assert.deepEqual(retried?.attempts.map((a) => [a.attempt, a.status]), [[1, null], [2, 500], [3, 200]], 'attempt numbering goes on from the copied ones');
         assert.deepEqual((await store.status(Date.now())).counts, { queued: 0, delivered: 5, dead: 2 });

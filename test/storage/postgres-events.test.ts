@@ -18,6 +18,7 @@ import { request } from '../helpers/http.js';
 import { startTestGatehouse, testConfig } from '../helpers/gatehouse.js';
 import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
 import { runCli } from '../helpers/process.js';
+import { waitFor } from '../helpers/wait.js';
 import { attempt, event, eventStoreContract, T0 } from '../webhooks/store-contract.js';
 
 // One cluster for this file (initdb + start: about 2-4 s), one database per describe.
@@ -34,16 +35,6 @@ const LEASE = 30_000;
 
 function storage(url: string, max = 5): PostgresStorageConfig {
   return { driver: 'postgres', url, pool: { max } };
-}
-
-async function waitFor<T>(what: string, check: () => Promise<T | undefined> | T | undefined, timeoutMs = 10_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const value = await check();
-    if (value !== undefined) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
 }
 
 /** A target answering 200 (after `delayMs`) and recording the event ids it got. */
@@ -304,10 +295,10 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     const [a, b] = [await instance({ listen: true }), await instance({ listen: true })];
     let woken = 0;
     const stop = b.onDue!(() => woken++);
-    await waitFor('LISTEN connected', () => (woken > 0 ? true : undefined)); // called once on connect
+    await waitFor(() => woken > 0, { what: 'LISTEN connected' }); // called once on connect
     const before = woken;
     await a.accept(event({ receivedAt: Date.now() }));
-    await waitFor('a NOTIFY from the other instance', () => (woken > before ? true : undefined), 2_000);
+    await waitFor(() => woken > before, { timeoutMs: 2_000, what: 'a NOTIFY from the other instance' });
     stop();
 
     const target = await startTarget(5);
@@ -317,13 +308,13 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     try {
       const accepted = await Promise.all(Array.from({ length: 80 }, (_, i) => (i % 2 ? a : b).accept(event({ receivedAt: Date.now() }))));
       const expected = new Set([...accepted.map((r) => r.id)]);
-      await waitFor('every event delivered', () => ([...expected].every((id) => target.ids.includes(id)) ? true : undefined), 15_000);
+      await waitFor(() => [...expected].every((id) => target.ids.includes(id)), { timeoutMs: 15_000, what: 'every event delivered' });
       const delivered = target.ids.filter((id) => expected.has(id));
       assert.equal(delivered.length, expected.size, 'each delivered exactly once');
-      await waitFor('every outcome committed', async () => {
+      await waitFor(async () => {
         const statuses = await Promise.all([...expected].map(async (id) => (await a.get(id))?.event.status));
-        return statuses.every((s) => s === 'delivered') ? true : undefined;
-      });
+        return statuses.every((s) => s === 'delivered');
+      }, { what: 'every outcome committed' });
     } finally {
       await Promise.all(deliverers.map((d) => d.stop(1_000)));
       await target.close();
@@ -400,11 +391,11 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     const { id } = await a.accept(event({ receivedAt: Date.now() }));
     await deliverer.start();
     try {
-      await waitFor('the attempt under way', async () => ((await a.status(Date.now())).leased > 0 ? true : undefined));
+      await waitFor(async () => (await a.status(Date.now())).leased > 0, { what: 'the attempt under way' });
       await new Promise((r) => setTimeout(r, 600)); // past the first renewal
       // (Earlier cases' leftovers on this database may be claimed: only this event must not be.)
       assert.ok(!(await b.claimDue(Date.now(), 10, 1_000, 'message')).some((e) => e.id === id), 'still held');
-      await waitFor('delivered', async () => ((await a.get(id))?.event.status === 'delivered' ? true : undefined));
+      await waitFor(async () => (await a.get(id))?.event.status === 'delivered', { what: 'delivered' });
       assert.ok(renewals.length >= 1 && renewals.every(Boolean), `renewals: ${renewals}`);
       assert.deepEqual(target.ids.filter((x) => x === id), [id]);
     } finally {
@@ -503,12 +494,12 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
       try {
         // The recount alone (a scrape's other statements would wait on the lock too).
         await (store as unknown as { delivered: DeliveredCounts }).delivered.get(T0 + DELIVERED_RECOUNT_MS);
-        await waitFor('the recount waiting', async () => {
+        await waitFor(async () => {
           // Inside this transaction the activity view is a snapshot taken at its first read: cleared for each look.
           await client.query('SELECT pg_stat_clear_snapshot()');
           const { rows } = await client.query("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%status = ''delivered'' GROUP BY action%'");
-          return rows[0].n > 0 ? true : undefined;
-        });
+          return rows[0].n > 0;
+        }, { what: 'the recount waiting' });
         const closed = await Promise.race([store.close().then(() => 'closed'), new Promise((r) => setTimeout(() => r('still waiting after 10 s'), 10_000))]);
         assert.equal(closed, 'closed');
       } finally {
@@ -529,7 +520,7 @@ describe('PostgresEventStore: Postgres stopped, then restarted', { skip, timeout
     const accepted: string[] = [];
     try {
       for (let i = 0; i < 10; i++) accepted.push((await store.accept(event({ receivedAt: Date.now() }))).id);
-      await waitFor('the first events delivered', () => (accepted.every((id) => target.ids.includes(id)) ? true : undefined));
+      await waitFor(() => accepted.every((id) => target.ids.includes(id)), { what: 'the first events delivered' });
 
       await pgc().stop();
       await assert.rejects(store.accept(event({ receivedAt: Date.now() })));
@@ -540,11 +531,11 @@ describe('PostgresEventStore: Postgres stopped, then restarted', { skip, timeout
       await pgc().start();
       // The pool opens new connections: the first accept after the restart works.
       for (let i = 0; i < 10; i++) accepted.push((await store.accept(event({ receivedAt: Date.now() }))).id);
-      await waitFor('every event delivered after the restart', () => (accepted.every((id) => target.ids.includes(id)) ? true : undefined), 15_000);
+      await waitFor(() => accepted.every((id) => target.ids.includes(id)), { timeoutMs: 15_000, what: 'every event delivered after the restart' });
       const stored = await store.list({ limit: 1_000 });
       assert.deepEqual(new Set(stored.map((e) => e.id)), new Set(accepted), 'nothing accepted is lost');
       // The target answered; the outcome is committed just after.
-      await waitFor('every event settled as delivered', async () => ((await store.list({ status: 'delivered', limit: 1_000 })).length === accepted.length ? true : undefined));
+      await waitFor(async () => (await store.list({ status: 'delivered', limit: 1_000 })).length === accepted.length, { what: 'every event settled as delivered' });
     } finally {
       await deliverer.stop(1_000);
       await store.close();
@@ -574,7 +565,7 @@ describe('gatehouse on storage.driver "postgres"', { skip, timeout: 90_000 }, ()
       });
       assert.equal(reply.status, 202, reply.body);
       const { id } = JSON.parse(reply.body);
-      await waitFor('delivered', () => (target.ids.includes(id) ? true : undefined));
+      await waitFor(() => target.ids.includes(id), { what: 'delivered' });
 
       const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-pg-cli-'));
       const file = path.join(dir, 'gateway.json5');

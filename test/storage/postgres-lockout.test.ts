@@ -7,6 +7,7 @@ import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } fr
 import { request, type Reply } from '../helpers/http.js';
 import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+import { waitFor } from '../helpers/wait.js';
 
 // The failure lockout shared by gatehouse instances on one PostgreSQL database (issue 13): a
 // client gets `max` guesses in total, not per instance; a lock set through one instance is
@@ -22,15 +23,6 @@ after(async () => {
 const MAX = 5;
 const SETTINGS: LockoutSettings = { max: MAX, windowSeconds: 60, lockoutSeconds: 300 };
 const BAD_KEY = 'not-the-key-0123456789abcdefghijklmnopqrstuv';
-
-async function waitFor(what: string, check: () => Promise<boolean> | boolean, timeoutMs = 2_000): Promise<number> {
-  const started = Date.now();
-  for (;;) {
-    if (await check()) return Date.now() - started;
-    if (Date.now() - started > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 
 describe('applyLockoutOp: one client row', () => {
   const empty: LockoutRow = { failures: [], reserved: 0, reservedUntil: 0, lockedUntil: 0, expiresAt: 0 };
@@ -102,8 +94,8 @@ describe('three gatehouse instances on one database share the lockout', { skip, 
   const bad = (g: TestGatehouse, from: string) => call(g, from, BAD_KEY);
   const statuses = (from: string, key: string) => Promise.all(instances.map((g) => call(g, from, key).then((r) => r.status)));
   /** Polled without a credential (401 missing_credentials is not a guess, and counts nothing) until all three answer 429. */
-  const refusedEverywhere = (from: string, timeoutMs?: number) => waitFor('every instance to refuse the client', async () =>
-    (await Promise.all(instances.map((g) => request(g.url, '/api/poll', { localAddress: from })))).every((r) => r.status === 429), timeoutMs);
+  const refusedEverywhere = (from: string, timeoutMs?: number) => waitFor(async () =>
+    (await Promise.all(instances.map((g) => request(g.url, '/api/poll', { localAddress: from })))).every((r) => r.status === 429), { timeoutMs: timeoutMs ?? 2_000, what: 'every instance to refuse the client' });
   const upstreamGot = (path: string) => upstream.received.filter((r) => r.url === path).length;
 
   it('bad keys round-robin over three instances: at most max are checked in total, then all three refuse', async () => {
@@ -173,13 +165,15 @@ describe('three gatehouse instances on one database share the lockout', { skip, 
       await pgc().start();
     }
     const said = (g: TestGatehouse, what: RegExp) => g.logs.filter((l) => what.test(l.msg)).length;
-    const ms = await waitFor('every instance that saw the outage to find Postgres back', () =>
-      instances.every((g) => said(g, /postgres reachable again/) === said(g, /postgres unreachable/)), 15_000);
+    const restarted = Date.now();
+    await waitFor(() =>
+      instances.every((g) => said(g, /postgres reachable again/) === said(g, /postgres unreachable/)), { timeoutMs: 15_000, what: 'every instance that saw the outage to find Postgres back' });
+    const recoveredMs = Date.now() - restarted;
     // Shared again: a lock through C is refused by A and B.
     const from = '127.0.0.18';
     for (let i = 0; i < MAX; i++) assert.equal((await bad(c, from)).status, 401);
     await refusedEverywhere(from);
-    process.stdout.write(`# recovered ${ms} ms after Postgres restarted\n`);
+    process.stdout.write(`# recovered ${recoveredMs} ms after Postgres restarted\n`);
   });
 
   it('expired rows are deleted by the periodic refresh', async () => {
@@ -187,6 +181,6 @@ describe('three gatehouse instances on one database share the lockout', { skip, 
     admin = new pg.Client({ connectionString: url });
     await admin.connect();
     await admin.query("INSERT INTO lockouts (key, failures, expires_at) VALUES ('gateway:192.0.2.1', '{1}', 1)");
-    await waitFor('the expired row to go', async () => (await admin.query("SELECT 1 FROM lockouts WHERE key = 'gateway:192.0.2.1'")).rowCount === 0, 7_000);
+    await waitFor(async () => (await admin.query("SELECT 1 FROM lockouts WHERE key = 'gateway:192.0.2.1'")).rowCount === 0, { timeoutMs: 7_000, what: 'the expired row to go' });
   });
 });

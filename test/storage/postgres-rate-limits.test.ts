@@ -7,13 +7,13 @@ import { sharedBucketId, startRateLimitSync } from '../../src/gateway/rate-limit
 import { migrate } from '../../src/storage/postgres/migrations.js';
 import { createPool } from '../../src/storage/postgres/pool.js';
 import { PostgresRateLimitStore } from '../../src/storage/postgres/rate-limits.js';
-import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
+import { postgresDatabases, type PostgresDatabases } from '../helpers/postgres.js';
 
 // The rate-limit buckets shared on PostgreSQL (issue 16): the merge arithmetic of one sync
 // statement, at times the test chooses (no sleeps), and two gateway processes' buckets
 // converging through one database.
 
-const cluster = await startPostgres();
+const cluster = await postgresDatabases();
 const skip = 'skip' in cluster ? cluster.skip : false;
 after(async () => {
   if (!('skip' in cluster)) await cluster.destroy();
@@ -32,7 +32,7 @@ describe('PostgresRateLimitStore: one sync statement', { skip }, () => {
   const spend = (bucket: string, spent: number, now: number) => store.sync([{ bucket, spent, ...SHAPE }], now).then((levels) => levels.get(bucket));
 
   before(async () => {
-    url = await (cluster as PostgresCluster).createDatabase();
+    url = await (cluster as PostgresDatabases).createDatabase();
     const pool = createPool(storage(url));
     await migrate(pool);
     await pool.end();

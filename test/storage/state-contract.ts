@@ -3,6 +3,7 @@ import { afterEach, beforeEach, describe, it } from 'node:test';
 import type { ChannelGrant, ChannelStore } from '../../src/storage/contracts/channels.js';
 import type { EventStore, NewEvent } from '../../src/storage/contracts/events.js';
 import { SEEN_RETENTION_MS, type GmailStore } from '../../src/storage/contracts/gmail.js';
+import { waitFor } from '../helpers/wait.js';
 
 /**
  * The GmailStore and ChannelStore contracts: the same cases run against every driver
@@ -199,7 +200,7 @@ export function stateContract(harness: StateHarness): void {
       const three = await harness.other();
       let release: (() => void) | undefined;
       const held = three.gmail.exclusively(ACCOUNT, () => new Promise<void>((r) => (release = r)));
-      while (!release) await sleep(10); // it holds the lock from here
+      await waitFor(() => release, { what: 'the third instance to hold the mailbox' }); // it holds the lock from here
       let waited = false;
       const waiting = one.gmail.exclusively(ACCOUNT, async () => void (waited = true));
       await sleep(100);

@@ -11,7 +11,7 @@ import { PostgresGmailStore } from '../../src/storage/postgres/gmail.js';
 import { SqliteChannelStore } from '../../src/storage/sqlite/channels.js';
 import { SqliteEventStore } from '../../src/storage/sqlite/events.js';
 import { SqliteGmailStore } from '../../src/storage/sqlite/gmail.js';
-import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
+import { postgresDatabases, type PostgresDatabases } from '../helpers/postgres.js';
 import { stateContract, type StateInstance } from './state-contract.js';
 
 // The Gmail and channel state contracts, on a real SQLite file and on a real PostgreSQL database.
@@ -59,7 +59,7 @@ describe('Gmail and channel state on SQLite', () => {
   });
 });
 
-const cluster = await startPostgres();
+const cluster = await postgresDatabases();
 const skip = 'skip' in cluster ? cluster.skip : false;
 after(async () => {
   if (!('skip' in cluster)) await cluster.destroy();
@@ -92,12 +92,14 @@ describe('Gmail and channel state on PostgreSQL', { skip }, () => {
     driver: 'postgres',
     sharedByInstances: true,
     async open() {
-      url = await (cluster as PostgresCluster).createDatabase();
+      url = await (cluster as PostgresDatabases).createDatabase();
       return instance(true);
     },
     other: () => instance(false),
     ageSeenIds: (ms) => sql('UPDATE gmail_seen SET seen_at = seen_at - $1', [ms]),
-    endLockHolders: () => sql("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"),
+    // This database's holders only: the cluster is shared with the run's other files.
+    endLockHolders: () => sql(`SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`),
     async reset() {
       url = undefined;
     },

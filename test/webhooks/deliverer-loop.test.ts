@@ -9,6 +9,7 @@ import pino from 'pino';
 import { parseConfig } from '../../src/config/load.js';
 import { Deliverer } from '../../src/webhooks/delivery/deliverer.js';
 import { SqliteEventStore, type EventStore } from '../../src/webhooks/store.js';
+import { waitFor } from '../helpers/wait.js';
 
 describe('deliverer: no busy loop while due work waits for a slot', () => {
   it('with one action saturated and another idle, the store is polled, not spun on', async () => {
@@ -44,9 +45,9 @@ describe('deliverer: no busy loop while due work waits for a slot', () => {
     const deliverer = new Deliverer(counting, config.webhooks, pino({ level: 'silent' }));
     await deliverer.start();
     try {
-      await new Promise((r) => setTimeout(r, 200)); // the first event is in flight, two are due and waiting
+      await waitFor(() => held.length === 1, { what: 'the first event in flight' }); // two are due and waiting
       const before = calls;
-      await new Promise((r) => setTimeout(r, 1000));
+      await new Promise((r) => setTimeout(r, 1000)); // the window the call rate is measured over: time is the property
       assert.ok(calls - before < 20, `${calls - before} store calls in 1 s`);
     } finally {
       for (const res of held) res.end();

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { afterEach, beforeEach, describe, it } from 'node:test';
 import type { WebhookAction } from '../../src/config/schema.js';
 import { DELIVERED_RECOUNT_MS, IDEMPOTENCY_WINDOW_MS, type EventStore, type NewEvent } from '../../src/storage/contracts/events.js';
+import { waitFor } from '../helpers/wait.js';
 
 /**
  * The EventStore contract: the same cases run against every driver (store.test.ts for SQLite,
@@ -600,10 +601,7 @@ export function eventStoreContract(harness: StoreHarness): void {
       await store.recordAttempt(c, attempt(1, T0, 410), { status: 'dead' });
       assert.deepEqual(await counts(T0 + 1_000), { 'message/delivered': 1, 'message/dead': 1 }, 'delivered: the last count; dead: now');
       assert.deepEqual(await counts(T0 + DELIVERED_RECOUNT_MS), { 'message/delivered': 1, 'message/dead': 1 }, 'a recount is started, not waited for');
-      for (const deadline = Date.now() + 5_000; (await counts(T0 + DELIVERED_RECOUNT_MS))['message/delivered'] !== 2;) {
-        assert.ok(Date.now() < deadline, 'the recount never came in');
-        await new Promise((r) => setTimeout(r, 20));
-      }
+      await waitFor(async () => (await counts(T0 + DELIVERED_RECOUNT_MS))['message/delivered'] === 2, { timeoutMs: 5_000, what: 'the recount to come in' });
     });
 
     it('probeWrite resolves on a writable store and changes nothing', async () => {
