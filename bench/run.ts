@@ -282,6 +282,9 @@ async function main() {
     ['gatehouse api-key 2 workers', {}, { 'x-api-key': key }, 200, { workers: 2 }],
     // Issue 13: storage on PostgreSQL (the shared lockout, checked in memory) must not slow /api/.
     ['gatehouse api-key (postgres)', {}, { 'x-api-key': key }, 200],
+    // Issue 27: gateway.cors configured; plain requests (no Origin) must cost what they did, and a browser's (with Origin) little more.
+    ['gatehouse api-key (cors)', {}, { 'x-api-key': key }, 200, { cors: { origins: ['https://app.example.com', 'https://*.example.com'] } }],
+    ['gatehouse api-key (cors, Origin)', {}, { 'x-api-key': key, origin: 'https://eu.example.com' }, 200, { cors: { origins: ['https://app.example.com', 'https://*.example.com'] } }],
     ['gatehouse jwt-hs256', { bearer: { jwt: { secret: hs256Secret, algorithms: ['HS256'] } } }, { authorization: `Bearer ${hsToken}` }, 200],
     ['gatehouse jwt-rs256', { bearer: { jwt: { jwksUri, algorithms: ['RS256'] } } }, { authorization: `Bearer ${rsToken}` }, 200],
     // The same without the verified-token cache: what a first sight of each token costs.
