@@ -1,80 +1,16 @@
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { SignJWT } from 'jose';
-import { chromium, type BrowserContext, type Page } from 'playwright-core';
+import type { Page } from 'playwright-core';
+import { BROWSER_MISSING, hs256, JWT_SECRET, launchBrowser, startPageServer, type PageServer, type TestBrowser } from '../helpers/browser.js';
 import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 
 // A real browser (Debian's chromium, driven by playwright-core; no browser is ever downloaded) on a
 // page served from one origin, calling gatehouse on another: what an SPA behind gatehouse lives
-// through. The helpers come first so other browser cases (WebSocket, EventSource) can sit beside
-// these: a page server, the browser, a gatehouse that allows the page's origin.
-
-export const CHROMIUM = '/usr/bin/chromium';
-const MISSING = existsSync(CHROMIUM) ? false : `${CHROMIUM} is missing: install Debian's chromium (apt-get install chromium) to run the browser tests`;
-
-export const JWT_SECRET = 'browser-test-jwt-secret-0123456789abcdef';
-
-export function hs256(sub: string): Promise<string> {
-  return new SignJWT({ sub }).setProtectedHeader({ alg: 'HS256' }).setExpirationTime('10m').sign(new TextEncoder().encode(JWT_SECRET));
-}
-
-export interface PageServer {
-  /** `http://127.0.0.1:<port>`: the page's origin, as the browser sends it in `Origin`. */
-  origin: string;
-  close(): Promise<void>;
-}
-
-/** A node:http server answering every GET with `html`: the browser app, on its own origin. */
-export async function startPageServer(html: string): Promise<PageServer> {
-  const server = http.createServer((_req, res) => {
-    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store' });
-    res.end(html);
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return {
-    origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-    close: () => new Promise((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
-  };
-}
-
-export interface TestBrowser {
-  context: BrowserContext;
-  /** A new tab on `url`, loaded. */
-  open(url: string): Promise<Page>;
-  close(): Promise<void>;
-}
-
-/** Chromium with a fresh profile, headless, no network of its own (updates, sync, QUIC). */
-export async function launchBrowser(): Promise<TestBrowser> {
-  const profile = mkdtempSync(path.join(tmpdir(), 'gatehouse-chromium-'));
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    timeout: 60_000,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-  });
-  return {
-    context,
-    async open(url) {
-      const page = await context.newPage();
-      await page.goto(url);
-      return page;
-    },
-    async close() {
-      await context.close();
-      rmSync(profile, { recursive: true, force: true });
-    },
-  };
-}
+// through. The browser, the page server and tokens are in test/helpers/browser.ts (the WebSocket and
+// EventSource cases in browser-websocket.test.ts use them too).
 
 /**
  * The browser app: `call(url, init)` is `fetch` that reports what the page could read (status,
@@ -114,7 +50,7 @@ export function call(page: Page, url: string, init: { method?: string; headers?:
   return page.evaluate(([u, i]) => (globalThis as unknown as { call(url: string, init: unknown): Promise<CallResult> }).call(u, i), [url, init] as const);
 }
 
-describe('browser: a page on another origin calls gatehouse with fetch (CORS)', { skip: MISSING }, () => {
+describe('browser: a page on another origin calls gatehouse with fetch (CORS)', { skip: BROWSER_MISSING }, () => {
   let upstream: RecordingServer;
   let gatehouse: TestGatehouse;
   let app: PageServer;
