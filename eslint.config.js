@@ -14,13 +14,25 @@ export default tseslint.config(
     },
     rules: {
       // A promise nobody awaits loses its error (in a server it may crash the process or answer twice).
-      '@typescript-eslint/no-floating-promises': ['error', {
-        // node:test's describe/it return promises the runner itself awaits.
-        allowForKnownSafeCalls: [{ from: 'package', package: 'node:test', name: ['describe', 'it', 'test', 'suite', 'before', 'after', 'beforeEach', 'afterEach'] }],
-      }],
+      '@typescript-eslint/no-floating-promises': [
+        'error',
+        {
+          // node:test's describe/it return promises the runner itself awaits.
+          allowForKnownSafeCalls: [
+            {
+              from: 'package',
+              package: 'node:test',
+              name: ['describe', 'it', 'test', 'suite', 'before', 'after', 'beforeEach', 'afterEach'],
+            },
+          ],
+        },
+      ],
       '@typescript-eslint/no-misused-promises': ['error', { checksVoidReturn: false }],
       // `_name`: unused on purpose (Express's four-argument error handler, a field left out of a copy).
-      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_', ignoreRestSiblings: true }],
+      '@typescript-eslint/no-unused-vars': [
+        'error',
+        { argsIgnorePattern: '^_', varsIgnorePattern: '^_', ignoreRestSiblings: true },
+      ],
       // Platform answers and zod internals are typed at the boundary where they are checked; `any` there is deliberate.
       '@typescript-eslint/no-explicit-any': 'off',
     },

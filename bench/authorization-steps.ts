@@ -27,7 +27,14 @@ const config = parseConfig({
 });
 const authorize = compileAuthorizer(config.gateway.auth);
 const limiter = compileRateLimiter(config.gateway.rateLimits, [], new RateLimitState());
-const identity: Identity = { methods: ['api-key'], subject: 'bench', keyId: 'bench', scopes: ['items:read'], claims: undefined, keyRateLimit: undefined };
+const identity: Identity = {
+  methods: ['api-key'],
+  subject: 'bench',
+  keyId: 'bench',
+  scopes: ['items:read'],
+  claims: undefined,
+  keyRateLimit: undefined,
+};
 const headers = new Map<string, string>();
 
 function once(url: string): void {
@@ -43,4 +50,6 @@ for (let i = 0; i < 100_000; i++) once('/api/items');
 const started = process.cpuUsage();
 for (let i = 0; i < N; i++) once('/api/items');
 const cpu = process.cpuUsage(started);
-console.log(JSON.stringify({ requests: N, cpuMicrosPerRequest: Math.round(((cpu.user + cpu.system) / N) * 100) / 100 }));
+console.log(
+  JSON.stringify({ requests: N, cpuMicrosPerRequest: Math.round(((cpu.user + cpu.system) / N) * 100) / 100 }),
+);

@@ -35,7 +35,9 @@ function measure(name: string, step: (i: number) => void): void {
   const started = process.cpuUsage();
   for (let i = 0; i < N; i++) step(i);
   const cpu = process.cpuUsage(started);
-  console.log(JSON.stringify({ case: name, cpuMicrosPerRequest: Math.round(((cpu.user + cpu.system) / N) * 1000) / 1000 }));
+  console.log(
+    JSON.stringify({ case: name, cpuMicrosPerRequest: Math.round(((cpu.user + cpu.system) / N) * 1000) / 1000 }),
+  );
 }
 
 for (const [name, origin] of [
@@ -51,5 +53,9 @@ for (const [name, origin] of [
   });
 }
 measure('replaceUpstreamCors (an upstream answer with Access-Control-Allow-Origin and Vary)', () => {
-  replaceUpstreamCors({ 'content-type': 'application/json', 'access-control-allow-origin': '*', vary: 'Accept-Encoding' });
+  replaceUpstreamCors({
+    'content-type': 'application/json',
+    'access-control-allow-origin': '*',
+    vary: 'Accept-Encoding',
+  });
 });

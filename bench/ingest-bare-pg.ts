@@ -13,7 +13,9 @@ import pg from 'pg';
 const [url, secret] = process.argv.slice(2);
 const expected = createHash('sha256').update(secret!).digest();
 const pool = new pg.Pool({ connectionString: url, max: 2 });
-await pool.query('CREATE TABLE IF NOT EXISTS events (id text PRIMARY KEY, received_at bigint NOT NULL, body text NOT NULL)');
+await pool.query(
+  'CREATE TABLE IF NOT EXISTS events (id text PRIMARY KEY, received_at bigint NOT NULL, body text NOT NULL)',
+);
 
 const batch: { id: string; body: string; res: http.ServerResponse }[] = [];
 let flushing = false;
@@ -24,7 +26,10 @@ async function flush() {
     const now = Date.now();
     let status = 202;
     try {
-      await pool.query('INSERT INTO events (id, received_at, body) SELECT id, $2, body FROM unnest($1::text[], $3::text[]) AS t(id, body)', [rows.map((r) => r.id), now, rows.map((r) => r.body)]);
+      await pool.query(
+        'INSERT INTO events (id, received_at, body) SELECT id, $2, body FROM unnest($1::text[], $3::text[]) AS t(id, body)',
+        [rows.map((r) => r.id), now, rows.map((r) => r.body)],
+      );
     } catch {
       status = 503;
     }

@@ -26,34 +26,39 @@ if (cluster.isPrimary) {
   let ready = 0;
   for (let i = 0; i < WORKERS; i++) {
     const worker = cluster.fork();
-    worker.on('message', (message: Take | { type: 'ready' } | { type: 'done'; trips: number; micros: number; cpuMicros: number }) => {
-      if (message.type === 'ready') {
-        if (++ready === WORKERS) {
-          startedAt = performance.now();
-          for (const w of Object.values(cluster.workers!)) w!.send({ type: 'go' });
+    worker.on(
+      'message',
+      (message: Take | { type: 'ready' } | { type: 'done'; trips: number; micros: number; cpuMicros: number }) => {
+        if (message.type === 'ready') {
+          if (++ready === WORKERS) {
+            startedAt = performance.now();
+            for (const w of Object.values(cluster.workers!)) w!.send({ type: 'go' });
+          }
+        } else if (message.type === 'take') {
+          const left = (buckets.get(message.key) ?? 1e9) - 1;
+          buckets.set(message.key, left);
+          worker.send({ type: 'taken', id: message.id, allowed: left >= 0, left } satisfies Taken);
+        } else {
+          results.push(message);
+          if (results.length === WORKERS) {
+            const seconds = (performance.now() - startedAt) / 1000;
+            const cpu = process.cpuUsage(cpuStart);
+            const trips = results.reduce((n, r) => n + r.trips, 0);
+            console.log(
+              JSON.stringify({
+                workers: WORKERS,
+                inflightPerWorker: INFLIGHT,
+                roundTripsPerSec: Math.round(trips / seconds),
+                meanLatencyMicros: Math.round(results.reduce((n, r) => n + r.micros, 0) / trips),
+                primaryCpuMicrosPerTrip: Math.round(((cpu.user + cpu.system) / trips) * 10) / 10,
+                workerCpuMicrosPerTrip: Math.round((results.reduce((n, r) => n + r.cpuMicros, 0) / trips) * 10) / 10,
+              }),
+            );
+            for (const w of Object.values(cluster.workers!)) w!.kill();
+          }
         }
-      } else if (message.type === 'take') {
-        const left = (buckets.get(message.key) ?? 1e9) - 1;
-        buckets.set(message.key, left);
-        worker.send({ type: 'taken', id: message.id, allowed: left >= 0, left } satisfies Taken);
-      } else {
-        results.push(message);
-        if (results.length === WORKERS) {
-          const seconds = (performance.now() - startedAt) / 1000;
-          const cpu = process.cpuUsage(cpuStart);
-          const trips = results.reduce((n, r) => n + r.trips, 0);
-          console.log(JSON.stringify({
-            workers: WORKERS,
-            inflightPerWorker: INFLIGHT,
-            roundTripsPerSec: Math.round(trips / seconds),
-            meanLatencyMicros: Math.round(results.reduce((n, r) => n + r.micros, 0) / trips),
-            primaryCpuMicrosPerTrip: Math.round(((cpu.user + cpu.system) / trips) * 10) / 10,
-            workerCpuMicrosPerTrip: Math.round((results.reduce((n, r) => n + r.cpuMicros, 0) / trips) * 10) / 10,
-          }));
-          for (const w of Object.values(cluster.workers!)) w!.kill();
-        }
-      }
-    });
+      },
+    );
   }
 } else {
   const pending = new Map<number, number>();

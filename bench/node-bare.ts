@@ -21,10 +21,13 @@ const server = http.createServer((req, res) => {
   const headers = { ...req.headers };
   delete headers['x-api-key'];
   delete headers.connection;
-  const upstream = http.request({ host: '127.0.0.1', port: upstreamPort, method: req.method, path: req.url, headers, agent }, (upRes) => {
-    res.writeHead(upRes.statusCode!, upRes.headers);
-    upRes.pipe(res);
-  });
+  const upstream = http.request(
+    { host: '127.0.0.1', port: upstreamPort, method: req.method, path: req.url, headers, agent },
+    (upRes) => {
+      res.writeHead(upRes.statusCode!, upRes.headers);
+      upRes.pipe(res);
+    },
+  );
   upstream.on('error', () => {
     res.writeHead(502);
     res.end();

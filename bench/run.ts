@@ -90,7 +90,10 @@ const children: ChildProcess[] = [];
 process.on('exit', () => children.forEach((c) => c.kill('SIGKILL')));
 
 /** Starts a Node process and resolves with the port it prints as `ready <port>`, or finds in its JSON log. */
-function startProcess(args: string[], portFrom: (line: string) => number | undefined = readyPort): Promise<{ child: ChildProcess; port: number }> {
+function startProcess(
+  args: string[],
+  portFrom: (line: string) => number | undefined = readyPort,
+): Promise<{ child: ChildProcess; port: number }> {
   const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', 'pipe', 'inherit'] });
   children.push(child);
   return new Promise((resolve, reject) => {
@@ -130,12 +133,21 @@ function logPort(message: string) {
 
 const tsx = (file: string, ...args: string[]) => ['--import', 'tsx', path.join(ROOT, 'bench', file), ...args];
 
-async function load(name: string, options: autocannon.Options, expectedStatus: number, duration = DURATION, warmup = WARMUP, pid?: number): Promise<CaseResult> {
+async function load(
+  name: string,
+  options: autocannon.Options,
+  expectedStatus: number,
+  duration = DURATION,
+  warmup = WARMUP,
+  pid?: number,
+): Promise<CaseResult> {
   if (warmup > 0) await autocannon({ ...options, duration: warmup, connections: CONNECTIONS });
   const cpuBefore = processCpuMicros(pid);
   const r = await autocannon({ ...options, duration, connections: CONNECTIONS });
   const cpuAfter = processCpuMicros(pid);
-  const wrongStatus = Object.entries(r.statusCodeStats ?? {}).filter(([code]) => Number(code) !== expectedStatus).reduce((n, [, v]) => n + (v as { count: number }).count, 0);
+  const wrongStatus = Object.entries(r.statusCodeStats ?? {})
+    .filter(([code]) => Number(code) !== expectedStatus)
+    .reduce((n, [, v]) => n + (v as { count: number }).count, 0);
   return {
     name,
     requestsPerSec: Math.round(r.requests.average),
@@ -144,7 +156,10 @@ async function load(name: string, options: autocannon.Options, expectedStatus: n
     errors: r.errors + r.timeouts,
     non2xx: wrongStatus,
     expectedStatus,
-    cpuMicrosPerRequest: cpuBefore !== undefined && cpuAfter !== undefined && r.requests.total > 0 ? Math.round((cpuAfter - cpuBefore) / r.requests.total) : undefined,
+    cpuMicrosPerRequest:
+      cpuBefore !== undefined && cpuAfter !== undefined && r.requests.total > 0
+        ? Math.round((cpuAfter - cpuBefore) / r.requests.total)
+        : undefined,
   };
 }
 
@@ -153,55 +168,70 @@ async function load(name: string, options: autocannon.Options, expectedStatus: n
  * again, for `duration` s (round trips per second, and their latency); then 16 loops open and
  * close connections for half as long (connections per second, handshake through the edge).
  */
-async function loadWebSocket(name: string, url: string, headers: Record<string, string>, duration: number, pid?: number): Promise<CaseResult> {
-  const open = () => new Promise<WebSocket>((resolve, reject) => {
-    const ws = new WebSocket(url, { headers, perMessageDeflate: false });
-    ws.once('open', () => resolve(ws));
-    ws.once('error', reject);
-  });
+async function loadWebSocket(
+  name: string,
+  url: string,
+  headers: Record<string, string>,
+  duration: number,
+  pid?: number,
+): Promise<CaseResult> {
+  const open = () =>
+    new Promise<WebSocket>((resolve, reject) => {
+      const ws = new WebSocket(url, { headers, perMessageDeflate: false });
+      ws.once('open', () => resolve(ws));
+      ws.once('error', reject);
+    });
   const message = Buffer.alloc(64, 'x');
   const clients = await Promise.all(Array.from({ length: CONNECTIONS }, open));
   const latencies: number[] = [];
   let errors = 0;
   const cpuBefore = processCpuMicros(pid);
   const deadline = performance.now() + duration * 1000;
-  await Promise.all(clients.map((ws) => new Promise<void>((resolve) => {
-    let sentAt = 0;
-    const send = () => {
-      if (performance.now() >= deadline) return resolve();
-      sentAt = performance.now();
-      ws.send(message);
-    };
-    ws.on('message', () => {
-      latencies.push(performance.now() - sentAt);
-      send();
-    });
-    ws.on('error', () => {
-      errors++;
-      resolve();
-    });
-    send();
-  })));
+  await Promise.all(
+    clients.map(
+      (ws) =>
+        new Promise<void>((resolve) => {
+          let sentAt = 0;
+          const send = () => {
+            if (performance.now() >= deadline) return resolve();
+            sentAt = performance.now();
+            ws.send(message);
+          };
+          ws.on('message', () => {
+            latencies.push(performance.now() - sentAt);
+            send();
+          });
+          ws.on('error', () => {
+            errors++;
+            resolve();
+          });
+          send();
+        }),
+    ),
+  );
   const cpuAfter = processCpuMicros(pid);
   for (const ws of clients) ws.terminate();
   const connectDeadline = performance.now() + (duration / 2) * 1000;
   let connects = 0;
-  await Promise.all(Array.from({ length: 16 }, async () => {
-    while (performance.now() < connectDeadline) {
-      try {
-        const ws = await open();
-        connects++;
-        await new Promise<void>((resolve) => {
-          ws.once('close', () => resolve());
-          ws.close();
-        });
-      } catch {
-        errors++;
+  await Promise.all(
+    Array.from({ length: 16 }, async () => {
+      while (performance.now() < connectDeadline) {
+        try {
+          const ws = await open();
+          connects++;
+          await new Promise<void>((resolve) => {
+            ws.once('close', () => resolve());
+            ws.close();
+          });
+        } catch {
+          errors++;
+        }
       }
-    }
-  }));
+    }),
+  );
   const sorted = latencies.sort((a, b) => a - b);
-  const at = (q: number) => Math.round((sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? 0) * 100) / 100;
+  const at = (q: number) =>
+    Math.round((sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] ?? 0) * 100) / 100;
   return {
     name,
     requestsPerSec: Math.round(latencies.length / duration),
@@ -210,7 +240,10 @@ async function loadWebSocket(name: string, url: string, headers: Record<string, 
     errors,
     non2xx: 0,
     expectedStatus: 101,
-    cpuMicrosPerRequest: cpuBefore !== undefined && cpuAfter !== undefined && latencies.length > 0 ? Math.round((cpuAfter - cpuBefore) / latencies.length) : undefined,
+    cpuMicrosPerRequest:
+      cpuBefore !== undefined && cpuAfter !== undefined && latencies.length > 0
+        ? Math.round((cpuAfter - cpuBefore) / latencies.length)
+        : undefined,
     extra: { connectsPerSec: Math.round(connects / (duration / 2)) },
   };
 }
@@ -228,10 +261,12 @@ async function main() {
   const results: CaseResult[] = [];
   const skipped: string[] = [];
   const want = (name: string) => !ONLY || ONLY.some((o) => name.startsWith(o));
-  const wantPostgresIngest = !ONLY || ONLY.some((o) => o.includes('ingest') && (o.includes('postgres') || o.includes('-pg')));
+  const wantPostgresIngest =
+    !ONLY || ONLY.some((o) => o.includes('ingest') && (o.includes('postgres') || o.includes('-pg')));
   // One throwaway cluster for every PostgreSQL case, started when the first needs it.
   let cluster: Promise<PostgresCluster | { skip: string }> | undefined;
-  const postgresCluster = () => (cluster ??= startPostgres({ durable: true, purpose: 'the PostgreSQL bench cases', required: false }));
+  const postgresCluster = () =>
+    (cluster ??= startPostgres({ durable: true, purpose: 'the PostgreSQL bench cases', required: false }));
   const key = generateApiKey();
   const hs256Secret = 'bench-hs256-secret-0123456789abcdefghijkl';
 
@@ -250,8 +285,14 @@ async function main() {
   await new Promise<void>((r) => jwksServer.listen(0, '127.0.0.1', r));
   const jwksUri = `http://127.0.0.1:${(jwksServer.address() as AddressInfo).port}/jwks.json`;
   const exp = Math.floor(Date.now() / 1000) + 3600;
-  const hsToken = await new SignJWT({ sub: 'bench-user' }).setProtectedHeader({ alg: 'HS256' }).setExpirationTime(exp).sign(new TextEncoder().encode(hs256Secret));
-  const rsToken = await new SignJWT({ sub: 'bench-user' }).setProtectedHeader({ alg: 'RS256', kid: 'bench' }).setExpirationTime(exp).sign(privateKey);
+  const hsToken = await new SignJWT({ sub: 'bench-user' })
+    .setProtectedHeader({ alg: 'HS256' })
+    .setExpirationTime(exp)
+    .sign(new TextEncoder().encode(hs256Secret));
+  const rsToken = await new SignJWT({ sub: 'bench-user' })
+    .setProtectedHeader({ alg: 'RS256', kid: 'bench' })
+    .setExpirationTime(exp)
+    .sign(privateKey);
 
   if (want('direct')) results.push(await load('direct', { url: `${upstreamUrl}/api/items` }, 200));
 
@@ -260,35 +301,89 @@ async function main() {
   const bare = await startProcess(tsx('node-bare.ts', String(upstream.port), key));
   const bareRuns: CaseResult[] = [];
   const measureBare = async (duration = DURATION, warmup = WARMUP) => {
-    const run = await load('node-bare', { url: `http://127.0.0.1:${bare.port}/api/items`, headers: { 'x-api-key': key } }, 200, duration, warmup, bare.child.pid);
+    const run = await load(
+      'node-bare',
+      { url: `http://127.0.0.1:${bare.port}/api/items`, headers: { 'x-api-key': key } },
+      200,
+      duration,
+      warmup,
+      bare.child.pid,
+    );
     bareRuns.push(run);
     return run;
   };
 
-  const gatewayCases: [string, Record<string, unknown>, Record<string, string>, number, Record<string, unknown>?, Record<string, unknown>?][] = [
+  const gatewayCases: [
+    string,
+    Record<string, unknown>,
+    Record<string, string>,
+    number,
+    Record<string, unknown>?,
+    Record<string, unknown>?,
+  ][] = [
     ['gatehouse api-key', {}, { 'x-api-key': key }, 200],
     // Issue 16: a scoped key, three rules (one matching) and a rate limit that never refuses.
-    ['gatehouse api-key + 3 rules + rate limit', {
-      apiKeys: [{ id: 'bench', hash: hashApiKey(key), scopes: ['items:read'] }],
-      rules: [
-        { paths: ['/api/items/**'], methods: ['GET', 'HEAD'], scopes: ['items:read'] },
-        { paths: ['/api/items/**'], methods: ['POST', 'PUT', 'PATCH', 'DELETE'], scopes: ['items:write'] },
-        { paths: ['/api/admin/**'], claims: { groups: 'admins' } },
-      ],
-    }, { 'x-api-key': key }, 200, { rateLimits: [{ by: 'key', requests: 100_000_000, per: '1s' }] }],
+    [
+      'gatehouse api-key + 3 rules + rate limit',
+      {
+        apiKeys: [{ id: 'bench', hash: hashApiKey(key), scopes: ['items:read'] }],
+        rules: [
+          { paths: ['/api/items/**'], methods: ['GET', 'HEAD'], scopes: ['items:read'] },
+          { paths: ['/api/items/**'], methods: ['POST', 'PUT', 'PATCH', 'DELETE'], scopes: ['items:write'] },
+          { paths: ['/api/admin/**'], claims: { groups: 'admins' } },
+        ],
+      },
+      { 'x-api-key': key },
+      200,
+      { rateLimits: [{ by: 'key', requests: 100_000_000, per: '1s' }] },
+    ],
     // The same with the admin listener on, so every request is counted and timed (src/observability/metrics.ts).
-    ['gatehouse api-key (metrics)', {}, { 'x-api-key': key }, 200, {}, { admin: { listen: { host: '127.0.0.1', port: 0 } } }],
+    [
+      'gatehouse api-key (metrics)',
+      {},
+      { 'x-api-key': key },
+      200,
+      {},
+      { admin: { listen: { host: '127.0.0.1', port: 0 } } },
+    ],
     // gateway.workers: 2 on the same machine (which also runs the load generator and the upstream).
     ['gatehouse api-key 2 workers', {}, { 'x-api-key': key }, 200, { workers: 2 }],
     // Issue 13: storage on PostgreSQL (the shared lockout, checked in memory) must not slow /api/.
     ['gatehouse api-key (postgres)', {}, { 'x-api-key': key }, 200],
     // Issue 27: gateway.cors configured; plain requests (no Origin) must cost what they did, and a browser's (with Origin) little more.
-    ['gatehouse api-key (cors)', {}, { 'x-api-key': key }, 200, { cors: { origins: ['https://app.example.com', 'https://*.example.com'] } }],
-    ['gatehouse api-key (cors, Origin)', {}, { 'x-api-key': key, origin: 'https://eu.example.com' }, 200, { cors: { origins: ['https://app.example.com', 'https://*.example.com'] } }],
-    ['gatehouse jwt-hs256', { bearer: { jwt: { secret: hs256Secret, algorithms: ['HS256'] } } }, { authorization: `Bearer ${hsToken}` }, 200],
-    ['gatehouse jwt-rs256', { bearer: { jwt: { jwksUri, algorithms: ['RS256'] } } }, { authorization: `Bearer ${rsToken}` }, 200],
+    [
+      'gatehouse api-key (cors)',
+      {},
+      { 'x-api-key': key },
+      200,
+      { cors: { origins: ['https://app.example.com', 'https://*.example.com'] } },
+    ],
+    [
+      'gatehouse api-key (cors, Origin)',
+      {},
+      { 'x-api-key': key, origin: 'https://eu.example.com' },
+      200,
+      { cors: { origins: ['https://app.example.com', 'https://*.example.com'] } },
+    ],
+    [
+      'gatehouse jwt-hs256',
+      { bearer: { jwt: { secret: hs256Secret, algorithms: ['HS256'] } } },
+      { authorization: `Bearer ${hsToken}` },
+      200,
+    ],
+    [
+      'gatehouse jwt-rs256',
+      { bearer: { jwt: { jwksUri, algorithms: ['RS256'] } } },
+      { authorization: `Bearer ${rsToken}` },
+      200,
+    ],
     // The same without the verified-token cache: what a first sight of each token costs.
-    ['gatehouse jwt-rs256 uncached', { bearer: { jwt: { jwksUri, algorithms: ['RS256'], cacheSeconds: 0 } } }, { authorization: `Bearer ${rsToken}` }, 200],
+    [
+      'gatehouse jwt-rs256 uncached',
+      { bearer: { jwt: { jwksUri, algorithms: ['RS256'], cacheSeconds: 0 } } },
+      { authorization: `Bearer ${rsToken}` },
+      200,
+    ],
     ['gatehouse rejected', {}, { 'x-api-key': generateApiKey() }, 401],
   ];
   for (const [name, auth, headers, status, gatewayExtra = {}, configExtra = {}] of gatewayCases) {
@@ -321,7 +416,10 @@ async function main() {
     const file = path.join(work, 'gateway.json5');
     writeFileSync(file, JSON.stringify(config));
     const ready = gatewayExtra.workers ? 'gateway workers listening' : 'gateway listening';
-    const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort(ready));
+    const gatehouse = await startProcess(
+      [...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file],
+      logPort(ready),
+    );
     const before = jwksFetches;
     // Rounds of (node-bare, case) in alternating order; the machine drifts less within a round.
     const perRound = Math.max(2, Math.round(DURATION / ROUNDS));
@@ -330,7 +428,14 @@ async function main() {
       const warmup = round === 0 ? WARMUP : 1;
       const bareFirst = round % 2 === 0;
       const pairedBare = bareFirst ? await measureBare(perRound, warmup) : undefined;
-      const run = await load(name, { url: `http://127.0.0.1:${gatehouse.port}/api/items`, headers }, status, perRound, warmup, gatehouse.child.pid);
+      const run = await load(
+        name,
+        { url: `http://127.0.0.1:${gatehouse.port}/api/items`, headers },
+        status,
+        perRound,
+        warmup,
+        gatehouse.child.pid,
+      );
       rounds.push({ run, reference: pairedBare ?? (await measureBare(perRound, warmup)) });
     }
     const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
@@ -362,8 +467,13 @@ async function main() {
   if (bareRuns.length > 0) {
     // The node-bare row: the median of its paired runs.
     const median = [...bareRuns].sort((x, y) => x.requestsPerSec - y.requestsPerSec)[Math.floor(bareRuns.length / 2)]!;
-    results.splice(results.findIndex((r) => r.name.startsWith('gatehouse')) === -1 ? results.length : results.findIndex((r) => r.name.startsWith('gatehouse')), 0,
-      { ...median, extra: { runs: bareRuns.map((r) => r.requestsPerSec).join('/') } });
+    results.splice(
+      results.findIndex((r) => r.name.startsWith('gatehouse')) === -1
+        ? results.length
+        : results.findIndex((r) => r.name.startsWith('gatehouse')),
+      0,
+      { ...median, extra: { runs: bareRuns.map((r) => r.requestsPerSec).join('/') } },
+    );
   }
 
   if (want('websocket') || want('gatehouse websocket')) {
@@ -371,22 +481,42 @@ async function main() {
     const wsUpstream = await startProcess(tsx('ws-upstream.ts'));
     const wsBare = await startProcess(tsx('ws-bare.ts', String(wsUpstream.port), key));
     const file = path.join(work, 'websocket.json5');
-    writeFileSync(file, JSON.stringify({
-      storage: { path: path.join(work, 'websocket.db') },
-      gateway: { listen: { host: '127.0.0.1', port: 0 }, upstream: { target: `http://127.0.0.1:${wsUpstream.port}` }, auth: { apiKeys: [{ id: 'bench', hash: hashApiKey(key) }] } },
-    }));
-    const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('gateway listening'));
+    writeFileSync(
+      file,
+      JSON.stringify({
+        storage: { path: path.join(work, 'websocket.db') },
+        gateway: {
+          listen: { host: '127.0.0.1', port: 0 },
+          upstream: { target: `http://127.0.0.1:${wsUpstream.port}` },
+          auth: { apiKeys: [{ id: 'bench', hash: hashApiKey(key) }] },
+        },
+      }),
+    );
+    const gatehouse = await startProcess(
+      [...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file],
+      logPort('gateway listening'),
+    );
     const headers = { 'x-api-key': key };
     const perRound = Math.max(2, Math.round(DURATION / ROUNDS));
     const rounds: { run: CaseResult; reference: CaseResult }[] = [];
     for (let round = 0; round < ROUNDS; round++) {
-      const measureRef = () => loadWebSocket('websocket ws-bare', `ws://127.0.0.1:${wsBare.port}/api/ws`, headers, perRound, wsBare.child.pid);
+      const measureRef = () =>
+        loadWebSocket('websocket ws-bare', `ws://127.0.0.1:${wsBare.port}/api/ws`, headers, perRound, wsBare.child.pid);
       const reference = round % 2 === 0 ? await measureRef() : undefined;
-      const run = await loadWebSocket('gatehouse websocket', `ws://127.0.0.1:${gatehouse.port}/api/ws`, headers, perRound, gatehouse.child.pid);
+      const run = await loadWebSocket(
+        'gatehouse websocket',
+        `ws://127.0.0.1:${gatehouse.port}/api/ws`,
+        headers,
+        perRound,
+        gatehouse.child.pid,
+      );
       rounds.push({ run, reference: reference ?? (await measureRef()) });
     }
     const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
-    const summarize = (pick: (r: { run: CaseResult; reference: CaseResult }) => CaseResult, ratio?: number): CaseResult => {
+    const summarize = (
+      pick: (r: { run: CaseResult; reference: CaseResult }) => CaseResult,
+      ratio?: number,
+    ): CaseResult => {
       const runs = rounds.map(pick);
       return {
         ...runs[0]!,
@@ -396,11 +526,19 @@ async function main() {
         errors: runs.reduce((n, r) => n + r.errors, 0),
         cpuMicrosPerRequest: median(runs.map((r) => r.cpuMicrosPerRequest ?? NaN)),
         ...(ratio !== undefined ? { ratio, ratioTo: 'websocket ws-bare' } : {}),
-        extra: { connectsPerSec: median(runs.map((r) => Number(r.extra!.connectsPerSec))), roundRatios: rounds.map((r) => (r.run.requestsPerSec / r.reference.requestsPerSec).toFixed(2)).join('/') },
+        extra: {
+          connectsPerSec: median(runs.map((r) => Number(r.extra!.connectsPerSec))),
+          roundRatios: rounds.map((r) => (r.run.requestsPerSec / r.reference.requestsPerSec).toFixed(2)).join('/'),
+        },
       };
     };
-    const tripRatio = Math.round(median(rounds.map((r) => r.run.requestsPerSec / r.reference.requestsPerSec)) * 100) / 100;
-    const connectRatio = Math.round(median(rounds.map((r) => Number(r.run.extra!.connectsPerSec) / Number(r.reference.extra!.connectsPerSec))) * 100) / 100;
+    const tripRatio =
+      Math.round(median(rounds.map((r) => r.run.requestsPerSec / r.reference.requestsPerSec)) * 100) / 100;
+    const connectRatio =
+      Math.round(
+        median(rounds.map((r) => Number(r.run.extra!.connectsPerSec) / Number(r.reference.extra!.connectsPerSec))) *
+          100,
+      ) / 100;
     results.push(summarize((r) => r.reference));
     const gatehouseRow = summarize((r) => r.run, tripRatio);
     gatehouseRow.extra!.connectsRatio = connectRatio;
@@ -414,7 +552,16 @@ async function main() {
 
   if (want('ingest-bare')) {
     const bare = await startProcess(tsx('ingest-bare.ts', path.join(work, 'bare.db'), secret));
-    results.push(await load('ingest-bare', { url: `http://127.0.0.1:${bare.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202, DURATION, WARMUP, bare.child.pid));
+    results.push(
+      await load(
+        'ingest-bare',
+        { url: `http://127.0.0.1:${bare.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders },
+        202,
+        DURATION,
+        WARMUP,
+        bare.child.pid,
+      ),
+    );
     await stop(bare.child);
   }
 
@@ -426,7 +573,11 @@ async function main() {
     const target = await startProcess(tsx('target.ts'));
     const config = {
       storage,
-      gateway: { listen: { port: 0 }, upstream: { target: upstreamUrl }, auth: { apiKeys: [{ id: 'bench', hash: hashApiKey(key) }] } },
+      gateway: {
+        listen: { port: 0 },
+        upstream: { target: upstreamUrl },
+        auth: { apiKeys: [{ id: 'bench', hash: hashApiKey(key) }] },
+      },
       webhooks: {
         enabled: true,
         listen: { host: '127.0.0.1', port: 0 },
@@ -437,9 +588,19 @@ async function main() {
     };
     const file = path.join(work, `ingest${suffix ? '-pg' : ''}.json5`);
     writeFileSync(file, JSON.stringify(config));
-    const gatehouse = await startProcess([...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file], logPort('webhook receiver listening'));
+    const gatehouse = await startProcess(
+      [...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file],
+      logPort('webhook receiver listening'),
+    );
     const startedAt = Date.now();
-    const result = await load(`webhook ingest${suffix}`, { url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202, DURATION, WARMUP, gatehouse.child.pid);
+    const result = await load(
+      `webhook ingest${suffix}`,
+      { url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders },
+      202,
+      DURATION,
+      WARMUP,
+      gatehouse.child.pid,
+    );
     await new Promise((r) => setTimeout(r, 500)); // requests still in flight when the load stopped get committed too
     // Delivered/s: everything accepted (warm-up included) reaching the target, timed from the first request.
     const accepted = await countStored();
@@ -455,7 +616,7 @@ async function main() {
       accepted,
       delivered: count.delivered,
       deliveredPerSec: Math.round(count.delivered / seconds),
-      acceptedPerSecOverall: Math.round(accepted / ((WARMUP + DURATION))),
+      acceptedPerSecOverall: Math.round(accepted / (WARMUP + DURATION)),
     };
     results.push(result);
 
@@ -463,7 +624,15 @@ async function main() {
     // everything accepted has reached the target within a second.
     const rate = Math.round(result.requestsPerSec / 2);
     const beforeCount = (await getJson<{ delivered: number }>(`http://127.0.0.1:${target.port}/count`)).delivered;
-    const steady = await autocannon({ url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders, connections: CONNECTIONS, overallRate: rate, duration: DURATION });
+    const steady = await autocannon({
+      url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`,
+      method: 'POST',
+      body,
+      headers: hookHeaders,
+      connections: CONNECTIONS,
+      overallRate: rate,
+      duration: DURATION,
+    });
     const stoppedAt = Date.now();
     const acceptedSteady = steady['2xx'];
     let steadyCount = { delivered: 0, lastAt: 0 };
@@ -480,7 +649,12 @@ async function main() {
       errors: steady.errors + steady.timeouts,
       non2xx: steady.non2xx,
       expectedStatus: 202,
-      extra: { offeredRate: rate, accepted: acceptedSteady, delivered: steadyCount.delivered - beforeCount, deliveryLagMs: Math.max(0, steadyCount.lastAt - stoppedAt) },
+      extra: {
+        offeredRate: rate,
+        accepted: acceptedSteady,
+        delivered: steadyCount.delivered - beforeCount,
+        deliveryLagMs: Math.max(0, steadyCount.lastAt - stoppedAt),
+      },
     });
     await stop(gatehouse.child);
     await stop(target.child);
@@ -499,7 +673,16 @@ async function main() {
     } else {
       const bareUrl = await pg.createDatabase('bench_bare');
       const barePg = await startProcess(tsx('ingest-bare-pg.ts', bareUrl, secret));
-      results.push(await load('ingest-bare-pg', { url: `http://127.0.0.1:${barePg.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders }, 202, DURATION, WARMUP, barePg.child.pid));
+      results.push(
+        await load(
+          'ingest-bare-pg',
+          { url: `http://127.0.0.1:${barePg.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders },
+          202,
+          DURATION,
+          WARMUP,
+          barePg.child.pid,
+        ),
+      );
       await stop(barePg.child);
       const url = await pg.createDatabase('bench_gatehouse');
       await ingestCases(' (postgres)', { driver: 'postgres', url }, () => countPostgresEvents(url));
@@ -513,7 +696,10 @@ async function main() {
   rmSync(work, { recursive: true, force: true });
 
   const ref = (name: string) => results.find((r) => r.name === name);
-  const references: Record<string, string> = { 'webhook ingest': 'ingest-bare', 'webhook ingest (postgres)': 'ingest-bare-pg' };
+  const references: Record<string, string> = {
+    'webhook ingest': 'ingest-bare',
+    'webhook ingest (postgres)': 'ingest-bare-pg',
+  };
   for (const r of results) {
     const reference = references[r.name] !== undefined ? ref(references[r.name]!) : undefined;
     if (reference) {
@@ -529,7 +715,13 @@ async function main() {
   if (scale.length > 0) printScaleTables(scale);
   const report = {
     at: new Date().toISOString(),
-    machine: { cpus: os.cpus().length, cpuModel: os.cpus()[0]?.model, node: process.version, platform: `${os.platform()} ${os.arch()}`, memoryGiB: Math.round(os.totalmem() / 2 ** 30) },
+    machine: {
+      cpus: os.cpus().length,
+      cpuModel: os.cpus()[0]?.model,
+      node: process.version,
+      platform: `${os.platform()} ${os.arch()}`,
+      memoryGiB: Math.round(os.totalmem() / 2 ** 30),
+    },
     settings: { durationSeconds: DURATION, warmupSeconds: WARMUP, connections: CONNECTIONS },
     results,
     skipped,
@@ -542,7 +734,9 @@ async function main() {
   for (const t of report.targets) console.log(`  ${t.met ? 'met ' : 'MISS'}  ${t.target}: ${t.measured}`);
   const markdown = OUTPUT.replace(/\.json$/, '.md');
   writeFileSync(markdown, toMarkdown(report));
-  console.log(`\nwritten: ${path.relative(ROOT, OUTPUT)}, ${path.relative(ROOT, markdown)} (the tables for docs/benchmarks.md)`);
+  console.log(
+    `\nwritten: ${path.relative(ROOT, OUTPUT)}, ${path.relative(ROOT, markdown)} (the tables for docs/benchmarks.md)`,
+  );
 }
 
 function checkTargets(results: CaseResult[]) {
@@ -553,78 +747,175 @@ function checkTargets(results: CaseResult[]) {
   if (bare && apiKey) {
     out.push({ target: 'api-key >= 0.7 x node-bare req/s', measured: `${apiKey.ratio}`, met: apiKey.ratio! >= 0.7 });
     const bareP99 = Number(apiKey.extra?.pairedNodeBareP99 ?? bare.p99);
-    out.push({ target: 'api-key p99 <= 1.5 x node-bare p99', measured: `${apiKey.p99} ms vs ${bareP99} ms`, met: apiKey.p99 <= 1.5 * bareP99 });
+    out.push({
+      target: 'api-key p99 <= 1.5 x node-bare p99',
+      measured: `${apiKey.p99} ms vs ${bareP99} ms`,
+      met: apiKey.p99 <= 1.5 * bareP99,
+    });
   }
   const authorized = r('gatehouse api-key + 3 rules + rate limit');
   if (apiKey && authorized) {
     // Both ratios are to their paired node-bare runs: the comparison that survives a noisy machine.
     const relative = Math.round((authorized.ratio! / apiKey.ratio!) * 100) / 100;
-    out.push({ target: 'api-key + 3 rules + rate limit >= 0.9 x api-key', measured: `${relative} (${authorized.ratio} vs ${apiKey.ratio} of node-bare)`, met: relative >= 0.9 });
+    out.push({
+      target: 'api-key + 3 rules + rate limit >= 0.9 x api-key',
+      measured: `${relative} (${authorized.ratio} vs ${apiKey.ratio} of node-bare)`,
+      met: relative >= 0.9,
+    });
   }
   const metrics = r('gatehouse api-key (metrics)');
   if (apiKey && metrics) {
     // Each ratio is to the node-bare run paired with it, so machine drift between the two cases cancels out.
     const cost = 1 - metrics.ratio! / apiKey.ratio!;
-    out.push({ target: 'metrics cost < 5 % of api-key req/s (ratios to node-bare)', measured: `${(cost * 100).toFixed(1)} % (${metrics.ratio} vs ${apiKey.ratio}; cpu ${metrics.cpuMicrosPerRequest} vs ${apiKey.cpuMicrosPerRequest} µs/req)`, met: cost < 0.05 });
+    out.push({
+      target: 'metrics cost < 5 % of api-key req/s (ratios to node-bare)',
+      measured: `${(cost * 100).toFixed(1)} % (${metrics.ratio} vs ${apiKey.ratio}; cpu ${metrics.cpuMicrosPerRequest} vs ${apiKey.cpuMicrosPerRequest} µs/req)`,
+      met: cost < 0.05,
+    });
   }
   const onPostgres = r('gatehouse api-key (postgres)');
   if (apiKey && onPostgres) {
     const relative = Math.round((onPostgres.ratio! / apiKey.ratio!) * 100) / 100;
-    out.push({ target: 'api-key (postgres) >= 0.9 x api-key (ratios to node-bare)', measured: `${relative} (${onPostgres.ratio} vs ${apiKey.ratio}; cpu ${onPostgres.cpuMicrosPerRequest} vs ${apiKey.cpuMicrosPerRequest} µs/req)`, met: relative >= 0.9 });
+    out.push({
+      target: 'api-key (postgres) >= 0.9 x api-key (ratios to node-bare)',
+      measured: `${relative} (${onPostgres.ratio} vs ${apiKey.ratio}; cpu ${onPostgres.cpuMicrosPerRequest} vs ${apiKey.cpuMicrosPerRequest} µs/req)`,
+      met: relative >= 0.9,
+    });
   }
   const rs = r('gatehouse jwt-rs256');
   if (bare && rs) out.push({ target: 'jwt-rs256 >= 0.6 x node-bare', measured: `${rs.ratio}`, met: rs.ratio! >= 0.6 });
   const ws = r('gatehouse websocket');
-  if (ws) out.push({ target: 'websocket round trips >= 0.7 x ws-bare', measured: `${ws.ratio} (connects ${ws.extra?.connectsRatio} x)`, met: ws.ratio! >= 0.7 });
+  if (ws)
+    out.push({
+      target: 'websocket round trips >= 0.7 x ws-bare',
+      measured: `${ws.ratio} (connects ${ws.extra?.connectsRatio} x)`,
+      met: ws.ratio! >= 0.7,
+    });
   const rejected = r('gatehouse rejected');
-  if (apiKey && rejected) out.push({ target: 'rejected req/s >= api-key req/s', measured: `${rejected.requestsPerSec} vs ${apiKey.requestsPerSec}`, met: rejected.requestsPerSec >= apiKey.requestsPerSec });
+  if (apiKey && rejected)
+    out.push({
+      target: 'rejected req/s >= api-key req/s',
+      measured: `${rejected.requestsPerSec} vs ${apiKey.requestsPerSec}`,
+      met: rejected.requestsPerSec >= apiKey.requestsPerSec,
+    });
   // SQLite: p99 < 25 ms against ingest-bare; PostgreSQL (a network round trip and a server's commit per batch): p99 < 50 ms against ingest-bare-pg.
-  for (const [suffix, reference, p99Limit] of [['', 'ingest-bare', 25], [' (postgres)', 'ingest-bare-pg', 50]] as const) {
+  for (const [suffix, reference, p99Limit] of [
+    ['', 'ingest-bare', 25],
+    [' (postgres)', 'ingest-bare-pg', 50],
+  ] as const) {
     const ingest = r(`webhook ingest${suffix}`);
     if (ingest && r(reference)) {
-      out.push({ target: `webhook ingest${suffix} >= 0.6 x ${reference}`, measured: `${ingest.ratio}`, met: ingest.ratio! >= 0.6 });
-      out.push({ target: `webhook ingest${suffix} p99 < ${p99Limit} ms`, measured: `${ingest.p99} ms`, met: ingest.p99 < p99Limit });
+      out.push({
+        target: `webhook ingest${suffix} >= 0.6 x ${reference}`,
+        measured: `${ingest.ratio}`,
+        met: ingest.ratio! >= 0.6,
+      });
+      out.push({
+        target: `webhook ingest${suffix} p99 < ${p99Limit} ms`,
+        measured: `${ingest.p99} ms`,
+        met: ingest.p99 < p99Limit,
+      });
     }
     if (ingest?.extra) {
       const { accepted, delivered } = ingest.extra as { accepted: number; delivered: number };
-      out.push({ target: `every accepted event delivered${suffix}`, measured: `${delivered}/${accepted}`, met: delivered >= accepted });
+      out.push({
+        target: `every accepted event delivered${suffix}`,
+        measured: `${delivered}/${accepted}`,
+        met: delivered >= accepted,
+      });
     }
     const sustained = r(`webhook sustained${suffix}`);
     if (sustained?.extra) {
       const { deliveryLagMs, offeredRate } = sustained.extra as { deliveryLagMs: number; offeredRate: number };
-      out.push({ target: `deliveries keep up at a steady ${offeredRate}/s${suffix} (all delivered within 1 s of the load stopping)`, measured: `${deliveryLagMs} ms after`, met: deliveryLagMs <= 1000 });
+      out.push({
+        target: `deliveries keep up at a steady ${offeredRate}/s${suffix} (all delivered within 1 s of the load stopping)`,
+        measured: `${deliveryLagMs} ms after`,
+        met: deliveryLagMs <= 1000,
+      });
     }
   }
-  for (const x of results) if (x.errors > 0 || x.non2xx > 0) out.push({ target: `${x.name}: no errors, every answer ${x.expectedStatus}`, measured: `${x.errors} errors, ${x.non2xx} other statuses`, met: false });
+  for (const x of results)
+    if (x.errors > 0 || x.non2xx > 0)
+      out.push({
+        target: `${x.name}: no errors, every answer ${x.expectedStatus}`,
+        measured: `${x.errors} errors, ${x.non2xx} other statuses`,
+        met: false,
+      });
   return out;
 }
 
 /** The report as Markdown tables, ready for docs/benchmarks.md. */
-function toMarkdown(report: { at: string; machine: Record<string, unknown>; settings: Record<string, unknown>; results: CaseResult[]; skipped: string[]; scale: ScaleResult[]; targets: { target: string; measured: string; met: boolean }[] }): string {
-  const table = (header: string[], rows: string[][]) => [`| ${header.join(' | ')} |`, `|${header.map(() => '---').join('|')}|`, ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
+function toMarkdown(report: {
+  at: string;
+  machine: Record<string, unknown>;
+  settings: Record<string, unknown>;
+  results: CaseResult[];
+  skipped: string[];
+  scale: ScaleResult[];
+  targets: { target: string; measured: string; met: boolean }[];
+}): string {
+  const table = (header: string[], rows: string[][]) =>
+    [
+      `| ${header.join(' | ')} |`,
+      `|${header.map(() => '---').join('|')}|`,
+      ...rows.map((r) => `| ${r.join(' | ')} |`),
+    ].join('\n');
   const { machine, settings } = report;
   const parts = [
     `Run ${report.at} on ${machine.cpus} × ${machine.cpuModel}, Node ${machine.node}, ${machine.platform}; ${settings.connections} connections, ${settings.warmupSeconds} s warm-up, ${settings.durationSeconds} s per case.`,
-    table(['case', 'req/s', 'p50 ms', 'p99 ms', 'cpu µs/req', 'errors', 'ratio', 'notes'], report.results.map((r) => [
-      r.name, String(r.requestsPerSec), String(r.p50), String(r.p99), r.cpuMicrosPerRequest !== undefined ? String(r.cpuMicrosPerRequest) : '', String(r.errors + r.non2xx),
-      r.ratio !== undefined ? `${r.ratio} × ${r.ratioTo}` : '', r.extra ? Object.entries(r.extra).map(([k, v]) => `${k}=${v}`).join(' ') : '',
-    ])),
+    table(
+      ['case', 'req/s', 'p50 ms', 'p99 ms', 'cpu µs/req', 'errors', 'ratio', 'notes'],
+      report.results.map((r) => [
+        r.name,
+        String(r.requestsPerSec),
+        String(r.p50),
+        String(r.p99),
+        r.cpuMicrosPerRequest !== undefined ? String(r.cpuMicrosPerRequest) : '',
+        String(r.errors + r.non2xx),
+        r.ratio !== undefined ? `${r.ratio} × ${r.ratioTo}` : '',
+        r.extra
+          ? Object.entries(r.extra)
+              .map(([k, v]) => `${k}=${v}`)
+              .join(' ')
+          : '',
+      ]),
+    ),
   ];
   for (const reason of report.skipped) parts.push(`**Skipped:** ${reason}`);
   for (const group of ['keys start', 'keys lookup', 'queue'] as const) {
     const rows = report.scale.filter((r) => r.group === group);
     if (rows.length === 0) continue;
     const columns = [...new Set(rows.flatMap((r) => Object.keys(r.measured)))];
-    parts.push(table([group, ...columns], rows.map((r) => [r.name, ...columns.map((c) => String(r.measured[c] ?? ''))])));
+    parts.push(
+      table(
+        [group, ...columns],
+        rows.map((r) => [r.name, ...columns.map((c) => String(r.measured[c] ?? ''))]),
+      ),
+    );
   }
-  parts.push(table(['target', 'measured', ''], report.targets.map((t) => [t.target, t.measured, t.met ? 'met' : '**not met**'])));
+  parts.push(
+    table(
+      ['target', 'measured', ''],
+      report.targets.map((t) => [t.target, t.measured, t.met ? 'met' : '**not met**']),
+    ),
+  );
   return parts.join('\n\n') + '\n';
 }
 
 function printTable(results: CaseResult[]) {
   const rows = results.map((r) => [
-    r.name, String(r.requestsPerSec), `${r.p50}`, `${r.p99}`, r.cpuMicrosPerRequest !== undefined ? String(r.cpuMicrosPerRequest) : '', String(r.errors + r.non2xx), r.ratio !== undefined ? `${r.ratio} x ${r.ratioTo}` : '',
-    r.extra ? Object.entries(r.extra).map(([k, v]) => `${k}=${v}`).join(' ') : '',
+    r.name,
+    String(r.requestsPerSec),
+    `${r.p50}`,
+    `${r.p99}`,
+    r.cpuMicrosPerRequest !== undefined ? String(r.cpuMicrosPerRequest) : '',
+    String(r.errors + r.non2xx),
+    r.ratio !== undefined ? `${r.ratio} x ${r.ratioTo}` : '',
+    r.extra
+      ? Object.entries(r.extra)
+          .map(([k, v]) => `${k}=${v}`)
+          .join(' ')
+      : '',
   ]);
   const header = ['case', 'req/s', 'p50 ms', 'p99 ms', 'cpu µs/req', 'errors', 'ratio', 'notes'];
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
@@ -653,11 +944,13 @@ async function countPostgresEvents(url: string): Promise<number> {
 
 function getJson<T>(url: string): Promise<T> {
   return new Promise((resolve, reject) => {
-    http.get(url, (res) => {
-      let text = '';
-      res.on('data', (d) => (text += d));
-      res.on('end', () => resolve(JSON.parse(text)));
-    }).on('error', reject);
+    http
+      .get(url, (res) => {
+        let text = '';
+        res.on('data', (d) => (text += d));
+        res.on('end', () => resolve(JSON.parse(text)));
+      })
+      .on('error', reject);
   });
 }
 

@@ -19,7 +19,14 @@ server.on('upgrade', (req: http.IncomingMessage, client: Socket, head: Buffer) =
   }
   const headers = { ...req.headers };
   delete headers['x-api-key'];
-  const upstreamReq = http.request({ host: '127.0.0.1', port: upstreamPort, method: 'GET', path: req.url, headers, agent: false });
+  const upstreamReq = http.request({
+    host: '127.0.0.1',
+    port: upstreamPort,
+    method: 'GET',
+    path: req.url,
+    headers,
+    agent: false,
+  });
   upstreamReq.on('upgrade', (res, upstream: Socket, upstreamHead: Buffer) => {
     const lines = ['HTTP/1.1 101 Switching Protocols'];
     for (let i = 0; i < res.rawHeaders.length; i += 2) lines.push(`${res.rawHeaders[i]}: ${res.rawHeaders[i + 1]}`);

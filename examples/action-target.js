@@ -24,5 +24,7 @@ export function createActionTarget(onAction = (delivery) => console.log('action 
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
   const port = Number(process.env.PORT ?? 4000);
-  createActionTarget().listen(port, '127.0.0.1', () => console.log(`example action target on http://127.0.0.1:${port}`));
+  createActionTarget().listen(port, '127.0.0.1', () =>
+    console.log(`example action target on http://127.0.0.1:${port}`),
+  );
 }

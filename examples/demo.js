@@ -34,9 +34,15 @@ function listen(app, port, what, variable) {
     const server = app.listen(port, '127.0.0.1');
     servers.push(server);
     server.once('listening', () => resolve(server));
-    server.once('error', (err) => reject(new Error(err.code === 'EADDRINUSE'
-      ? `${what} cannot listen on 127.0.0.1:${port}: the port is already in use (set ${variable} to another port)`
-      : `${what} cannot listen on 127.0.0.1:${port}: ${err.message}`)));
+    server.once('error', (err) =>
+      reject(
+        new Error(
+          err.code === 'EADDRINUSE'
+            ? `${what} cannot listen on 127.0.0.1:${port}: the port is already in use (set ${variable} to another port)`
+            : `${what} cannot listen on 127.0.0.1:${port}: ${err.message}`,
+        ),
+      ),
+    );
   });
 }
 
@@ -44,7 +50,8 @@ function listen(app, port, what, variable) {
 function newest(dir, ext) {
   let latest = 0;
   for (const entry of readdirSync(dir, { withFileTypes: true, recursive: true })) {
-    if (entry.isFile() && entry.name.endsWith(ext)) latest = Math.max(latest, statSync(path.join(entry.parentPath ?? entry.path, entry.name)).mtimeMs);
+    if (entry.isFile() && entry.name.endsWith(ext))
+      latest = Math.max(latest, statSync(path.join(entry.parentPath ?? entry.path, entry.name)).mtimeMs);
   }
   return latest;
 }
@@ -78,13 +85,16 @@ if (process.exitCode !== 1) {
   if (!buildIfStale()) fail('the build failed');
 }
 if (process.exitCode !== 1) {
-  console.log(`example internal API on http://127.0.0.1:${apiPort}, example action target on http://127.0.0.1:${targetPort}`);
+  console.log(
+    `example internal API on http://127.0.0.1:${apiPort}, example action target on http://127.0.0.1:${targetPort}`,
+  );
   gatehouse = spawn(process.execPath, ['bin/gatehouse.js', 'start', '--config', process.argv[2] ?? 'gateway.json5'], {
     cwd: root,
     stdio: 'inherit',
     env: { ...process.env, DEMO_API_PORT: String(apiPort), DEMO_TARGET_PORT: String(targetPort) },
   });
-  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(signal, () => gatehouse.kill(signal === 'SIGHUP' ? 'SIGHUP' : 'SIGTERM'));
+  for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP'])
+    process.on(signal, () => gatehouse.kill(signal === 'SIGHUP' ? 'SIGHUP' : 'SIGTERM'));
   gatehouse.on('exit', (code, signal) => {
     for (const server of servers) server.close();
     // gatehouse has said why on stderr (e.g. "gateway.listen 127.0.0.1:8080 is already in use").

@@ -13,7 +13,9 @@ const SRC = fileURLToPath(new URL('../src/', import.meta.url));
 const STATIC_IMPORT = /^\s*(import|export)\s+(type\s+)?(?:[^'";]*?\s+from\s+)?['"](\.{1,2}\/[^'"]+)['"]/gm;
 
 function modules(): string[] {
-  return readdirSync(SRC, { recursive: true, encoding: 'utf8' }).filter((f) => f.endsWith('.ts') && !f.endsWith('.d.ts')).map((f) => path.join(SRC, f));
+  return readdirSync(SRC, { recursive: true, encoding: 'utf8' })
+    .filter((f) => f.endsWith('.ts') && !f.endsWith('.d.ts'))
+    .map((f) => path.join(SRC, f));
 }
 
 /** Each module's value imports (absolute .ts paths). */
@@ -24,7 +26,10 @@ export function importGraph(files: readonly string[] = modules()): Map<string, s
     for (const match of readFileSync(file, 'utf8').matchAll(STATIC_IMPORT)) {
       if (match[2]) continue; // import type / export type
       // `import { type A, type B } from` (no default import beside it) imports nothing at run time either.
-      const onlyTypes = /^\s*(?:import|export)\s*\{([^}]*)\}/.exec(match[0])?.[1]?.split(',').every((n) => n.trim() === '' || n.trim().startsWith('type '));
+      const onlyTypes = /^\s*(?:import|export)\s*\{([^}]*)\}/
+        .exec(match[0])?.[1]
+        ?.split(',')
+        .every((n) => n.trim() === '' || n.trim().startsWith('type '));
       if (onlyTypes) continue;
       edges.push(path.resolve(path.dirname(file), match[3]!).replace(/\.js$/, '.ts'));
     }
@@ -73,7 +78,12 @@ export function cycles(graph: Map<string, string[]>): string[][] {
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const found = cycles(importGraph());
   for (const component of found) {
-    process.stderr.write(`import cycle: ${component.map((f) => path.relative(SRC, f)).sort().join(' ↔ ')}\n`);
+    process.stderr.write(
+      `import cycle: ${component
+        .map((f) => path.relative(SRC, f))
+        .sort()
+        .join(' ↔ ')}\n`,
+    );
   }
   if (found.length > 0) process.exit(1);
   process.stdout.write('no import cycles under src/\n');

@@ -92,12 +92,17 @@ export function configurationReference(schema: Node): string {
     '',
     '## Top level',
     '',
-    ...renderTable(Object.entries(schema.properties ?? {}).map(([name, node]) => ({
-      key: node.properties || node.oneOf || node.additionalProperties ? `[\`${name}\`](#${name.toLowerCase()})` : `\`${name}\``,
-      type: typeText(node),
-      fallback: defaultText(node, schema.required?.includes(name) ?? false),
-      description: node.description ?? '',
-    }))),
+    ...renderTable(
+      Object.entries(schema.properties ?? {}).map(([name, node]) => ({
+        key:
+          node.properties || node.oneOf || node.additionalProperties
+            ? `[\`${name}\`](#${name.toLowerCase()})`
+            : `\`${name}\``,
+        type: typeText(node),
+        fallback: defaultText(node, schema.required?.includes(name) ?? false),
+        description: node.description ?? '',
+      })),
+    ),
   ];
   for (const [name, node] of Object.entries(schema.properties ?? {})) {
     if (!(node.properties || node.oneOf || node.additionalProperties)) continue;
@@ -117,13 +122,23 @@ export function configurationReference(schema: Node): string {
 function walk(node: Node, at: string, tables: Table[], table: Table): void {
   for (const [name, child] of Object.entries(node.properties ?? {})) {
     const key = `${at}.${name}`;
-    table.rows.push({ key: `\`${key}\``, type: typeText(child), fallback: defaultText(child, node.required?.includes(name) ?? false), description: child.description ?? '' });
+    table.rows.push({
+      key: `\`${key}\``,
+      type: typeText(child),
+      fallback: defaultText(child, node.required?.includes(name) ?? false),
+      description: child.description ?? '',
+    });
     walk(child, key, tables, table);
   }
   if (node.items) walk(node.items, `${at}[]`, tables, table);
   if (typeof node.additionalProperties === 'object' && isObjectLike(node.additionalProperties)) {
     const value = node.additionalProperties;
-    table.rows.push({ key: `\`${at}.<name>\``, type: typeText(value), fallback: '—', description: value.description ?? '' });
+    table.rows.push({
+      key: `\`${at}.<name>\``,
+      type: typeText(value),
+      fallback: '—',
+      description: value.description ?? '',
+    });
     walk(value, `${at}.<name>`, tables, table);
   }
   const discriminator = discriminatorOf(node);
@@ -141,7 +156,9 @@ function walk(node: Node, at: string, tables: Table[], table: Table): void {
 function discriminatorOf(node: Node): string | undefined {
   const branches = node.oneOf ?? node.anyOf;
   if (!branches?.length || !branches.every((b) => b.properties)) return undefined;
-  return Object.keys(branches[0]!.properties!).find((key) => branches.every((b) => b.properties![key]?.const !== undefined));
+  return Object.keys(branches[0]!.properties!).find((key) =>
+    branches.every((b) => b.properties![key]?.const !== undefined),
+  );
 }
 
 function isObjectLike(node: Node): boolean {
@@ -173,7 +190,8 @@ function typeText(node: Node): string {
       return node.minItems ? `${list}, not empty` : list;
     }
     case 'object':
-      if (typeof node.additionalProperties === 'object' && !node.properties) return `object (name → ${typeText(node.additionalProperties)})`;
+      if (typeof node.additionalProperties === 'object' && !node.properties)
+        return `object (name → ${typeText(node.additionalProperties)})`;
       return 'object';
     default:
       return 'any';
@@ -183,7 +201,8 @@ function typeText(node: Node): string {
 function numberText(node: Node): string {
   const word = node.type === 'integer' ? 'integer' : 'number';
   let min = node.minimum;
-  if (node.exclusiveMinimum !== undefined) min = node.type === 'integer' ? node.exclusiveMinimum + 1 : node.exclusiveMinimum;
+  if (node.exclusiveMinimum !== undefined)
+    min = node.type === 'integer' ? node.exclusiveMinimum + 1 : node.exclusiveMinimum;
   const max = node.maximum !== undefined && node.maximum < Number.MAX_SAFE_INTEGER ? node.maximum : undefined;
   if (min !== undefined && max !== undefined) return `${word} ${min}–${max}`;
   if (min !== undefined) return `${word} ≥ ${min}`;

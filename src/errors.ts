@@ -6,13 +6,26 @@ import type { ServerResponse } from 'node:http';
  */
 export const errorCatalogue = {
   not_found: { status: 404, message: 'No such route.' },
-  invalid_path: { status: 400, message: 'The request path is ambiguous or contains characters gatehouse does not forward.' },
-  invalid_request: { status: 400, message: 'The request framing is ambiguous or malformed (a body on GET/HEAD, a transfer coding other than chunked, or Connection naming a framing header).' },
+  invalid_path: {
+    status: 400,
+    message: 'The request path is ambiguous or contains characters gatehouse does not forward.',
+  },
+  invalid_request: {
+    status: 400,
+    message:
+      'The request framing is ambiguous or malformed (a body on GET/HEAD, a transfer coding other than chunked, or Connection naming a framing header).',
+  },
   invalid_host: { status: 400, message: 'The Host header must appear once, as host[:port].' },
-  request_header_fields_too_large: { status: 431, message: 'The request has too many header lines, or they are too large.' },
+  request_header_fields_too_large: {
+    status: 431,
+    message: 'The request has too many header lines, or they are too large.',
+  },
   invalid_client_ip: { status: 400, message: 'The client address could not be determined.' },
   ip_not_allowed: { status: 403, message: 'Requests from this address are not allowed.' },
-  cors_origin_not_allowed: { status: 403, message: 'Pages on this origin may not call this API (see the CORS settings).' },
+  cors_origin_not_allowed: {
+    status: 403,
+    message: 'Pages on this origin may not call this API (see the CORS settings).',
+  },
   insufficient_scope: { status: 403, message: 'The credentials do not grant access to this path and method.' },
   rate_limited: { status: 429, message: 'Too many requests; slow down and retry after the time given.' },
   too_many_failures: { status: 429, message: 'Too many failed authentication attempts; try again later.' },
@@ -29,19 +42,26 @@ export const errorCatalogue = {
   unsupported_media_type: { status: 415, message: 'The body must be JSON (application/json).' },
   payload_too_large: { status: 413, message: 'The body is larger than this endpoint accepts.' },
   invalid_json: { status: 400, message: 'The body must be a JSON object, nested no deeper than this receiver allows.' },
-  invalid_idempotency_key: { status: 400, message: 'The delivery id header (Idempotency-Key, webhook-id, X-GitHub-Delivery) must be 1-256 printable characters.' },
+  invalid_idempotency_key: {
+    status: 400,
+    message:
+      'The delivery id header (Idempotency-Key, webhook-id, X-GitHub-Delivery) must be 1-256 printable characters.',
+  },
   request_timeout: { status: 408, message: 'The request (its headers or its body) took too long to arrive.' },
   expectation_failed: { status: 417, message: 'The only expectation supported is Expect: 100-continue.' },
   store_unavailable: { status: 503, message: 'The event could not be stored; retry later.' },
   invalid_message: { status: 400, message: 'The body must be {"to": …, "text": …} for an existing recipient.' },
-  credentials_unreadable: { status: 500, message: 'Stored credentials cannot be opened with this server\'s key.' },
+  credentials_unreadable: { status: 500, message: "Stored credentials cannot be opened with this server's key." },
   channel_send_failed: { status: 502, message: 'The platform refused the message or did not answer.' },
   channel_not_connected: { status: 409, message: 'This channel is not logged in.' },
   invalid_oauth_state: { status: 400, message: 'This authorisation response does not belong to a pending login.' },
   pairing_not_found: { status: 404, message: 'No such pairing code.' },
   pairing_gone: { status: 410, message: 'This pairing code was already used or has expired.' },
   integration_unavailable: { status: 503, message: 'The notification could not be processed now; retry later.' },
-  invalid_admin_token: { status: 401, message: 'The admin token is missing or wrong (Authorization: Bearer <admin.token>).' },
+  invalid_admin_token: {
+    status: 401,
+    message: 'The admin token is missing or wrong (Authorization: Bearer <admin.token>).',
+  },
   upgrade_not_supported: { status: 501, message: 'This gateway does not proxy protocol upgrades (WebSocket) here.' },
   too_many_connections: { status: 503, message: 'Too many open connections; retry later.' },
   internal_error: { status: 500, message: 'Internal error.' },

@@ -49,7 +49,9 @@ export function buildProgram(): Command {
     .name('gatehouse')
     .description('Authentication edge for internal HTTP APIs, with a durable webhook receiver.')
     // The first line is the version alone (scripts read it); the second what storage it can open and migrate to.
-    .version(`${VERSION}\nstorage schema versions: sqlite ${SQLITE_SCHEMA_VERSION}, postgres ${POSTGRES_SCHEMA_VERSION}`)
+    .version(
+      `${VERSION}\nstorage schema versions: sqlite ${SQLITE_SCHEMA_VERSION}, postgres ${POSTGRES_SCHEMA_VERSION}`,
+    )
     .exitOverride()
     .showHelpAfterError();
   registerStartCommand(program);

@@ -77,11 +77,22 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   }
 
   async function metrics(res: ServerResponse): Promise<void> {
-    const [probe] = await Promise.all([sources.probeGateway({ metrics: true }), refreshGauges(config, sources, gmailStateOf, logger)]);
+    const [probe] = await Promise.all([
+      sources.probeGateway({ metrics: true }),
+      refreshGauges(config, sources, gmailStateOf, logger),
+    ]);
     scrapeGauges.tlsCertificateExpiresIn.reset();
-    if (probe.certificateNotAfter !== undefined) scrapeGauges.tlsCertificateExpiresIn.set({ listener: 'gateway' }, (probe.certificateNotAfter - Date.now()) / 1000);
+    if (probe.certificateNotAfter !== undefined)
+      scrapeGauges.tlsCertificateExpiresIn.set(
+        { listener: 'gateway' },
+        (probe.certificateNotAfter - Date.now()) / 1000,
+      );
     const body = await renderMetrics(probe.snapshots);
-    res.writeHead(200, { 'content-type': METRICS_CONTENT_TYPE, 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
+    res.writeHead(200, {
+      'content-type': METRICS_CONTENT_TYPE,
+      'content-length': Buffer.byteLength(body),
+      'cache-control': 'no-store',
+    });
     res.end(body);
   }
 
@@ -89,12 +100,21 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     // While draining the store is being closed: probing it would only add a second failure.
     const [store, keys] = await Promise.all([
       draining ? 'skipped' : storeCheck(sources.store, logger),
-      sources.probeGateway({ metrics: false }).then((p) => (p.keysLoaded ? 'ok' : 'the JWKS has not been loaded yet'), (err: Error) => `the gateway did not answer: ${err.message}`),
+      sources.probeGateway({ metrics: false }).then(
+        (p) => (p.keysLoaded ? 'ok' : 'the JWKS has not been loaded yet'),
+        (err: Error) => `the gateway did not answer: ${err.message}`,
+      ),
     ]);
     const checks = { store, jwks: keys, draining: draining ? 'the process is shutting down' : 'ok' };
-    const failing = Object.entries(checks).filter(([, v]) => v !== 'ok' && v !== 'skipped').map(([k]) => k);
+    const failing = Object.entries(checks)
+      .filter(([, v]) => v !== 'ok' && v !== 'skipped')
+      .map(([k]) => k);
     const body = JSON.stringify({ status: failing.length === 0 ? 'ready' : 'not_ready', failing, checks });
-    res.writeHead(failing.length === 0 ? 200 : 503, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), 'cache-control': 'no-store' });
+    res.writeHead(failing.length === 0 ? 200 : 503, {
+      'content-type': 'application/json; charset=utf-8',
+      'content-length': Buffer.byteLength(body),
+      'cache-control': 'no-store',
+    });
     res.end(body);
   }
 
@@ -103,10 +123,14 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     const queryAt = url.indexOf('?');
     const path = queryAt === -1 ? url : url.slice(0, queryAt);
     if (!ROUTES.has(path)) throw new HttpError('not_found', `no admin route ${path}`);
-    if (req.method !== 'GET' && req.method !== 'HEAD') throw new HttpError('method_not_allowed', `${req.method} ${path}`, { allow: 'GET, HEAD' });
+    if (req.method !== 'GET' && req.method !== 'HEAD')
+      throw new HttpError('method_not_allowed', `${req.method} ${path}`, { allow: 'GET, HEAD' });
     if (path === '/healthz') return answerHealthy(res);
     if (path === '/readyz') return readiness(res);
-    if (!authorized(req)) throw new HttpError('invalid_admin_token', 'missing or wrong admin token', { 'www-authenticate': 'Bearer realm="gatehouse-admin"' });
+    if (!authorized(req))
+      throw new HttpError('invalid_admin_token', 'missing or wrong admin token', {
+        'www-authenticate': 'Bearer realm="gatehouse-admin"',
+      });
     return metrics(res);
   }
 
@@ -114,7 +138,10 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     if (!admitRequest(req, res, log, limits, logger)) return;
     route(req, res).catch((err: unknown) => respondWithError(req, res, err, logger));
   });
-  logger.info({ url: listening.url, tokenRequired: tokenDigest !== undefined }, 'admin listener on /metrics, /readyz, /healthz');
+  logger.info(
+    { url: listening.url, tokenRequired: tokenDigest !== undefined },
+    'admin listener on /metrics, /readyz, /healthz',
+  );
   return {
     url: listening.url,
     startDraining() {
@@ -145,7 +172,10 @@ async function storeCheck(store: EventStore | undefined, logger: Logger): Promis
     await Promise.race([
       store.probeWrite(),
       new Promise((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`no answer within ${STORE_PROBE_TIMEOUT_MS} ms`)), STORE_PROBE_TIMEOUT_MS);
+        timer = setTimeout(
+          () => reject(new Error(`no answer within ${STORE_PROBE_TIMEOUT_MS} ms`)),
+          STORE_PROBE_TIMEOUT_MS,
+        );
       }),
     ]);
     return 'ok';
@@ -159,7 +189,12 @@ async function storeCheck(store: EventStore | undefined, logger: Logger): Promis
 }
 
 /** Sets the gauges read from the stores; a store that cannot answer leaves its gauges out of this scrape. */
-async function refreshGauges(config: Config, sources: AdminSources, gmailStateOf: (store: EventStore) => GmailStore, logger: Logger): Promise<void> {
+async function refreshGauges(
+  config: Config,
+  sources: AdminSources,
+  gmailStateOf: (store: EventStore) => GmailStore,
+  logger: Logger,
+): Promise<void> {
   const now = Date.now();
   const g = scrapeGauges;
   g.lockoutsActive.set(sources.lockoutStore.activeLocks?.(now).length ?? 0);
@@ -171,7 +206,8 @@ async function refreshGauges(config: Config, sources: AdminSources, gmailStateOf
       // Every configured action shows every status, 0 included: alerts on `dead > 0` need the series.
       // Delivered is left out while it is unknown (the first count after a start still running), never shown as 0.
       const known = stats.deliveredCounted ? DELIVERY_STATUSES : DELIVERY_STATUSES.filter((s) => s !== 'delivered');
-      for (const action of Object.keys(config.webhooks.targets)) for (const status of known) g.queueEvents.set({ action, status }, 0);
+      for (const action of Object.keys(config.webhooks.targets))
+        for (const status of known) g.queueEvents.set({ action, status }, 0);
       for (const { action, status, events } of stats.counts) g.queueEvents.set({ action, status }, events);
       g.queueOldestDue.set(stats.oldestDueAt === undefined ? 0 : Math.max(0, now - stats.oldestDueAt) / 1000);
     } catch (err) {
@@ -182,7 +218,10 @@ async function refreshGauges(config: Config, sources: AdminSources, gmailStateOf
   if (sources.channelStore) {
     for (const [name, channel] of Object.entries(config.channels)) {
       try {
-        g.channelConnected.set({ channel: name }, (await describeChannel(name, channel, sources.channelStore)).connected ? 1 : 0);
+        g.channelConnected.set(
+          { channel: name },
+          (await describeChannel(name, channel, sources.channelStore)).connected ? 1 : 0,
+        );
       } catch (err) {
         logger.warn({ err: (err as Error).message, channel: name }, 'metrics: the channel state could not be read');
       }

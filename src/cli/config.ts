@@ -26,10 +26,14 @@ export function registerConfigCommands(program: Command): void {
         const file = path.resolve(options.config);
         try {
           const { config } = loadConfig(options.config);
-          process.stdout.write(JSON.stringify({ ok: true, file, problems: [], warnings: configWarnings(config).map(asProblem) }) + '\n');
+          process.stdout.write(
+            JSON.stringify({ ok: true, file, problems: [], warnings: configWarnings(config).map(asProblem) }) + '\n',
+          );
         } catch (err) {
           if (!(err instanceof ConfigError)) throw err;
-          process.stdout.write(JSON.stringify({ ok: false, file, problems: err.problems.map(asProblem), warnings: [] }) + '\n');
+          process.stdout.write(
+            JSON.stringify({ ok: false, file, problems: err.problems.map(asProblem), warnings: [] }) + '\n',
+          );
           process.exitCode = 1;
         }
         return;
@@ -86,10 +90,16 @@ export function summarizeConfig(config: Config): string {
   const keys = auth.apiKeys.length + (auth.apiKey !== undefined ? 1 : 0);
   const methods = [
     keys > 0 ? `api-key (${keys})` : undefined,
-    auth.bearer ? `bearer jwt (${auth.bearer.jwt.jwksUri ? 'jwks' : auth.bearer.jwt.secret ? 'secret' : 'public key'})` : undefined,
+    auth.bearer
+      ? `bearer jwt (${auth.bearer.jwt.jwksUri ? 'jwks' : auth.bearer.jwt.secret ? 'secret' : 'public key'})`
+      : undefined,
   ].filter(Boolean);
-  const authText = auth.enabled ? `auth ${methods.join(' + ') || 'none configured'}, require ${auth.require}` : 'auth disabled';
+  const authText = auth.enabled
+    ? `auth ${methods.join(' + ') || 'none configured'}, require ${auth.require}`
+    : 'auth disabled';
   const ips = auth.allowedIPs ? `${auth.allowedIPs.length} allowed IP range(s)` : 'any IP';
-  const hooks = webhooks.enabled ? `webhooks on ${webhooks.listen.host}:${webhooks.listen.port} (${webhooks.endpoints.length} endpoint(s))` : 'webhooks off';
+  const hooks = webhooks.enabled
+    ? `webhooks on ${webhooks.listen.host}:${webhooks.listen.port} (${webhooks.endpoints.length} endpoint(s))`
+    : 'webhooks off';
   return `gateway ${gateway.listen.host}:${gateway.listen.port} -> ${gateway.upstream.target}, ${authText}, ${ips}; ${hooks}`;
 }

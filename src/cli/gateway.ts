@@ -23,7 +23,11 @@ export function parseExpiry(value: string, now: number = Date.now()): Date {
   if (DURATION.test(value)) return new Date(now + parseDuration(value, '--expires'));
   const absolute = Date.parse(value);
   // Date.parse rolls 2030-02-30 over to March: insist the calendar date survives the round trip.
-  if (/^\d{4}-\d{2}-\d{2}/.test(value) && !Number.isNaN(absolute) && new Date(absolute).toISOString().slice(0, 10) === value.slice(0, 10)) {
+  if (
+    /^\d{4}-\d{2}-\d{2}/.test(value) &&
+    !Number.isNaN(absolute) &&
+    new Date(absolute).toISOString().slice(0, 10) === value.slice(0, 10)
+  ) {
     if (absolute <= now) throw new UsageError(`--expires ${value} is in the past`);
     return new Date(absolute);
   }
@@ -44,7 +48,8 @@ export function registerGatewayCommands(program: Command): void {
     .option('--json', 'print { key, entry } as JSON')
     .action((options: { id?: string; expires?: string; json?: boolean }) => {
       const id = options.id ?? defaultKeyId();
-      if (!/^[A-Za-z0-9._:-]{1,64}$/.test(id)) throw new UsageError(`--id: 1-64 characters of A-Z a-z 0-9 . _ : - (got "${id}")`);
+      if (!/^[A-Za-z0-9._:-]{1,64}$/.test(id))
+        throw new UsageError(`--id: 1-64 characters of A-Z a-z 0-9 . _ : - (got "${id}")`);
       const key = generateApiKey();
       const entry = {
         id,
@@ -55,10 +60,12 @@ export function registerGatewayCommands(program: Command): void {
         process.stdout.write(JSON.stringify({ key, entry }) + '\n');
         return;
       }
-      const fields = Object.entries(entry).map(([k, v]) => `${k}: ${JSON.stringify(v)}`).join(', ');
+      const fields = Object.entries(entry)
+        .map(([k, v]) => `${k}: ${JSON.stringify(v)}`)
+        .join(', ');
       process.stdout.write(
         `API key (shown once; store it now, gatehouse keeps only its hash):\n\n  ${key}\n\n` +
-        `Add this entry to gateway.auth.apiKeys in your config, then reload (kill -HUP <pid>):\n\n  { ${fields} },\n`,
+          `Add this entry to gateway.auth.apiKeys in your config, then reload (kill -HUP <pid>):\n\n  { ${fields} },\n`,
       );
     });
 }

@@ -27,11 +27,23 @@ export function registerGmailCommands(webhooks: Command): void {
     .option('--credentials <client_secret.json>', 'OAuth client of type "Desktop app"')
     .option('--topic <name>', 'Pub/Sub topic', 'gatehouse-gmail')
     .option('--subscription <name>', 'Pub/Sub subscription', 'gatehouse-gmail-push')
-    .addOption(new Option('--mode <mode>', 'push: Pub/Sub POSTs to gatehouse; pull: gatehouse polls').choices(['push', 'pull']).default('push'))
-    .option('--push-endpoint <url>', 'push: the public https URL of the Gmail route (e.g. https://hooks.example.com/webhook/gmail)')
+    .addOption(
+      new Option('--mode <mode>', 'push: Pub/Sub POSTs to gatehouse; pull: gatehouse polls')
+        .choices(['push', 'pull'])
+        .default('push'),
+    )
+    .option(
+      '--push-endpoint <url>',
+      'push: the public https URL of the Gmail route (e.g. https://hooks.example.com/webhook/gmail)',
+    )
     .option('--push-service-account <email>', 'push: the service account Pub/Sub signs its OIDC tokens as')
-    .option('--label <label>', 'watch this label (repeatable)', (value: string, previous: string[] | undefined) => [...(previous ?? []), value])
-    .addOption(new Option('--action <action>', 'the action each email becomes').choices(['message', 'agent']).default('message'))
+    .option('--label <label>', 'watch this label (repeatable)', (value: string, previous: string[] | undefined) => [
+      ...(previous ?? []),
+      value,
+    ])
+    .addOption(
+      new Option('--action <action>', 'the action each email becomes').choices(['message', 'agent']).default('message'),
+    )
     .option('--template <text>', 'the action\'s message, e.g. "New email from {{from}}: {{subject}}"')
     .option('--include-body', 'add the text body (cut to --max-bytes)', false)
     .option('--max-bytes <n>', 'body size limit', '20000')
@@ -40,12 +52,16 @@ export function registerGmailCommands(webhooks: Command): void {
     .option('--no-browser', 'print the authorisation URL only (headless)')
     .option('--dry-run', 'print every API call it would make; change nothing', false)
     .option('--json', 'one JSON object on stdout (the URL to open goes to stderr)', false)
-    .option('--google-api-url <url>', 'one base URL for every Google endpoint, e.g. an egress proxy (default: webhooks.gmail.googleApiUrl of --config)')
+    .option(
+      '--google-api-url <url>',
+      'one base URL for every Google endpoint, e.g. an egress proxy (default: webhooks.gmail.googleApiUrl of --config)',
+    )
     .action(async (o: Record<string, any>) => {
       const { config, file } = loadConfig(o.config);
       const positive = (name: string, value: string) => {
         const n = Number(value);
-        if (!Number.isInteger(n) || n < 1) throw new UsageError(`--${name} must be a positive integer (got "${value}")`);
+        if (!Number.isInteger(n) || n < 1)
+          throw new UsageError(`--${name} must be a positive integer (got "${value}")`);
         return n;
       };
       const options = {
@@ -76,36 +92,60 @@ export function registerGmailCommands(webhooks: Command): void {
         throw new UsageError(`--google-api-url must be an http(s) URL (got "${options.googleApiUrl}")`);
       }
       // Pub/Sub pushes only to https; plain http is allowed to a loopback address (tests, local fakes).
-      if (options.pushEndpoint !== undefined && !/^https:\/\//.test(options.pushEndpoint) && !/^http:\/\/(127\.\d+\.\d+\.\d+|localhost|\[::1\])[:/]/.test(options.pushEndpoint)) {
+      if (
+        options.pushEndpoint !== undefined &&
+        !/^https:\/\//.test(options.pushEndpoint) &&
+        !/^http:\/\/(127\.\d+\.\d+\.\d+|localhost|\[::1\])[:/]/.test(options.pushEndpoint)
+      ) {
         throw new UsageError(`--push-endpoint must be an https URL (got "${options.pushEndpoint}")`);
       }
       // Refuse before anything is asked of the user: without the key the grant could not be stored.
       const secretKeys = options.dryRun ? undefined : secretKeysFromEnv();
       const json = Boolean(o.json);
       const say = (text: string) => (json ? process.stderr : process.stdout).write(`${text}\n`);
-      if (!json) say(options.dryRun ? `gmail setup for ${options.account} (dry run: nothing is changed)` : `gmail setup for ${options.account}`);
+      if (!json)
+        say(
+          options.dryRun
+            ? `gmail setup for ${options.account} (dry run: nothing is changed)`
+            : `gmail setup for ${options.account}`,
+        );
       let result;
       try {
         result = await runGmailSetup(options, {
           secretKeys,
-          report: (s) => !json && say(`  ${MARK[s.status]} ${s.step.padEnd(12)} ${s.status === 'unchanged' ? '(unchanged) ' : ''}${s.detail}`),
-          showUrl: (url) => say(`\nOpen this URL in a browser signed in as ${options.account}, and approve:\n\n  ${url}\n`),
+          report: (s) =>
+            !json &&
+            say(
+              `  ${MARK[s.status]} ${s.step.padEnd(12)} ${s.status === 'unchanged' ? '(unchanged) ' : ''}${s.detail}`,
+            ),
+          showUrl: (url) =>
+            say(`\nOpen this URL in a browser signed in as ${options.account}, and approve:\n\n  ${url}\n`),
           openBrowser,
         });
       } catch (err) {
         if (json) process.stdout.write(`${JSON.stringify({ ok: false, error: (err as Error).message })}\n`);
         throw err;
       }
-      const next = options.mode === 'push'
-        ? 'gatehouse start (the webhook receiver serves the push route), or: gatehouse webhooks gmail run'
-        : 'gatehouse start, or: gatehouse webhooks gmail run';
+      const next =
+        options.mode === 'push'
+          ? 'gatehouse start (the webhook receiver serves the push route), or: gatehouse webhooks gmail run'
+          : 'gatehouse start, or: gatehouse webhooks gmail run';
       if (json) {
-        process.stdout.write(`${JSON.stringify({ ok: true, dryRun: options.dryRun, steps: result.steps, section: result.section, next })}\n`);
+        process.stdout.write(
+          `${JSON.stringify({ ok: true, dryRun: options.dryRun, steps: result.steps, section: result.section, next })}\n`,
+        );
         return;
       }
       if (!result.steps.some((s) => s.step === 'config' && s.status === 'unchanged')) {
-        say(`\nwebhooks.gmail for ${file} (inside webhooks: { … }, with webhooks.enabled: true and a webhooks.targets.${options.action}):\n`);
-        say(formatSection(result.section).split('\n').map((line) => `  ${line}`).join('\n'));
+        say(
+          `\nwebhooks.gmail for ${file} (inside webhooks: { … }, with webhooks.enabled: true and a webhooks.targets.${options.action}):\n`,
+        );
+        say(
+          formatSection(result.section)
+            .split('\n')
+            .map((line) => `  ${line}`)
+            .join('\n'),
+        );
       }
       say(`\nnext: ${next}`);
     });
@@ -116,7 +156,8 @@ export function registerGmailCommands(webhooks: Command): void {
     .option('-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE)
     .action(async (o: { config: string }) => {
       const { config } = loadConfig(o.config);
-      if (!config.webhooks.gmail) throw new UsageError(`${o.config} has no webhooks.gmail section: run \`gatehouse webhooks gmail setup\` first`);
+      if (!config.webhooks.gmail)
+        throw new UsageError(`${o.config} has no webhooks.gmail section: run \`gatehouse webhooks gmail setup\` first`);
       const logger = createLogger({ level: config.log.level });
       const running = await startWebhooks(config, logger, new MemoryLockoutStore());
       await new Promise<void>((resolve) => {
@@ -149,12 +190,17 @@ export function registerGmailCommands(webhooks: Command): void {
       } finally {
         await store.close();
       }
-      if (!state) throw new UsageError(`${account} is not set up in ${where}: run \`gatehouse webhooks gmail setup --account ${account}\``);
+      if (!state)
+        throw new UsageError(
+          `${account} is not set up in ${where}: run \`gatehouse webhooks gmail setup --account ${account}\``,
+        );
       const { sealedGrant: _sealed, ...visible } = state;
       const now = Date.now();
       const watchOk = state.watchExpiration !== null && state.watchExpiration > now;
       if (o.json) {
-        process.stdout.write(`${toJsonWithIsoDates({ ...visible, watchActive: watchOk, mode: config.webhooks.gmail?.mode })}\n`);
+        process.stdout.write(
+          `${toJsonWithIsoDates({ ...visible, watchActive: watchOk, mode: config.webhooks.gmail?.mode })}\n`,
+        );
         return;
       }
       const when = (t: number | null) => describeTime(t, now);

@@ -91,7 +91,8 @@ export function registerStartCommand(program: Command): void {
  * Matched on the text: a gateway worker's failure reaches here as its message.
  */
 function withPortVariable(err: unknown, config: Config): unknown {
-  const listener = err instanceof UsageError ? /^(\w+)\.listen \S+ is already in use$/.exec(err.message)?.[1] : undefined;
+  const listener =
+    err instanceof UsageError ? /^(\w+)\.listen \S+ is already in use$/.exec(err.message)?.[1] : undefined;
   const variable = listener && environmentVariableBehind(config, `${listener}.listen.port`);
   return variable ? new UsageError(`${(err as Error).message} (set ${variable} to another port)`) : err;
 }

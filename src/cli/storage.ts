@@ -3,7 +3,15 @@ import type { Command } from 'commander';
 import { loadStorageConfig } from '../config/load.js';
 import type { PostgresStorageConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
-import { channelGrantContext, gmailGrantContext, openSealed, PREVIOUS_SECRET_KEYS_VARIABLE, SECRET_KEY_VARIABLE, sealSecret, secretKeysFromEnv } from '../storage/secrets.js';
+import {
+  channelGrantContext,
+  gmailGrantContext,
+  openSealed,
+  PREVIOUS_SECRET_KEYS_VARIABLE,
+  SECRET_KEY_VARIABLE,
+  sealSecret,
+  secretKeysFromEnv,
+} from '../storage/secrets.js';
 import { describeStorage, openChannelStore, openEventStore, openGmailStore } from '../storage/open.js';
 import type { SealedChange } from '../storage/contracts/sealed.js';
 import { importChannelState, NotEmpty } from '../storage/postgres/channels.js';
@@ -76,7 +84,9 @@ export function registerStorageCommands(program: Command): void {
 function registerResealCommand(storage: Command): void {
   storage
     .command('reseal')
-    .description(`seal every stored secret (Gmail and channel grants) again under the current ${SECRET_KEY_VARIABLE}, after a key rotation`)
+    .description(
+      `seal every stored secret (Gmail and channel grants) again under the current ${SECRET_KEY_VARIABLE}, after a key rotation`,
+    )
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .option('--json', 'the counts as JSON')
     .action(async (options: { config: string; json?: boolean }) => {
@@ -89,24 +99,46 @@ function registerResealCommand(storage: Command): void {
         try {
           const gmail = openGmailStore(events);
           const stored = [
-            ...(await gmail.sealedGrants()).map((g) => ({ what: `Gmail account ${g.account}`, of: 'gmail' as const, key: g.account, sealed: g.sealed, context: gmailGrantContext(g.account) })),
-            ...(await channels.grants()).map((g) => ({ what: `channel ${g.name}`, of: 'channels' as const, key: g.name, sealed: g.sealed, context: channelGrantContext(g.name) })),
+            ...(await gmail.sealedGrants()).map((g) => ({
+              what: `Gmail account ${g.account}`,
+              of: 'gmail' as const,
+              key: g.account,
+              sealed: g.sealed,
+              context: gmailGrantContext(g.account),
+            })),
+            ...(await channels.grants()).map((g) => ({
+              what: `channel ${g.name}`,
+              of: 'channels' as const,
+              key: g.name,
+              sealed: g.sealed,
+              context: channelGrantContext(g.name),
+            })),
           ];
           const changes: Record<'gmail' | 'channels', SealedChange[]> = { gmail: [], channels: [] };
           const unreadable: string[] = [];
           for (const secret of stored) {
             try {
               const { plaintext, underCurrentKey } = openSealed(secret.sealed, keys, secret.context);
-              if (!underCurrentKey) changes[secret.of].push({ key: secret.key, from: secret.sealed, to: sealSecret(plaintext, keys, secret.context) });
+              if (!underCurrentKey)
+                changes[secret.of].push({
+                  key: secret.key,
+                  from: secret.sealed,
+                  to: sealSecret(plaintext, keys, secret.context),
+                });
             } catch (err) {
               unreadable.push(`${secret.what}: ${(err as Error).message}`);
             }
           }
           if (unreadable.length > 0) {
-            throw new UsageError(`nothing resealed: ${unreadable.length} stored secret(s) open with none of the keys given (put the key they were sealed with in ${PREVIOUS_SECRET_KEYS_VARIABLE}):\n  ${unreadable.join('\n  ')}`);
+            throw new UsageError(
+              `nothing resealed: ${unreadable.length} stored secret(s) open with none of the keys given (put the key they were sealed with in ${PREVIOUS_SECRET_KEYS_VARIABLE}):\n  ${unreadable.join('\n  ')}`,
+            );
           }
           const toReseal = changes.gmail.length + changes.channels.length;
-          const resealed = { gmail: await gmail.replaceSealedGrants(changes.gmail), channels: await channels.replaceSealedGrants(changes.channels) };
+          const resealed = {
+            gmail: await gmail.replaceSealedGrants(changes.gmail),
+            channels: await channels.replaceSealedGrants(changes.channels),
+          };
           const changedMeanwhile = toReseal - resealed.gmail - resealed.channels;
           const counts = {
             stored: stored.length,
@@ -119,9 +151,17 @@ function registerResealCommand(storage: Command): void {
             allUnderCurrentKey: changedMeanwhile === 0,
           };
           if (options.json) return print(JSON.stringify({ storage: where, ...counts }));
-          print(`${where}: ${counts.resealed} of ${counts.stored} stored secret(s) sealed again under ${SECRET_KEY_VARIABLE} (Gmail ${counts.gmail}, channels ${counts.channels}); ${counts.alreadyCurrent} already were`);
-          if (changedMeanwhile > 0) print(`${counts.changedMeanwhile} changed meanwhile (a running server sealed it again): run storage reseal again to check`);
-          else if (keys.previous.length > 0) print(`every stored secret is now under ${SECRET_KEY_VARIABLE}: ${PREVIOUS_SECRET_KEYS_VARIABLE} can be removed (from every instance)`);
+          print(
+            `${where}: ${counts.resealed} of ${counts.stored} stored secret(s) sealed again under ${SECRET_KEY_VARIABLE} (Gmail ${counts.gmail}, channels ${counts.channels}); ${counts.alreadyCurrent} already were`,
+          );
+          if (changedMeanwhile > 0)
+            print(
+              `${counts.changedMeanwhile} changed meanwhile (a running server sealed it again): run storage reseal again to check`,
+            );
+          else if (keys.previous.length > 0)
+            print(
+              `every stored secret is now under ${SECRET_KEY_VARIABLE}: ${PREVIOUS_SECRET_KEYS_VARIABLE} can be removed (from every instance)`,
+            );
         } finally {
           await channels.close();
         }
@@ -140,14 +180,20 @@ function registerResealCommand(storage: Command): void {
 function registerCopyCommand(storage: Command): void {
   storage
     .command('copy')
-    .description('copy the SQLite store (events, attempts, dedupe keys, Gmail and channel state) into an empty PostgreSQL database')
+    .description(
+      'copy the SQLite store (events, attempts, dedupe keys, Gmail and channel state) into an empty PostgreSQL database',
+    )
     .requiredOption('--to <url>', 'the target: a postgres:// URL (migrated here; it must hold no events)')
     .option('-c, --config <file>', 'config file (its storage is the SQLite source)', DEFAULT_CONFIG_FILE)
     .option('--json', 'the counts as JSON')
     .action(async (options: { to: string; config: string; json?: boolean }) => {
       const settings = loadStorageConfig(options.config);
-      if (settings.driver !== 'sqlite') throw new UsageError(`storage copy reads the SQLite store the config names, and this config's storage.driver is "${settings.driver}"`);
-      if (!/^postgres(ql)?:\/\/./.test(options.to)) throw new UsageError('--to must be a postgres:// (or postgresql://) URL');
+      if (settings.driver !== 'sqlite')
+        throw new UsageError(
+          `storage copy reads the SQLite store the config names, and this config's storage.driver is "${settings.driver}"`,
+        );
+      if (!/^postgres(ql)?:\/\/./.test(options.to))
+        throw new UsageError('--to must be a postgres:// (or postgresql://) URL');
       if (!existsSync(settings.path)) throw new UsageError(`no SQLite store at ${settings.path} (storage.path)`);
       const target: PostgresStorageConfig = { driver: 'postgres', url: options.to, pool: { max: 2 } };
 
@@ -157,7 +203,9 @@ function registerCopyCommand(storage: Command): void {
         source = new SqliteEventStore(settings.path, { mustExist: true, singleWriter: true });
       } catch (err) {
         if (err instanceof WriterLockBusyError) {
-          throw new UsageError(`${settings.path} is in use by a gatehouse server (pid ${err.holder ?? 'unknown'}): stop it first, so that no event is accepted there once the copy has started`);
+          throw new UsageError(
+            `${settings.path} is in use by a gatehouse server (pid ${err.holder ?? 'unknown'}): stop it first, so that no event is accepted there once the copy has started`,
+          );
         }
         throw new UsageError(`cannot open the SQLite store ${settings.path}: ${(err as Error).message}`);
       }
@@ -168,24 +216,51 @@ function registerCopyCommand(storage: Command): void {
         const where = describeStorage(target);
         const store = await PostgresEventStore.open(target, { migrate: true }).catch(unreachable(where));
         try {
-          const counts = await store.importAll(source.exportAll(), async (client) => {
-            await importGmailState(client, gmail);
-            await importChannelState(client, channels);
-          }).catch((err: unknown) => {
-            if (err instanceof UsageError) throw err;
-            if (err instanceof NotEmpty) throw new UsageError(`the target ${where} is not empty (${err.message}): storage copy only writes into an empty schema`);
-            throw new UsageError(`the copy to ${where} failed and was rolled back: ${(err as Error).message}`);
-          });
+          const counts = await store
+            .importAll(source.exportAll(), async (client) => {
+              await importGmailState(client, gmail);
+              await importChannelState(client, channels);
+            })
+            .catch((err: unknown) => {
+              if (err instanceof UsageError) throw err;
+              if (err instanceof NotEmpty)
+                throw new UsageError(
+                  `the target ${where} is not empty (${err.message}): storage copy only writes into an empty schema`,
+                );
+              throw new UsageError(`the copy to ${where} failed and was rolled back: ${(err as Error).message}`);
+            });
           const copiedGmail = { accounts: gmail.accounts.length, seenIds: gmail.seen.length };
-          const copiedChannels = { grants: channels.grants.length, devices: channels.devices.length, pairings: channels.pairings.length, outbox: channels.outbox.length, oauthRequests: channels.oauthRequests.length };
+          const copiedChannels = {
+            grants: channels.grants.length,
+            devices: channels.devices.length,
+            pairings: channels.pairings.length,
+            outbox: channels.outbox.length,
+            oauthRequests: channels.oauthRequests.length,
+          };
           const { schemaVersion } = await store.status(Date.now());
-          if (options.json) return print(JSON.stringify({ from: settings.path, to: where, schemaVersion, ...counts, gmail: copiedGmail, channels: copiedChannels }));
+          if (options.json)
+            return print(
+              JSON.stringify({
+                from: settings.path,
+                to: where,
+                schemaVersion,
+                ...counts,
+                gmail: copiedGmail,
+                channels: copiedChannels,
+              }),
+            );
           const { queued, delivered, dead } = counts.byStatus;
           print(`copied ${counts.events} event(s) from ${settings.path} to ${where} (schema version ${schemaVersion})`);
-          print(`  ${queued} queued, ${delivered} delivered, ${dead} dead; ${counts.attempts} attempt(s), ${counts.idempotencyKeys} delivery id(s), ${counts.replayKeys} replay key(s)`);
+          print(
+            `  ${queued} queued, ${delivered} delivered, ${dead} dead; ${counts.attempts} attempt(s), ${counts.idempotencyKeys} delivery id(s), ${counts.replayKeys} replay key(s)`,
+          );
           print(`  Gmail: ${copiedGmail.accounts} account(s), ${copiedGmail.seenIds} remembered message id(s)`);
-          print(`  channels: ${copiedChannels.grants} login(s), ${copiedChannels.devices} device(s), ${copiedChannels.pairings} pairing code(s), ${copiedChannels.outbox} outbox message(s), ${copiedChannels.oauthRequests} login request(s)`);
-          print('next: set storage to { driver: "postgres", url: … } in the config and start the servers; the SQLite file is left as it was');
+          print(
+            `  channels: ${copiedChannels.grants} login(s), ${copiedChannels.devices} device(s), ${copiedChannels.pairings} pairing code(s), ${copiedChannels.outbox} outbox message(s), ${copiedChannels.oauthRequests} login request(s)`,
+          );
+          print(
+            'next: set storage to { driver: "postgres", url: … } in the config and start the servers; the SQLite file is left as it was',
+          );
         } finally {
           await store.close();
         }

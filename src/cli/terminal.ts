@@ -5,7 +5,14 @@ export function describeTime(t: number | null, now: number = Date.now()): string
   if (t === null) return 'never';
   const seconds = Math.round((now - t) / 1000);
   const abs = Math.abs(seconds);
-  const text = abs < 120 ? `${abs} s` : abs < 7200 ? `${Math.round(abs / 60)} min` : abs < 172_800 ? `${Math.round(abs / 3600)} h` : `${Math.round(abs / 86_400)} d`;
+  const text =
+    abs < 120
+      ? `${abs} s`
+      : abs < 7200
+        ? `${Math.round(abs / 60)} min`
+        : abs < 172_800
+          ? `${Math.round(abs / 3600)} h`
+          : `${Math.round(abs / 86_400)} d`;
   return `${new Date(t).toISOString()} (${seconds >= 0 ? `${text} ago` : `in ${text}`})`;
 }
 
@@ -26,5 +33,7 @@ const TIME_FIELD = /^(at|.+At|.*[eE]xpiration)$/;
 
 /** JSON for `--json` output: every time field as an ISO 8601 string (null stays null), one rule for every command. */
 export function toJsonWithIsoDates(value: unknown): string {
-  return JSON.stringify(value, (key, field: unknown) => (typeof field === 'number' && TIME_FIELD.test(key) ? new Date(field).toISOString() : field));
+  return JSON.stringify(value, (key, field: unknown) =>
+    typeof field === 'number' && TIME_FIELD.test(key) ? new Date(field).toISOString() : field,
+  );
 }

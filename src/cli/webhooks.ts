@@ -2,13 +2,17 @@ import type { Command } from 'commander';
 import { loadStorageConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
 import { describeStorage, openEventStore } from '../storage/open.js';
-import { DELIVERY_STATUSES as STATUSES, type DeliveryStatus, type EventStore, type StoredEvent } from '../storage/contracts/events.js';
+import {
+  DELIVERY_STATUSES as STATUSES,
+  type DeliveryStatus,
+  type EventStore,
+  type StoredEvent,
+} from '../storage/contracts/events.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 import { registerGmailCommands } from './gmail.js';
 import { toJsonWithIsoDates } from './terminal.js';
 import { parseDuration } from './gateway.js';
 import { unreachable } from './storage.js';
-
 
 /**
  * `gatehouse webhooks deliveries list|show|retry|purge`: reads and edits the store the config
@@ -46,13 +50,26 @@ export function registerWebhooksCommands(program: Command): void {
       }
       const limit = Number(options.limit);
       // Safe integers only: 1e20 is an integer to JavaScript, and a stack from the database's bigint.
-      if (!Number.isSafeInteger(limit) || limit < 1) throw new UsageError(`--limit must be a positive integer (got "${options.limit}")`);
-      const events = await withStore(options.config, (store) => store.list({ status: options.status as DeliveryStatus | undefined, endpoint: options.endpoint, limit }));
+      if (!Number.isSafeInteger(limit) || limit < 1)
+        throw new UsageError(`--limit must be a positive integer (got "${options.limit}")`);
+      const events = await withStore(options.config, (store) =>
+        store.list({ status: options.status as DeliveryStatus | undefined, endpoint: options.endpoint, limit }),
+      );
       if (options.json) return print(toJsonWithIsoDates(events.map(summary)));
       if (events.length === 0) return print('no events');
       print(['id', 'status', 'attempts', 'endpoint', 'action', 'received', 'last error'].join('\t'));
       for (const e of events) {
-        print([e.id, e.status, e.attempts, e.endpoint, e.action, new Date(e.receivedAt).toISOString(), e.lastError ?? ''].join('\t'));
+        print(
+          [
+            e.id,
+            e.status,
+            e.attempts,
+            e.endpoint,
+            e.action,
+            new Date(e.receivedAt).toISOString(),
+            e.lastError ?? '',
+          ].join('\t'),
+        );
       }
     });
 
@@ -64,25 +81,36 @@ export function registerWebhooksCommands(program: Command): void {
     .action(async (id: string, options: { config: string; json?: boolean }) => {
       const found = await withStore(options.config, (store) => store.get(id));
       if (!found) throw new UsageError(`no event ${id}`);
-      if (options.json) return print(toJsonWithIsoDates({ event: { ...summary(found.event), envelope: JSON.parse(found.event.envelope) }, attempts: found.attempts }));
+      if (options.json)
+        return print(
+          toJsonWithIsoDates({
+            event: { ...summary(found.event), envelope: JSON.parse(found.event.envelope) },
+            attempts: found.attempts,
+          }),
+        );
       const e = found.event;
       print(`${e.id}  ${e.status}  ${e.endpoint} -> ${e.action}  received ${new Date(e.receivedAt).toISOString()}`);
       if (e.status === 'queued') print(`next attempt ${new Date(e.nextAttemptAt).toISOString()}`);
       print(`envelope: ${e.envelope}`);
       if (found.attempts.length === 0) print('no attempts yet');
       for (const a of found.attempts) {
-        print(`  #${a.attempt} ${new Date(a.at).toISOString()}  ${a.status ?? '-'}  ${a.durationMs} ms${a.error ? `  ${a.error}` : ''}`);
+        print(
+          `  #${a.attempt} ${new Date(a.at).toISOString()}  ${a.status ?? '-'}  ${a.durationMs} ms${a.error ? `  ${a.error}` : ''}`,
+        );
       }
     });
 
   deliveries
     .command('retry [id]')
-    .description('deliver one event again now, with a fresh attempt budget (delivered, dead, or queued waiting for a retry); or every dead one (--dead), or every one waiting for a retry (--queued)')
+    .description(
+      'deliver one event again now, with a fresh attempt budget (delivered, dead, or queued waiting for a retry); or every dead one (--dead), or every one waiting for a retry (--queued)',
+    )
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .option('--dead', 'requeue every dead event')
     .option('--queued', 'every queued event waiting for a retry: due now')
     .action(async (id: string | undefined, options: { config: string; dead?: boolean; queued?: boolean }) => {
-      if ([id !== undefined, options.dead, options.queued].filter(Boolean).length !== 1) throw new UsageError('give one of: an event id, --dead, --queued');
+      if ([id !== undefined, options.dead, options.queued].filter(Boolean).length !== 1)
+        throw new UsageError('give one of: an event id, --dead, --queued');
       if (options.dead) {
         const count = await withStore(options.config, (store) => store.requeueDead(Date.now()));
         return print(`requeued ${count} dead event(s)`);
@@ -92,7 +120,10 @@ export function registerWebhooksCommands(program: Command): void {
         return print(`${count} queued event(s) waiting for a retry are due now`);
       }
       const done = await withStore(options.config, (store) => store.requeue(id!, Date.now()));
-      if (!done) throw new UsageError(`no event ${id} to retry (unknown, or queued and already due: being delivered or next in line)`);
+      if (!done)
+        throw new UsageError(
+          `no event ${id} to retry (unknown, or queued and already due: being delivered or next in line)`,
+        );
       print(`requeued ${id}`);
     });
 

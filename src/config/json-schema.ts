@@ -51,9 +51,10 @@ function impliedSqliteDriver(node: unknown): unknown {
   if (node === null || typeof node !== 'object') return node;
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(node)) {
-    out[k] = k === 'required' && Array.isArray(v) && isImpliedSqliteBranch(node as Record<string, unknown>)
-      ? v.filter((name) => name !== 'driver')
-      : impliedSqliteDriver(v);
+    out[k] =
+      k === 'required' && Array.isArray(v) && isImpliedSqliteBranch(node as Record<string, unknown>)
+        ? v.filter((name) => name !== 'driver')
+        : impliedSqliteDriver(v);
   }
   return out;
 }
@@ -71,14 +72,25 @@ function acceptReferences(node: unknown, key?: string): unknown {
     }
   }
   const type = out.type;
-  const isLeaf = (type === 'integer' || type === 'number' || type === 'boolean' || type === 'string') && out.const === undefined && out.enum === undefined;
-  const constrainedString = type === 'string' && Object.keys(out).some((k) => ['pattern', 'minLength', 'maxLength', 'format'].includes(k));
+  const isLeaf =
+    (type === 'integer' || type === 'number' || type === 'boolean' || type === 'string') &&
+    out.const === undefined &&
+    out.enum === undefined;
+  const constrainedString =
+    type === 'string' && Object.keys(out).some((k) => ['pattern', 'minLength', 'maxLength', 'format'].includes(k));
   const alternatives: Record<string, unknown>[] = [];
-  if (isLeaf && (type !== 'string' || constrainedString)) alternatives.push({ type: 'string', pattern: ENV_REFERENCE_PATTERN });
+  if (isLeaf && (type !== 'string' || constrainedString))
+    alternatives.push({ type: 'string', pattern: ENV_REFERENCE_PATTERN });
   if (key !== undefined && FILE_REFERENCE_KEYS.has(key) && type === 'string') {
     alternatives.push({
       type: 'object',
-      properties: { file: { type: 'string', description: 'A file holding the value (its content without the trailing newline), relative to the config file\'s folder.' } },
+      properties: {
+        file: {
+          type: 'string',
+          description:
+            "A file holding the value (its content without the trailing newline), relative to the config file's folder.",
+        },
+      },
       required: ['file'],
       additionalProperties: false,
     });
@@ -86,7 +98,11 @@ function acceptReferences(node: unknown, key?: string): unknown {
   if (alternatives.length === 0) return out;
   // What an editor shows on hover stays on the property, beside the alternatives.
   const { default: fallback, description, ...rest } = out;
-  return { ...(fallback !== undefined ? { default: fallback } : {}), ...(description !== undefined ? { description } : {}), anyOf: [rest, ...alternatives] };
+  return {
+    ...(fallback !== undefined ? { default: fallback } : {}),
+    ...(description !== undefined ? { description } : {}),
+    anyOf: [rest, ...alternatives],
+  };
 }
 
 function isImpliedSqliteBranch(node: Record<string, unknown>): boolean {

@@ -4,10 +4,24 @@ import path from 'node:path';
 import JSON5 from 'json5';
 import type { z } from 'zod';
 import { ConfigError } from '../errors.js';
+import { formatIssues, formatPath, getAt } from './problems.js';
+
+export { formatPath };
 import { configSchema, type Config } from './schema.js';
 
 /** Keys whose value may be `{ file: "path" }`: the secret is read from that file (trailing newline dropped). */
-export const FILE_REFERENCE_KEYS = new Set(['secret', 'apiKey', 'publicKey', 'signingSecret', 'secretToken', 'appSecret', 'verifyToken', 'botToken', 'clientSecret', 'token']);
+export const FILE_REFERENCE_KEYS = new Set([
+  'secret',
+  'apiKey',
+  'publicKey',
+  'signingSecret',
+  'secretToken',
+  'appSecret',
+  'verifyToken',
+  'botToken',
+  'clientSecret',
+  'token',
+]);
 /** `${VAR}`, `${VAR:-default}`, `${VAR-default}`, `${VAR:?message}`, `${VAR?message}` (POSIX sh, docker compose). */
 const ENV_REFERENCE = /\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])([^}]*))?\}/g;
 const WHOLE_ENV_REFERENCE = new RegExp(`^${ENV_REFERENCE.source}$`);
@@ -52,7 +66,9 @@ function readConfigFile(file: string, absolute: string): unknown {
   try {
     text = readFileSync(absolute, 'utf8');
   } catch (err) {
-    throw new ConfigError([`${absolute}: cannot read config file: it ${describeFileError(err)} (name another with --config <file> or GATEHOUSE_CONFIG)`]);
+    throw new ConfigError([
+      `${absolute}: cannot read config file: it ${describeFileError(err)} (name another with --config <file> or GATEHOUSE_CONFIG)`,
+    ]);
   }
   try {
     // Plain JSON first: JSON5.parse is ~40x slower and allocates far more (100,000 API keys:
@@ -84,7 +100,8 @@ export function environmentVariableBehind(config: Config, at: string): string | 
 export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string } = {}): Config {
   const wholeReferences = new Map<string, string>();
   const config = validate(configSchema, raw, { ...options, wholeReferences });
-  if (config.storage.driver === 'sqlite') config.storage.path = path.resolve(options.baseDir ?? process.cwd(), config.storage.path);
+  if (config.storage.driver === 'sqlite')
+    config.storage.path = path.resolve(options.baseDir ?? process.cwd(), config.storage.path);
   if (config.gateway.tls) {
     config.gateway.tls.cert = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.cert);
     config.gateway.tls.key = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.key);
@@ -92,7 +109,12 @@ export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; ba
     if (problems.length > 0) throw new ConfigError(problems);
   }
   const frozen = deepFreeze(config);
-  variablesBehind.set(frozen, new Map([...wholeReferences].map(([at, variable]) => [formatPath(JSON.parse(at) as (string | number)[]), variable])));
+  variablesBehind.set(
+    frozen,
+    new Map(
+      [...wholeReferences].map(([at, variable]) => [formatPath(JSON.parse(at) as (string | number)[]), variable]),
+    ),
+  );
   return frozen;
 }
 
@@ -125,7 +147,8 @@ function tlsProblems(tls: { cert: string; key: string }): string[] {
   } catch (err) {
     problems.push(`gateway.tls.key: ${tls.key} is not an unencrypted PEM private key (${(err as Error).message})`);
   }
-  if (cert && key && !cert.checkPrivateKey(key)) problems.push(`gateway.tls.key: ${tls.key} is not the private key of the certificate in ${tls.cert}`);
+  if (cert && key && !cert.checkPrivateKey(key))
+    problems.push(`gateway.tls.key: ${tls.key} is not the private key of the certificate in ${tls.cert}`);
   return problems;
 }
 
@@ -137,7 +160,10 @@ export function loadStorageConfig(file: string, env: NodeJS.ProcessEnv = process
   const absolute = path.resolve(file);
   const raw = readConfigFile(file, absolute);
   // What config check says of such a file: a command that reads only `storage` must not use defaults instead (found by an outside attack).
-  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new ConfigError([`(root): Invalid input: expected object, received ${raw === null ? 'null' : Array.isArray(raw) ? 'array' : typeof raw}`]);
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw))
+    throw new ConfigError([
+      `(root): Invalid input: expected object, received ${raw === null ? 'null' : Array.isArray(raw) ? 'array' : typeof raw}`,
+    ]);
   const section = (raw as Record<string, unknown>).storage;
   const baseDir = path.dirname(absolute);
   const storage = validate(configSchema.shape.storage, section, { env, baseDir }, ['storage']);
@@ -151,8 +177,18 @@ export function loadStorageConfig(file: string, env: NodeJS.ProcessEnv = process
  * set aside (defaults fill in) and the input parsed again, so the cross-field checks that zod
  * skips after a type error still run. `at` prefixes the paths (a section parsed alone).
  */
-function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?: NodeJS.ProcessEnv; baseDir?: string; wholeReferences?: Map<string, string> }, at: (string | number)[] = []): z.output<S> {
-  const ctx: ExpandContext = { env: options.env ?? process.env, baseDir: options.baseDir ?? process.cwd(), problems: [], wholeReferences: options.wholeReferences ?? new Map() };
+function validate<S extends z.ZodType>(
+  schema: S,
+  raw: unknown,
+  options: { env?: NodeJS.ProcessEnv; baseDir?: string; wholeReferences?: Map<string, string> },
+  at: (string | number)[] = [],
+): z.output<S> {
+  const ctx: ExpandContext = {
+    env: options.env ?? process.env,
+    baseDir: options.baseDir ?? process.cwd(),
+    problems: [],
+    wholeReferences: options.wholeReferences ?? new Map(),
+  };
   let input = expandReferences(raw, at, ctx);
   const problems = ctx.problems;
   // A value whose variable or file is missing has already been reported: its schema complaint
@@ -176,7 +212,9 @@ function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?:
   }
   if (result.success && problems.length === 0) return result.data;
   for (let round = 0; !result.success && round < 5; round++) {
-    const fresh = formatIssues(result.error.issues, schema, input, at, ctx.wholeReferences).filter((p) => !reported.has(p.slice(0, p.indexOf(': ')))).map(mayFollow);
+    const fresh = formatIssues(result.error.issues, schema, input, at, ctx.wholeReferences)
+      .filter((p) => !reported.has(p.slice(0, p.indexOf(': '))))
+      .map(mayFollow);
     problems.push(...fresh);
     for (const p of fresh) reported.add(p.slice(0, p.indexOf(': ')));
     const repaired = setAsideFailures(input, result.error.issues);
@@ -188,7 +226,12 @@ function validate<S extends z.ZodType>(schema: S, raw: unknown, options: { env?:
 }
 
 /** Where a number or boolean was expected and a whole-string `${VAR}` gave its text, that text converted. */
-function coerceWholeReferences(input: unknown, issues: readonly z.core.$ZodIssue[], wholeReferences: Map<string, string>, prefix: (string | number)[]): unknown {
+function coerceWholeReferences(
+  input: unknown,
+  issues: readonly z.core.$ZodIssue[],
+  wholeReferences: Map<string, string>,
+  prefix: (string | number)[],
+): unknown {
   let out = input;
   for (const issue of issues) {
     const at = issue.path as (string | number)[];
@@ -198,7 +241,8 @@ function coerceWholeReferences(input: unknown, issues: readonly z.core.$ZodIssue
     const expected = expectedTypes(issue);
     let value: unknown;
     if (expected.has('number') && /^\s*-?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?\s*$/i.test(text)) value = Number(text);
-    else if (expected.has('boolean') && /^(true|false)$/i.test(text.trim())) value = text.trim().toLowerCase() === 'true';
+    else if (expected.has('boolean') && /^(true|false)$/i.test(text.trim()))
+      value = text.trim().toLowerCase() === 'true';
     if (value !== undefined) out = setAt(out, at, value);
   }
   return out;
@@ -209,7 +253,8 @@ function expectedTypes(issue: z.core.$ZodIssue): Set<string> {
   const found = new Set<string>();
   if (issue.code === 'invalid_type') found.add(issue.expected);
   if (issue.code === 'invalid_union') {
-    for (const alternative of issue.errors) for (const inner of alternative) if (inner.path.length === 0) for (const t of expectedTypes(inner)) found.add(t);
+    for (const alternative of issue.errors)
+      for (const inner of alternative) if (inner.path.length === 0) for (const t of expectedTypes(inner)) found.add(t);
   }
   return found;
 }
@@ -228,15 +273,6 @@ function setAsideFailures(input: unknown, issues: readonly z.core.$ZodIssue[]): 
   return out;
 }
 
-function getAt(value: unknown, at: readonly (string | number)[]): unknown {
-  let here = value;
-  for (const part of at) {
-    if (here === null || typeof here !== 'object') return undefined;
-    here = (here as Record<string | number, unknown>)[part];
-  }
-  return here;
-}
-
 /** Copy-on-write along the path. */
 function setAt(value: unknown, at: readonly (string | number)[], replacement: unknown): unknown {
   if (at.length === 0) return replacement;
@@ -251,7 +287,8 @@ function setAt(value: unknown, at: readonly (string | number)[], replacement: un
 function removeAt(value: unknown, at: readonly (string | number)[]): unknown {
   if (value === null || typeof value !== 'object' || at.length === 0) return value;
   const head = at[0]!;
-  if (at.length > 1) return setAt(value, [head], removeAt((value as Record<string | number, unknown>)[head], at.slice(1)));
+  if (at.length > 1)
+    return setAt(value, [head], removeAt((value as Record<string | number, unknown>)[head], at.slice(1)));
   if (Array.isArray(value)) return setAt(value, [head], undefined);
   const others = { ...value } as Record<string | number, unknown>;
   delete others[head];
@@ -264,25 +301,32 @@ function expandReferences(value: unknown, at: (string | number)[], ctx: ExpandCo
     if (!value.includes('${')) return value;
     const whole = WHOLE_ENV_REFERENCE.exec(value);
     if (whole) ctx.wholeReferences.set(JSON.stringify(at), whole[1]!);
-    return value.replace(ENV_REFERENCE, (_match, name: string, colon: string | undefined, operator: string | undefined, word: string | undefined) => {
-      // `${A:-${B}}` would end at the first `}`: a default of "${B" and a stray "}" after it, silently.
-      if (word?.includes('${')) {
-        ctx.problems.push(`${formatPath(at)}: a reference inside the default of \${${name}${colon ?? ''}${operator}…} is not supported; put the value in ${name} itself`);
+    return value.replace(
+      ENV_REFERENCE,
+      (_match, name: string, colon: string | undefined, operator: string | undefined, word: string | undefined) => {
+        // `${A:-${B}}` would end at the first `}`: a default of "${B" and a stray "}" after it, silently.
+        if (word?.includes('${')) {
+          ctx.problems.push(
+            `${formatPath(at)}: a reference inside the default of \${${name}${colon ?? ''}${operator}…} is not supported; put the value in ${name} itself`,
+          );
+          return '';
+        }
+        const found = Object.hasOwn(ctx.env, name) ? ctx.env[name] : undefined; // `${constructor}` is not a variable
+        // POSIX: with the colon, an empty value counts as unset.
+        const missing = found === undefined || (colon === ':' && found === '');
+        if (!missing) return found;
+        if (operator === '-') return word!;
+        if (operator === '?') {
+          ctx.problems.push(
+            `${formatPath(at)}: environment variable ${name} is ${found === undefined ? 'not set' : 'empty'}${word ? `: ${word}` : ''}`,
+          );
+          return '';
+        }
+        if (found === '') return found;
+        ctx.problems.push(`${formatPath(at)}: environment variable ${name} is not set`);
         return '';
-      }
-      const found = Object.hasOwn(ctx.env, name) ? ctx.env[name] : undefined; // `${constructor}` is not a variable
-      // POSIX: with the colon, an empty value counts as unset.
-      const missing = found === undefined || (colon === ':' && found === '');
-      if (!missing) return found;
-      if (operator === '-') return word!;
-      if (operator === '?') {
-        ctx.problems.push(`${formatPath(at)}: environment variable ${name} is ${found === undefined ? 'not set' : 'empty'}${word ? `: ${word}` : ''}`);
-        return '';
-      }
-      if (found === '') return found;
-      ctx.problems.push(`${formatPath(at)}: environment variable ${name} is not set`);
-      return '';
-    });
+      },
+    );
   }
   if (Array.isArray(value)) {
     let out: unknown[] | undefined;
@@ -296,9 +340,10 @@ function expandReferences(value: unknown, at: (string | number)[], ctx: ExpandCo
     let out: Record<string, unknown> | undefined;
     for (const [key, child] of Object.entries(value)) {
       const childAt = [...at, key];
-      const expanded = FILE_REFERENCE_KEYS.has(key) && isFileReference(child)
-        ? readSecretFile(expandReferences(child.file, [...childAt, 'file'], ctx) as string, childAt, ctx)
-        : expandReferences(child, childAt, ctx);
+      const expanded =
+        FILE_REFERENCE_KEYS.has(key) && isFileReference(child)
+          ? readSecretFile(expandReferences(child.file, [...childAt, 'file'], ctx) as string, childAt, ctx)
+          : expandReferences(child, childAt, ctx);
       if (expanded !== child) (out ??= { ...value })[key] = expanded;
     }
     return out ?? value;
@@ -307,11 +352,20 @@ function expandReferences(value: unknown, at: (string | number)[], ctx: ExpandCo
 }
 
 function isFileReference(value: unknown): value is { file: string } {
-  return value !== null && typeof value === 'object' && !Array.isArray(value) &&
-    Object.keys(value).length === 1 && typeof (value as { file?: unknown }).file === 'string';
+  return (
+    value !== null &&
+    typeof value === 'object' &&
+    !Array.isArray(value) &&
+    Object.keys(value).length === 1 &&
+    typeof (value as { file?: unknown }).file === 'string'
+  );
 }
 
-function readSecretFile(file: string, at: (string | number)[], ctx: { baseDir: string; problems: string[] }): string | undefined {
+function readSecretFile(
+  file: string,
+  at: (string | number)[],
+  ctx: { baseDir: string; problems: string[] },
+): string | undefined {
   const resolved = path.resolve(ctx.baseDir, file);
   try {
     return readFileSync(resolved, 'utf8').replace(/\r?\n$/, '');
@@ -324,137 +378,18 @@ function readSecretFile(file: string, at: (string | number)[], ctx: { baseDir: s
 /** An fs error in words (`does not exist`, `is not readable`, `is a directory`) rather than its errno code. */
 function describeFileError(err: unknown): string {
   switch ((err as NodeJS.ErrnoException).code) {
-    case 'ENOENT': return 'does not exist';
-    case 'EACCES': case 'EPERM': return 'is not readable (permission denied)';
-    case 'EISDIR': return 'is a directory';
-    case 'ENOTDIR': return 'has a path component that is not a directory';
-    default: return `cannot be read (${(err as Error).message})`;
+    case 'ENOENT':
+      return 'does not exist';
+    case 'EACCES':
+    case 'EPERM':
+      return 'is not readable (permission denied)';
+    case 'EISDIR':
+      return 'is a directory';
+    case 'ENOTDIR':
+      return 'has a path component that is not a directory';
+    default:
+      return `cannot be read (${(err as Error).message})`;
   }
-}
-
-/** `["gateway","auth","allowedIPs",2]` → `gateway.auth.allowedIPs[2]`. */
-export function formatPath(at: readonly PropertyKey[]): string {
-  let out = '';
-  for (const part of at) {
-    if (typeof part === 'number') out += `[${part}]`;
-    else if (/^[A-Za-z_$][\w$]*$/.test(String(part))) out += (out ? '.' : '') + String(part);
-    else out += `[${JSON.stringify(String(part))}]`;
-  }
-  return out || '(root)';
-}
-
-function formatIssues(issues: readonly z.core.$ZodIssue[], schema: z.ZodType, input: unknown, at: (string | number)[], wholeReferences: Map<string, string>): string[] {
-  return issues.flatMap((issue) => {
-    const where = [...at, ...(issue.path as (string | number)[])];
-    if (issue.code === 'unrecognized_keys') {
-      const node = schemaAt(schema, input, issue.path as (string | number)[]);
-      const known = knownKeys(node, getAt(input, issue.path as (string | number)[]));
-      return issue.keys.map((key) => {
-        // A key of another branch (`path` under driver "postgres"): which one it belongs to says more than a near name.
-        const branches = branchesWithKey(node, getAt(input, issue.path as (string | number)[]), key);
-        const nearest = nearestKey(key, known);
-        const hint = branches.length > 0 ? ` (only with ${branches.join(' or ')})` : nearest ? ` (did you mean "${nearest}"?)` : '';
-        return `${formatPath([...where, key])}: unknown key${hint}`;
-      });
-    }
-    const value = getAt(input, issue.path as (string | number)[]);
-    // zod's default for a missing value reads "Invalid input: expected string, received undefined".
-    const message = value === undefined && issue.code === 'invalid_type' && issue.message.startsWith('Invalid input:') ? `required (expected ${issue.expected})` : issue.message;
-    // A value from the environment: which variable gave it (found by a newcomer: PORT=abc said only
-    // "expected number"). Its name only, never the default written beside it (that may be a
-    // secret); the text only where a number or boolean was wanted, and only a short plain one (a
-    // miswired DATABASE_URL or token is not echoed).
-    const variable = wholeReferences.get(JSON.stringify(where));
-    const plain = typeof value === 'string' && /^[\w.+ -]{0,12}$/.test(value);
-    const shown = issue.code === 'invalid_type' && ['number', 'boolean'].includes(issue.expected) && plain ? ` is ${JSON.stringify(value)}` : '';
-    const source = variable === undefined ? '' : shown ? ` (${variable}${shown})` : ` (from ${variable})`;
-    return [`${formatPath(where)}: ${message}${source}`];
-  });
-}
-
-/**
- * The schema at `at` as declared (wrappers and unions still on it), following the input's
- * branch of each union on the way: every section is covered, read from the schema itself.
- */
-function schemaAt(schema: z.ZodType, input: unknown, at: readonly (string | number)[]): z.core.$ZodType | undefined {
-  let here: z.core.$ZodType | undefined = schema as unknown as z.core.$ZodType;
-  for (let i = 0; here && i < at.length; i++) {
-    const def = unwrap(here, getAt(input, at.slice(0, i)))?._zod.def as unknown as Record<string, any> | undefined;
-    if (def?.type === 'object') here = def.shape[at[i]!];
-    else if (def?.type === 'array') here = def.element;
-    else if (def?.type === 'record') here = def.valueType;
-    else return undefined;
-  }
-  return here;
-}
-
-/** The keys the schema `node` allows for `value` (a discriminated union: the value's branch). */
-function knownKeys(node: z.core.$ZodType | undefined, value: unknown): string[] {
-  const def = (node && unwrap(node, value))?._zod.def as unknown as Record<string, any> | undefined;
-  return def?.type === 'object' ? Object.keys(def.shape) : [];
-}
-
-/** Where `node` is a discriminated union: the branches other than `value`'s that have `key` (its own), as `driver "sqlite"`. */
-function branchesWithKey(node: z.core.$ZodType | undefined, value: unknown, key: string): string[] {
-  let here = node;
-  for (let i = 0; here && i < 20; i++) {
-    const def = here._zod.def as unknown as Record<string, any>;
-    if (['optional', 'default', 'prefault', 'nullable', 'readonly', 'catch', 'nonoptional'].includes(def.type)) here = def.innerType;
-    else if (def.type === 'pipe') here = def.in._zod.def.type === 'transform' ? def.out : def.in;
-    else break;
-  }
-  const def = here?._zod.def as unknown as Record<string, any> | undefined;
-  const discriminator = def?.discriminator as string | undefined;
-  if (def?.type !== 'union' || discriminator === undefined) return [];
-  return (def.options as z.core.$ZodType[]).flatMap((option) => {
-    const shape = (unwrap(option, undefined)?._zod.def as any)?.shape;
-    const values: unknown[] = shape?.[discriminator]?._zod.def.values ?? [];
-    const chosen = value !== null && typeof value === 'object' ? (value as Record<string, unknown>)[discriminator] : undefined;
-    // Own keys only: `toString` or `constructor` is in every shape's prototype chain, in no branch.
-    return shape && Object.hasOwn(shape, key) ? values.filter((v) => v !== chosen).map((v) => `${discriminator} ${JSON.stringify(v)}`) : [];
-  });
-}
-
-function unwrap(schema: z.core.$ZodType, value: unknown): z.core.$ZodType | undefined {
-  let here: z.core.$ZodType | undefined = schema;
-  for (let i = 0; here && i < 20; i++) {
-    const def = here._zod.def as unknown as Record<string, any>;
-    if (['optional', 'default', 'prefault', 'nullable', 'readonly', 'catch', 'nonoptional'].includes(def.type)) here = def.innerType;
-    else if (def.type === 'pipe') here = (def.in._zod.def.type === 'transform' ? def.out : def.in);
-    else if (def.type === 'union') {
-      const options = def.options as z.core.$ZodType[];
-      const discriminator = def.discriminator as string | undefined;
-      const chosen = discriminator && value !== null && typeof value === 'object'
-        ? options.find((o) => { const shape = (unwrap(o, undefined)?._zod.def as any)?.shape; return shape?.[discriminator]?._zod.def.values?.includes((value as Record<string, unknown>)[discriminator]); })
-        : undefined;
-      here = chosen ?? options.find((o) => (unwrap(o, undefined)?._zod.def as any)?.type === 'object');
-      if (here === undefined) return undefined;
-    } else return here;
-  }
-  return here;
-}
-
-/** The closest known key within edit distance 2 (or a third of the longer name) of `key`, if one is that close. */
-function nearestKey(key: string, known: readonly string[]): string | undefined {
-  let best: string | undefined;
-  let bestScore = Infinity;
-  for (const candidate of known) {
-    const distance = editDistance(key.toLowerCase(), candidate.toLowerCase());
-    // Relative to the longer name: "timout" → "timeoutMs" (3 edits in 9) is close, "foo" → "host" is not.
-    const allowed = Math.max(2, Math.floor(Math.max(key.length, candidate.length) / 3));
-    if (distance <= allowed && distance < bestScore) [best, bestScore] = [candidate, distance];
-  }
-  return best;
-}
-
-function editDistance(a: string, b: string): number {
-  let row = Array.from({ length: b.length + 1 }, (_, j) => j);
-  for (let i = 1; i <= a.length; i++) {
-    const next = [i];
-    for (let j = 1; j <= b.length; j++) next[j] = Math.min(row[j]! + 1, next[j - 1]! + 1, row[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
-    row = next;
-  }
-  return row[b.length]!;
 }
 
 function deepFreeze<T>(value: T): T {

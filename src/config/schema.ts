@@ -19,13 +19,22 @@ export type { VerifyConfig } from './sections/verify.js';
 
 export const configSchema = z
   .strictObject({
-    $schema: z.string().optional()
-      .describe('For editors: the JSON Schema this file follows (e.g. `"./gateway.schema.json"`, from `gatehouse config schema`); gatehouse ignores it.'),
+    $schema: z
+      .string()
+      .optional()
+      .describe(
+        'For editors: the JSON Schema this file follows (e.g. `"./gateway.schema.json"`, from `gatehouse config schema`); gatehouse ignores it.',
+      ),
     storage,
-    log: z.strictObject({
-      level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info')
-        .describe('The least severe level logged, from `"fatal"` to `"trace"`; `"silent"` logs nothing.'),
-    }).prefault({}).describe('What gatehouse logs: JSON lines on stdout (readable text on a terminal).'),
+    log: z
+      .strictObject({
+        level: z
+          .enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])
+          .default('info')
+          .describe('The least severe level logged, from `"fatal"` to `"trace"`; `"silent"` logs nothing.'),
+      })
+      .prefault({})
+      .describe('What gatehouse logs: JSON lines on stdout (readable text on a terminal).'),
     gateway,
     webhooks,
     channels,
@@ -33,17 +42,40 @@ export const configSchema = z
   })
   .superRefine((config, ctx) => {
     if (config.admin && config.admin.token === undefined && !isLoopbackHost(config.admin.listen.host)) {
-      ctx.addIssue({ code: 'custom', path: ['admin', 'token'], message: `required when admin.listen.host is not loopback (${config.admin.listen.host}): set token, e.g. "\${ADMIN_TOKEN}"` });
+      ctx.addIssue({
+        code: 'custom',
+        path: ['admin', 'token'],
+        message: `required when admin.listen.host is not loopback (${config.admin.listen.host}): set token, e.g. "\${ADMIN_TOKEN}"`,
+      });
     }
     for (const [name, channel] of Object.entries(config.channels)) {
-      if (!config.webhooks.enabled) ctx.addIssue({ code: 'custom', path: ['channels', name], message: 'channels need webhooks.enabled: true (their events arrive on the webhook listener)' });
-      else if (!config.webhooks.targets[channel.action]) ctx.addIssue({ code: 'custom', path: ['channels', name, 'action'], message: `action "${channel.action}" has no target: add webhooks.targets["${channel.action}"]` });
+      if (!config.webhooks.enabled)
+        ctx.addIssue({
+          code: 'custom',
+          path: ['channels', name],
+          message: 'channels need webhooks.enabled: true (their events arrive on the webhook listener)',
+        });
+      else if (!config.webhooks.targets[channel.action])
+        ctx.addIssue({
+          code: 'custom',
+          path: ['channels', name, 'action'],
+          message: `action "${channel.action}" has no target: add webhooks.targets["${channel.action}"]`,
+        });
     }
     const { auth, listen: at } = config.gateway;
     const hooksAt = config.webhooks.listen;
     const wildcard = (host: string) => host === '0.0.0.0' || host === '::';
-    if (config.webhooks.enabled && at.port !== 0 && at.port === hooksAt.port && (at.host === hooksAt.host || wildcard(at.host) || wildcard(hooksAt.host))) {
-      ctx.addIssue({ code: 'custom', path: ['webhooks', 'listen', 'port'], message: `the webhook receiver and the gateway cannot both listen on ${hooksAt.host}:${hooksAt.port}; give webhooks.listen another port` });
+    if (
+      config.webhooks.enabled &&
+      at.port !== 0 &&
+      at.port === hooksAt.port &&
+      (at.host === hooksAt.host || wildcard(at.host) || wildcard(hooksAt.host))
+    ) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['webhooks', 'listen', 'port'],
+        message: `the webhook receiver and the gateway cannot both listen on ${hooksAt.host}:${hooksAt.port}; give webhooks.listen another port`,
+      });
     }
     const hasCredential = auth.apiKey !== undefined || auth.apiKeys.length > 0 || auth.bearer !== undefined;
     // Secure by default: an open edge on a reachable address needs an explicit opt-in.

@@ -17,9 +17,27 @@ import { compileRateLimiter, type RateLimitState } from './rate-limit.js';
 import { createUpstreamRoutes } from './routes.js';
 import { ANSWERED, compileCors } from './cors.js';
 import { compileBrowserCredentials } from './browser-credentials.js';
-import { isWebSocketUpgrade, relayWebSocket, type ConnectionCredentials, type WebSocketConnections } from './websocket.js';
-import { countAuthFailure, countRequests, countWebSocket, metricsEnabled, observeUpstream } from '../observability/metrics.js';
-import { admitRequest, answerHealthy, requestLogger, noteError, respondWithError, type RequestContext } from '../http/request-context.js';
+import {
+  isWebSocketUpgrade,
+  relayWebSocket,
+  type ConnectionCredentials,
+  type WebSocketConnections,
+} from './websocket.js';
+import {
+  countAuthFailure,
+  countRequests,
+  countWebSocket,
+  metricsEnabled,
+  observeUpstream,
+} from '../observability/metrics.js';
+import {
+  admitRequest,
+  answerHealthy,
+  requestLogger,
+  noteError,
+  respondWithError,
+  type RequestContext,
+} from '../http/request-context.js';
 
 type Next = NextFunction;
 type Req = IncomingMessage & { gatehouse: RequestContext };
@@ -46,7 +64,17 @@ export interface GatewayApp {
  * Everything that can be compiled (matchers, keys, verifiers) is compiled here, once.
  * Never listens: server.ts does, so tests can mount it anywhere.
  */
-export async function buildGatewayApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; rateLimits: RateLimitState; channels?: ChannelSender; limits: HttpLimits; websockets: WebSocketConnections }): Promise<GatewayApp> {
+export async function buildGatewayApp(
+  config: Config,
+  deps: {
+    logger: Logger;
+    lockout: FailureLockout;
+    rateLimits: RateLimitState;
+    channels?: ChannelSender;
+    limits: HttpLimits;
+    websockets: WebSocketConnections;
+  },
+): Promise<GatewayApp> {
   const { gateway } = config;
   const { logger, lockout } = deps;
   const resolveClientIp = createClientIpResolver(gateway.trustProxy);
@@ -57,35 +85,51 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   // Once per request: the answer's headers or the error, whichever comes first.
   const timeUpstream = metricsEnabled()
     ? (req: IncomingMessage) => {
-      const startedAt = req.gatehouse?.upstreamStartedAt;
-      if (startedAt === undefined) return;
-      req.gatehouse!.upstreamStartedAt = undefined;
-      observeUpstream(startedAt);
-    }
+        const startedAt = req.gatehouse?.upstreamStartedAt;
+        if (startedAt === undefined) return;
+        req.gatehouse!.upstreamStartedAt = undefined;
+        observeUpstream(startedAt);
+      }
     : undefined;
-  const routes = createUpstreamRoutes(gateway, (req, error) => {
-    noteError(req, error);
-    timeUpstream?.(req);
-  }, timeUpstream);
+  const routes = createUpstreamRoutes(
+    gateway,
+    (req, error) => {
+      noteError(req, error);
+      timeUpstream?.(req);
+    },
+    timeUpstream,
+  );
   // Undefined without any `cors` setting: the pipeline then does no CORS work at all.
   const cors = compileCors(gateway, (url, path) => routes.select(url, path));
   const authorize = compileAuthorizer(gateway.auth);
   // Sending through a channel is an egress point: its `send.scopes` act as one more rule, for the channel API only.
   const channelSendRules: ImpliedRule[] = Object.entries(config.channels).flatMap(([name, channel]) =>
-    channel.send ? [{ name: `channels.${name}.send`, rule: { paths: [channelSendPath(name)], scopes: channel.send.scopes } }] : []);
+    channel.send
+      ? [{ name: `channels.${name}.send`, rule: { paths: [channelSendPath(name)], scopes: channel.send.scopes } }]
+      : [],
+  );
   const authorizeChannelSend = compileAuthorizer(gateway.auth, channelSendRules);
   // Undefined while gateway.auth.browser is off (both forms): nothing more per request.
   const readBrowserCredential = compileBrowserCredentials(gateway.auth.browser);
   const jwtToleranceMs = (gateway.auth.bearer?.jwt.clockToleranceSeconds ?? 0) * 1000;
   // When each expiring key stops being accepted: an open WebSocket on it closes then.
-  const keyExpiry = new Map(gateway.auth.apiKeys.flatMap((key) => (key.expiresAt === undefined ? [] : [[key.id, Date.parse(key.expiresAt)] as const])));
-  const rateLimiter = compileRateLimiter(gateway.rateLimits, gateway.auth.apiKeys.map((key) => key.rateLimit), deps.rateLimits);
+  const keyExpiry = new Map(
+    gateway.auth.apiKeys.flatMap((key) =>
+      key.expiresAt === undefined ? [] : [[key.id, Date.parse(key.expiresAt)] as const],
+    ),
+  );
+  const rateLimiter = compileRateLimiter(
+    gateway.rateLimits,
+    gateway.auth.apiKeys.map((key) => key.rateLimit),
+    deps.rateLimits,
+  );
 
   // The /api/ pipeline: each step returns the error to answer with, or undefined to go on.
 
   function clientAddress(req: Req): HttpError | undefined {
     const origin = resolveClientIp(req);
-    if (origin.ip === undefined) return new HttpError('invalid_client_ip', `unusable address in ${origin.chain.join(', ') || 'socket'}`);
+    if (origin.ip === undefined)
+      return new HttpError('invalid_client_ip', `unusable address in ${origin.chain.join(', ') || 'socket'}`);
     req.gatehouse.origin = origin;
     req.gatehouse.clientIp = origin.ip;
     return undefined;
@@ -116,7 +160,10 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   async function failureLockout(req: Req): Promise<HttpError | undefined> {
     let admission = lockout.acquire(req.gatehouse.clientIp!);
     if (admission instanceof Promise) admission = await admission;
-    if (typeof admission === 'number') return refuseAuth(new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) }));
+    if (typeof admission === 'number')
+      return refuseAuth(
+        new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) }),
+      );
     lockoutSlots.set(req, admission);
     return undefined;
   }
@@ -133,7 +180,11 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     if (!outcome.ok) {
       if (outcome.presentedBadCredential) {
         const lockedFor = slot.failed();
-        if (lockedFor > 0) logger.warn({ ip: req.gatehouse.clientIp, seconds: lockedFor }, 'client locked out after repeated authentication failures');
+        if (lockedFor > 0)
+          logger.warn(
+            { ip: req.gatehouse.clientIp, seconds: lockedFor },
+            'client locked out after repeated authentication failures',
+          );
       } else {
         slot.succeeded();
       }
@@ -161,7 +212,12 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   }
 
   function rateLimit(req: Req, res: ServerResponse): HttpError | undefined {
-    const { headers, refused } = rateLimiter.check(req.method!, req.gatehouse.path!, req.gatehouse.identity!, req.gatehouse.clientIp!);
+    const { headers, refused } = rateLimiter.check(
+      req.method!,
+      req.gatehouse.path!,
+      req.gatehouse.identity!,
+      req.gatehouse.clientIp!,
+    );
     if (headers) for (const name in headers) res.setHeader(name, headers[name]!);
     return refused;
   }
@@ -172,8 +228,17 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
    * cost gatehouse added on top of proxying. Everything that is not /api/ still goes to Express.
    */
   async function apiPipeline(req: Req, res: ServerResponse): Promise<void> {
-    const error = cors?.decorate(req, res) ?? checkApiPath(req) ?? readBrowserCredential?.(req, false) ?? clientAddress(req) ?? ipAllowlist(req) ?? cors?.preflight(req, res)
-      ?? (await failureLockout(req)) ?? (await credentials(req)) ?? authorization(req) ?? rateLimit(req, res);
+    const error =
+      cors?.decorate(req, res) ??
+      checkApiPath(req) ??
+      readBrowserCredential?.(req, false) ??
+      clientAddress(req) ??
+      ipAllowlist(req) ??
+      cors?.preflight(req, res) ??
+      (await failureLockout(req)) ??
+      (await credentials(req)) ??
+      authorization(req) ??
+      rateLimit(req, res);
     if (error === ANSWERED) return;
     if (error) return respondWithError(req, res, error, logger);
     continueIfExpected(res);
@@ -195,10 +260,22 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     const { websocket } = gateway;
     const subject = req.gatehouse.identity!.subject;
     if (deps.websockets.size >= websocket.maxConnections) {
-      return new HttpError('too_many_connections', `${deps.websockets.size} WebSockets open (gateway.websocket.maxConnections)`, { 'retry-after': '5' });
+      return new HttpError(
+        'too_many_connections',
+        `${deps.websockets.size} WebSockets open (gateway.websocket.maxConnections)`,
+        { 'retry-after': '5' },
+      );
     }
-    if (websocket.maxConnectionsPerSubject !== undefined && subject !== undefined && deps.websockets.countFor(subject) >= websocket.maxConnectionsPerSubject) {
-      return new HttpError('rate_limited', `${subject} has ${websocket.maxConnectionsPerSubject} WebSockets open (gateway.websocket.maxConnectionsPerSubject)`, { 'retry-after': '5' });
+    if (
+      websocket.maxConnectionsPerSubject !== undefined &&
+      subject !== undefined &&
+      deps.websockets.countFor(subject) >= websocket.maxConnectionsPerSubject
+    ) {
+      return new HttpError(
+        'rate_limited',
+        `${subject} has ${websocket.maxConnectionsPerSubject} WebSockets open (gateway.websocket.maxConnectionsPerSubject)`,
+        { 'retry-after': '5' },
+      );
     }
     deps.websockets.reserve(subject);
     return undefined;
@@ -210,9 +287,15 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
    */
   async function websocketPipeline(req: Req, res: ServerResponse, head: Buffer): Promise<void> {
     // No CORS here: browsers do not apply it to WebSockets (RFC 6455 §10.2 leaves Origin to the server; credentials are explicit).
-    const before = checkApiPath(req)
-      ?? (gateway.websocket.enabled ? undefined : new HttpError('upgrade_not_supported', 'gateway.websocket.enabled is false'))
-      ?? readBrowserCredential?.(req, true) ?? clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req));
+    const before =
+      checkApiPath(req) ??
+      (gateway.websocket.enabled
+        ? undefined
+        : new HttpError('upgrade_not_supported', 'gateway.websocket.enabled is false')) ??
+      readBrowserCredential?.(req, true) ??
+      clientAddress(req) ??
+      ipAllowlist(req) ??
+      (await failureLockout(req));
     if (before) return refuseUpgrade(req, res, before);
     // Kept to check again at each reload (credentials() strips them from the headers).
     const presentedKey = req.headers['x-api-key'];
@@ -228,8 +311,10 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     const identity = req.gatehouse.identity!;
     const target = new URL(route.upstream.target);
     const exp = identity.claims?.exp;
-    const expiries = [typeof exp === 'number' ? exp * 1000 + jwtToleranceMs : undefined, identity.keyId === undefined ? undefined : keyExpiry.get(identity.keyId)]
-      .filter((at): at is number => at !== undefined);
+    const expiries = [
+      typeof exp === 'number' ? exp * 1000 + jwtToleranceMs : undefined,
+      identity.keyId === undefined ? undefined : keyExpiry.get(identity.keyId),
+    ].filter((at): at is number => at !== undefined);
     relayWebSocket(req, res, head, {
       target,
       basePath: target.pathname.replace(/\/+$/, ''),
@@ -258,7 +343,12 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     if (!isWebSocketUpgrade(req) || !req.url?.startsWith(API_PREFIX)) {
       // Node's parser stopped at the headers: a body behind them cannot be read as this request's.
       if (hasBody(req) && admitRequest(req, res, requestLog, deps.limits, logger)) {
-        return respondWithError(req, res, new HttpError('invalid_request', `a body on a request that asks to upgrade (${req.headers.upgrade})`), logger);
+        return respondWithError(
+          req,
+          res,
+          new HttpError('invalid_request', `a body on a request that asks to upgrade (${req.headers.upgrade})`),
+          logger,
+        );
       }
       return handle(req, res);
     }
@@ -273,7 +363,10 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
     const headers: Record<string, string> = {};
     if (presented.apiKey !== undefined) headers['x-api-key'] = presented.apiKey;
     if (presented.authorization !== undefined) headers.authorization = presented.authorization;
-    const probe = { headers, headersDistinct: presented.authorization === undefined ? {} : { authorization: [presented.authorization] } } as unknown as IncomingMessage;
+    const probe = {
+      headers,
+      headersDistinct: presented.authorization === undefined ? {} : { authorization: [presented.authorization] },
+    } as unknown as IncomingMessage;
     const outcome = await authenticator.authenticate(probe);
     // The identity provider being down is not the connection's fault: it stays.
     if (!outcome.ok) return outcome.error.code === 'auth_unavailable';
@@ -285,8 +378,13 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
    * included, and the channels' `send.scopes`), then the channel instead of the proxy.
    */
   async function channelPipeline(req: Req, res: ServerResponse): Promise<void> {
-    const error = clientAddress(req) ?? ipAllowlist(req) ?? (await failureLockout(req)) ?? (await credentials(req))
-      ?? authorization(req, authorizeChannelSend) ?? rateLimit(req, res);
+    const error =
+      clientAddress(req) ??
+      ipAllowlist(req) ??
+      (await failureLockout(req)) ??
+      (await credentials(req)) ??
+      authorization(req, authorizeChannelSend) ??
+      rateLimit(req, res);
     if (error) return respondWithError(req, res, error, logger);
     continueIfExpected(res);
     await deps.channels!.handle(req, res);
@@ -297,7 +395,9 @@ export async function buildGatewayApp(config: Config, deps: { logger: Logger; lo
   app.disable('etag');
   app.get('/healthz', (_req: IncomingMessage, res: ServerResponse) => answerHealthy(res));
   app.use((req: IncomingMessage, _res: ServerResponse, next: Next) => next(checkApiPath(req)));
-  app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) => respondWithError(req, res, err, logger));
+  app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) =>
+    respondWithError(req, res, err, logger),
+  );
 
   function handle(req: IncomingMessage, res: ServerResponse): void {
     if (!admitRequest(req, res, requestLog, deps.limits, logger)) return;

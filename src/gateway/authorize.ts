@@ -35,8 +35,14 @@ export interface ImpliedRule {
  * `defaultAllow` (a case or trailing-slash spelling brings a rule's requirements, never its
  * permission). `path` is the decoded path (matchablePath).
  */
-export function compileAuthorizer(auth: Pick<AuthConfig, 'rules' | 'defaultAllow'>, implied: readonly ImpliedRule[] = []): Authorizer {
-  const rules = [...auth.rules.map((rule, i) => compileRule(rule, `rules[${i}]`)), ...implied.map(({ name, rule }) => compileRule(rule, name))];
+export function compileAuthorizer(
+  auth: Pick<AuthConfig, 'rules' | 'defaultAllow'>,
+  implied: readonly ImpliedRule[] = [],
+): Authorizer {
+  const rules = [
+    ...auth.rules.map((rule, i) => compileRule(rule, `rules[${i}]`)),
+    ...implied.map(({ name, rule }) => compileRule(rule, name)),
+  ];
   const { defaultAllow } = auth;
   return function authorize(method, path, identity) {
     let matched = false;
@@ -50,9 +56,10 @@ export function compileAuthorizer(auth: Pick<AuthConfig, 'rules' | 'defaultAllow
       if (missing !== undefined) return insufficientScope(rule.challenge, `${rule.name}: ${missing}`);
     }
     if (matched || defaultAllow) return undefined;
-    const detail = otherSpelling === undefined
-      ? 'no rule matches and gateway.auth.defaultAllow is false'
-      : `no rule matches this spelling of the path (${otherSpelling.name} covers it only in another case or with a trailing slash) and gateway.auth.defaultAllow is false`;
+    const detail =
+      otherSpelling === undefined
+        ? 'no rule matches and gateway.auth.defaultAllow is false'
+        : `no rule matches this spelling of the path (${otherSpelling.name} covers it only in another case or with a trailing slash) and gateway.auth.defaultAllow is false`;
     return insufficientScope(DEFAULT_DENY_CHALLENGE, detail);
   };
 }
@@ -77,8 +84,10 @@ function compileRule(rule: RuleConfig, name: string): CompiledRule {
 function missingGrant(rule: CompiledRule, identity: Identity): string | undefined {
   for (const scope of rule.scopes) if (!identity.scopes.includes(scope)) return `scope "${scope}" not granted`;
   for (const [name, value] of rule.claims) {
-    const claim = identity.claims !== undefined && Object.hasOwn(identity.claims, name) ? identity.claims[name] : undefined;
-    const ok = typeof claim === 'string' ? claim === value : Array.isArray(claim) && claim.some((item) => item === value);
+    const claim =
+      identity.claims !== undefined && Object.hasOwn(identity.claims, name) ? identity.claims[name] : undefined;
+    const ok =
+      typeof claim === 'string' ? claim === value : Array.isArray(claim) && claim.some((item) => item === value);
     if (!ok) return `claim "${name}" is not "${value}"`;
   }
   return undefined;

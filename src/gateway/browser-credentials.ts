@@ -45,7 +45,11 @@ export function compileBrowserCredentials(browser: AuthConfig['browser']): Brows
 function fromWebSocketProtocol(req: IncomingMessage): HttpError | undefined {
   const lines = req.headersDistinct['sec-websocket-protocol'];
   if (lines === undefined) return undefined;
-  const offered = lines.join(',').split(',').map((p) => p.trim()).filter((p) => p !== '');
+  const offered = lines
+    .join(',')
+    .split(',')
+    .map((p) => p.trim())
+    .filter((p) => p !== '');
   if (!offered.some((p) => p === GATEHOUSE_PROTOCOL || p.startsWith(`${GATEHOUSE_PROTOCOL}.`))) return undefined;
   const credentials = offered.filter((p) => p.startsWith(BEARER_PROTOCOL) || p.startsWith(API_KEY_PROTOCOL));
   if (credentials.length > 1) return new HttpError('invalid_token', 'several credentials in Sec-WebSocket-Protocol');
@@ -80,9 +84,12 @@ function fromQuery(req: IncomingMessage, name: string): HttpError | undefined {
     found = equals === -1 ? '' : decodeQueryComponent(part.slice(equals + 1));
   }
   if (count === 0) return undefined;
-  if (count > 1 || found === undefined || found === '') return new HttpError('invalid_request', `query parameter ${name}: given ${count > 1 ? 'several times' : 'empty'}`);
+  if (count > 1 || found === undefined || found === '')
+    return new HttpError('invalid_request', `query parameter ${name}: given ${count > 1 ? 'several times' : 'empty'}`);
   req.url = kept.length > 0 ? `${url.slice(0, queryAt)}?${kept.join('&')}` : url.slice(0, queryAt);
-  return COMPACT_JWS.test(found) ? setBearer(req, found, `query parameter ${name}`) : setApiKey(req, found, `query parameter ${name}`);
+  return COMPACT_JWS.test(found)
+    ? setBearer(req, found, `query parameter ${name}`)
+    : setApiKey(req, found, `query parameter ${name}`);
 }
 
 /** A query component as servers read it (`+` is a space); undefined-safe for a malformed escape. */
@@ -96,13 +103,17 @@ function decodeQueryComponent(text: string): string | undefined {
 
 // One credential of a kind per request: a second one elsewhere is refused, never chosen between.
 function setBearer(req: IncomingMessage, token: string, where: string): HttpError | undefined {
-  if (req.headers.authorization !== undefined) return new HttpError('invalid_token', `a bearer token both in Authorization and in ${where}`, { 'www-authenticate': 'Bearer realm="gatehouse", error="invalid_request"' });
+  if (req.headers.authorization !== undefined)
+    return new HttpError('invalid_token', `a bearer token both in Authorization and in ${where}`, {
+      'www-authenticate': 'Bearer realm="gatehouse", error="invalid_request"',
+    });
   req.headers.authorization = `Bearer ${token}`;
   return undefined;
 }
 
 function setApiKey(req: IncomingMessage, key: string, where: string): HttpError | undefined {
-  if (req.headers['x-api-key'] !== undefined) return new HttpError('invalid_api_key', `an API key both in X-API-Key and in ${where}`);
+  if (req.headers['x-api-key'] !== undefined)
+    return new HttpError('invalid_api_key', `an API key both in X-API-Key and in ${where}`);
   req.headers['x-api-key'] = key;
   return undefined;
 }

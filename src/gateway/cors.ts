@@ -55,13 +55,15 @@ export function parseOriginPattern(text: string): OriginPattern | string {
     return '"null" is the origin of every sandboxed iframe, data: URL and file: page, so it cannot be allowed by name; use "*" for a public API';
   }
   const syntax = ORIGIN_SYNTAX.exec(text);
-  if (!syntax) return `"${text}" is not an origin: write scheme://host[:port], with no path, not even "/" (e.g. "https://app.example.com")`;
+  if (!syntax)
+    return `"${text}" is not an origin: write scheme://host[:port], with no path, not even "/" (e.g. "https://app.example.com")`;
   const scheme = syntax[1]!.toLowerCase();
   if (scheme !== 'http' && scheme !== 'https') return `"${text}": only http and https origins can be allowed`;
   let hostPort = syntax[2]!;
   const wildcard = hostPort.startsWith('*.');
   if (wildcard) hostPort = hostPort.slice(2);
-  if (hostPort.includes('*')) return `"${text}": "*" may only be the whole first label of the host (e.g. "https://*.example.com")`;
+  if (hostPort.includes('*'))
+    return `"${text}": "*" may only be the whole first label of the host (e.g. "https://*.example.com")`;
   let url: URL;
   try {
     url = new URL(`${scheme}://${wildcard ? 'wildcard.' : ''}${hostPort}`);
@@ -205,19 +207,21 @@ export function compileCors(
   // A route's `cors` replaces gateway.cors for it; `false` turns CORS off there (the upstream answers it).
   const byPrefix = new Map<string, CorsPolicy | undefined>();
   for (const route of gateway.routes) {
-    if (route.cors !== undefined) byPrefix.set(route.prefix, route.cors === false ? undefined : compileCorsPolicy(route.cors));
+    if (route.cors !== undefined)
+      byPrefix.set(route.prefix, route.cors === false ? undefined : compileCorsPolicy(route.cors));
   }
   if (global === undefined && byPrefix.size === 0) return undefined;
 
-  const policyFor = byPrefix.size === 0
-    ? () => global
-    : (req: IncomingMessage) => {
-      // Before the path gate: a target it will refuse gets gateway.cors (its 400 is readable then).
-      const path = matchablePath(req.url!);
-      const route = typeof path === 'string' ? selectRoute(req.url!, path) : path;
-      if (route instanceof HttpError || !byPrefix.has(route.prefix)) return global;
-      return byPrefix.get(route.prefix);
-    };
+  const policyFor =
+    byPrefix.size === 0
+      ? () => global
+      : (req: IncomingMessage) => {
+          // Before the path gate: a target it will refuse gets gateway.cors (its 400 is readable then).
+          const path = matchablePath(req.url!);
+          const route = typeof path === 'string' ? selectRoute(req.url!, path) : path;
+          if (route instanceof HttpError || !byPrefix.has(route.prefix)) return global;
+          return byPrefix.get(route.prefix);
+        };
 
   return {
     decorate: function corsHeaders(req, res) {
@@ -240,7 +244,8 @@ export function compileCors(
     preflight: function corsPreflight(req, res) {
       const policy = req.gatehouse!.cors;
       if (policy === undefined || !isPreflight(req)) return undefined;
-      if (policy === false) return new HttpError('cors_origin_not_allowed', `Origin ${req.headers.origin} is not allowed`);
+      if (policy === false)
+        return new HttpError('cors_origin_not_allowed', `Origin ${req.headers.origin} is not allowed`);
       // A method outside `methods` is still answered 204 with the list: the browser refuses the
       // request and says which method was missing (as for headers). GET, HEAD and POST pass a
       // browser's check whatever the list says (CORS-safelisted methods).
@@ -257,5 +262,9 @@ export function compileCors(
 
 /** A CORS preflight (Fetch "CORS-preflight request"): OPTIONS with Origin and Access-Control-Request-Method. */
 function isPreflight(req: IncomingMessage): boolean {
-  return req.method === 'OPTIONS' && req.headers['access-control-request-method'] !== undefined && req.headers.origin !== undefined;
+  return (
+    req.method === 'OPTIONS' &&
+    req.headers['access-control-request-method'] !== undefined &&
+    req.headers.origin !== undefined
+  );
 }

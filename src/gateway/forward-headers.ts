@@ -5,28 +5,78 @@ import type { Identity } from './credentials/authenticate.js';
 
 /** Headers a client may not set for the upstream: gatehouse owns them. */
 const OWNED_HEADERS = [
-  'forwarded', 'x-forwarded', 'forwarded-for', 'x-real-ip', 'x-request-id',
+  'forwarded',
+  'x-forwarded',
+  'forwarded-for',
+  'x-real-ip',
+  'x-request-id',
   // Read by common frameworks and helpers as "what the proxy saw" or "who the proxy let in" (Spring,
   // Rack, Symfony, IIS, PHP's client-IP recipes, CDNs, oauth2-proxy): a client may not set them.
-  'x-original-forwarded-for', 'x-original-url', 'x-rewrite-url', 'x-original-host', 'x-host', 'true-client-ip', 'client-ip',
-  'x-client-ip', 'x-originating-ip', 'x-remote-ip', 'x-remote-addr', 'remote-addr', 'cf-connecting-ip', 'x-cluster-client-ip',
-  'fastly-client-ip', 'remote-user', 'x-remote-user', 'x-user', 'x-webauth-user', 'x-auth-user', 'x-remote-group',
-  'x-original-uri', 'x-original-method', 'front-end-https', 'x-url-scheme', 'x-scheme', 'x-arr-ssl', 'x-arr-clientcert',
-  'x-client-cert', 'ssl-client-cert', 'x-client-verify', 'x-client-dn',
+  'x-original-forwarded-for',
+  'x-original-url',
+  'x-rewrite-url',
+  'x-original-host',
+  'x-host',
+  'true-client-ip',
+  'client-ip',
+  'x-client-ip',
+  'x-originating-ip',
+  'x-remote-ip',
+  'x-remote-addr',
+  'remote-addr',
+  'cf-connecting-ip',
+  'x-cluster-client-ip',
+  'fastly-client-ip',
+  'remote-user',
+  'x-remote-user',
+  'x-user',
+  'x-webauth-user',
+  'x-auth-user',
+  'x-remote-group',
+  'x-original-uri',
+  'x-original-method',
+  'front-end-https',
+  'x-url-scheme',
+  'x-scheme',
+  'x-arr-ssl',
+  'x-arr-clientcert',
+  'x-client-cert',
+  'ssl-client-cert',
+  'x-client-verify',
+  'x-client-dn',
   // A method override lets a client turn the method gatehouse saw into another one upstream.
-  'x-http-method-override', 'x-http-method', 'x-method-override',
+  'x-http-method-override',
+  'x-http-method',
+  'x-method-override',
   // Identity set by other edges (found by an outside attack): an upstream moved from behind Kong,
   // AWS ALB, Azure App Service, Google IAP or Cloudflare Access still trusts them.
-  'x-authenticated-userid', 'x-authenticated-scope', 'x-authenticated-groups', 'x-credential-identifier', 'x-credential-username',
-  'x-anonymous-consumer', 'x-userinfo', 'x-goog-authenticated-user-email', 'x-goog-authenticated-user-id', 'x-goog-iap-jwt-assertion',
+  'x-authenticated-userid',
+  'x-authenticated-scope',
+  'x-authenticated-groups',
+  'x-credential-identifier',
+  'x-credential-username',
+  'x-anonymous-consumer',
+  'x-userinfo',
+  'x-goog-authenticated-user-email',
+  'x-goog-authenticated-user-id',
+  'x-goog-iap-jwt-assertion',
 ];
 /**
  * Whole families a client may not set: gatehouse's own, the proxy's forwarding headers, an auth
  * proxy's identity (oauth2-proxy, Kong's consumer, ALB's OIDC, Azure's tokens, Cloudflare Access).
  */
 const OWNED_PREFIXES = [
-  'x-gatehouse-', 'x-forwarded-', 'x-auth-request-', 'x-ssl-', 'x-client-cert-', 'x-envoy-',
-  'x-consumer-', 'x-amzn-oidc-', 'x-ms-client-principal', 'x-ms-token-', 'cf-access-',
+  'x-gatehouse-',
+  'x-forwarded-',
+  'x-auth-request-',
+  'x-ssl-',
+  'x-client-cert-',
+  'x-envoy-',
+  'x-consumer-',
+  'x-amzn-oidc-',
+  'x-ms-client-principal',
+  'x-ms-token-',
+  'cf-access-',
 ];
 const CREDENTIAL_HEADERS = ['x-api-key'];
 /**
@@ -87,9 +137,14 @@ export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext
   const trustedHost = isValidHost(forwardedHost) ? forwardedHost : undefined;
   const stripped = ctx.forwardCredentials ? STRIPPED : STRIPPED_WITH_CREDENTIALS;
   const connection = headers.connection;
-  const namedByConnection = connection !== undefined && !PLAIN_CONNECTION.test(connection)
-    ? connection.toLowerCase().split(',').map((t) => t.trim()).filter((name) => !FRAMING_HEADERS.includes(name))
-    : undefined;
+  const namedByConnection =
+    connection !== undefined && !PLAIN_CONNECTION.test(connection)
+      ? connection
+          .toLowerCase()
+          .split(',')
+          .map((t) => t.trim())
+          .filter((name) => !FRAMING_HEADERS.includes(name))
+      : undefined;
 
   const out: IncomingHttpHeaders = {};
   for (const name in headers) {
@@ -106,7 +161,8 @@ export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext
   }
 
   out['x-forwarded-for'] = ctx.origin.chain.join(', ');
-  out['x-forwarded-proto'] = trustedProto === 'http' || trustedProto === 'https' ? trustedProto : ctx.encrypted ? 'https' : 'http';
+  out['x-forwarded-proto'] =
+    trustedProto === 'http' || trustedProto === 'https' ? trustedProto : ctx.encrypted ? 'https' : 'http';
   // Host was checked at the door (one, host[:port]); a proxy's X-Forwarded-Host only if it is as sound.
   const host = trustedHost ?? headers.host;
   if (isValidHost(host)) out['x-forwarded-host'] = host;

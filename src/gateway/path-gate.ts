@@ -40,7 +40,8 @@ export function checkApiPath(req: IncomingMessage): HttpError | undefined {
   const path = queryAt === -1 ? target : target.slice(0, queryAt);
   if (!path.startsWith(API_PREFIX)) return new HttpError('not_found', `path outside ${API_PREFIX}`);
   if (!PATH_CHARS.test(path)) return new HttpError('invalid_path', 'character not allowed in path');
-  if (MALFORMED_ENCODING.test(path) || AMBIGUOUS_ENCODING.test(path) || OVERLONG_UTF8.test(path)) return new HttpError('invalid_path', 'ambiguous percent-encoding');
+  if (MALFORMED_ENCODING.test(path) || AMBIGUOUS_ENCODING.test(path) || OVERLONG_UTF8.test(path))
+    return new HttpError('invalid_path', 'ambiguous percent-encoding');
   if (ENCODED_CONTROL.test(path)) return new HttpError('invalid_path', 'encoded control character');
   // A fragment is never sent (RFC 9112 3.2): a `#` in the target is read differently by different servers.
   if (queryAt !== -1 && target.includes('#', queryAt)) return new HttpError('invalid_path', '"#" in the query');

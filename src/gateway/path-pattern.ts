@@ -12,7 +12,8 @@ const PATTERN_PREFIXES = ['/api/', '/_gatehouse/'] as const;
  * (the rest, possibly nothing: `/api/orders/**` also covers `/api/orders`).
  */
 export function pathPatternProblem(pattern: string): string | undefined {
-  if (!PATTERN_PREFIXES.some((prefix) => pattern.startsWith(prefix))) return `path pattern "${pattern}" must start with /api/ or /_gatehouse/`;
+  if (!PATTERN_PREFIXES.some((prefix) => pattern.startsWith(prefix)))
+    return `path pattern "${pattern}" must start with /api/ or /_gatehouse/`;
   const segments = pattern.slice(1).split('/');
   for (const [i, segment] of segments.entries()) {
     if (segment === '**') {

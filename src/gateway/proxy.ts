@@ -11,7 +11,15 @@ const UPSTREAM_TIMEOUT = 'GATEHOUSE_UPSTREAM_TIMEOUT';
 const SAFE_REASON = /^[\t\x20-\x7e\x80-\xff]*$/;
 
 /** Response headers about the upstream connection, not the client's (RFC 9110 7.6.1). */
-const HOP_BY_HOP_RESPONSE = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade']);
+const HOP_BY_HOP_RESPONSE = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'transfer-encoding',
+  'te',
+  'trailer',
+  'upgrade',
+]);
 const TIMEOUT_CODES = new Set([UPSTREAM_TIMEOUT, 'ETIMEDOUT', 'ESOCKETTIMEDOUT']);
 
 /** Upstream failure → client status, in one place: timeouts 504, everything else 502. */
@@ -51,17 +59,23 @@ export function createUpstreamProxy(
     const passes = proxyServer as unknown as { webPasses?: { name: string }[] };
     // An http-proxy internal: an upgrade that renames or drops it must be looked at, not run past.
     if (!Array.isArray(passes.webPasses) || !passes.webPasses.some((pass) => pass.name === 'deleteLength')) {
-      throw new Error('http-proxy internals changed: webPasses has no deleteLength pass to remove (src/gateway/proxy.ts)');
+      throw new Error(
+        'http-proxy internals changed: webPasses has no deleteLength pass to remove (src/gateway/proxy.ts)',
+      );
     }
     passes.webPasses = passes.webPasses.filter((pass) => pass.name !== 'deleteLength');
 
     proxyServer.on('proxyReq', (proxyReq, req, res) => {
       proxyReq.setTimeout(upstream.timeoutMs, () => {
-        proxyReq.destroy(Object.assign(new Error(`no answer within ${upstream.timeoutMs} ms`), { code: UPSTREAM_TIMEOUT }));
+        proxyReq.destroy(
+          Object.assign(new Error(`no answer within ${upstream.timeoutMs} ms`), { code: UPSTREAM_TIMEOUT }),
+        );
       });
       // The path must go up exactly as the gate checked it (http-proxy's urlJoin rewrites some).
       if (proxyReq.path !== basePath + req.url) {
-        proxyReq.destroy(Object.assign(new Error(`path changed on the way up: ${proxyReq.path}`), { code: 'GATEHOUSE_PATH_CHANGED' }));
+        proxyReq.destroy(
+          Object.assign(new Error(`path changed on the way up: ${proxyReq.path}`), { code: 'GATEHOUSE_PATH_CHANGED' }),
+        );
         return;
       }
       // A body on DELETE/OPTIONS is legal but many servers never read it: such a connection is
@@ -99,7 +113,10 @@ export function createUpstreamProxy(
       // Gatehouse answers CORS on this route (src/gateway/cors.ts): the upstream's own Access-Control-* would contradict it.
       if (req.gatehouse?.cors !== undefined) replaceUpstreamCors(headers);
       const status = proxyRes.statusCode ?? 0;
-      const reason = proxyRes.statusMessage !== undefined && SAFE_REASON.test(proxyRes.statusMessage) ? proxyRes.statusMessage : undefined;
+      const reason =
+        proxyRes.statusMessage !== undefined && SAFE_REASON.test(proxyRes.statusMessage)
+          ? proxyRes.statusMessage
+          : undefined;
       try {
         // Node refuses some statuses and reasons an upstream can send: a 502 for this request, not a crash.
         if (status < 100 || status > 599 || status === 101) throw new Error(`unusable upstream status ${status}`);

@@ -83,7 +83,10 @@ export function startRateLimitSync(
     } catch (err) {
       if (reachable && !closed) {
         reachable = false;
-        logger?.warn({ err: (err as Error).message }, 'postgres unreachable: rate limits are counted by this process alone until it is back');
+        logger?.warn(
+          { err: (err as Error).message },
+          'postgres unreachable: rate limits are counted by this process alone until it is back',
+        );
       }
     }
   }
@@ -93,7 +96,8 @@ export function startRateLimitSync(
     return running;
   }
 
-  const timer = options.timer === false ? undefined : setInterval(() => void syncNow(), options.intervalMs ?? SYNC_INTERVAL_MS);
+  const timer =
+    options.timer === false ? undefined : setInterval(() => void syncNow(), options.intervalMs ?? SYNC_INTERVAL_MS);
   timer?.unref();
 
   return {

@@ -28,7 +28,10 @@ const DEFAULT_MAX_BUCKETS = 100_000;
 export class TokenBuckets {
   private readonly buckets = new Map<string, Bucket>();
 
-  constructor(readonly shape: BucketShape, private readonly maxBuckets = DEFAULT_MAX_BUCKETS) {}
+  constructor(
+    readonly shape: BucketShape,
+    private readonly maxBuckets = DEFAULT_MAX_BUCKETS,
+  ) {}
 
   get size(): number {
     return this.buckets.size;
@@ -93,7 +96,10 @@ export class RateLimitState {
     let buckets = this.limits.get(signature);
     if (buckets === undefined) {
       // At least one token per worker: a bucket smaller than one would refuse every request.
-      buckets = new TokenBuckets({ capacity: Math.max(1, shape.capacity * this.share), refillPerMs: shape.refillPerMs * this.share });
+      buckets = new TokenBuckets({
+        capacity: Math.max(1, shape.capacity * this.share),
+        refillPerMs: shape.refillPerMs * this.share,
+      });
       this.limits.set(signature, buckets);
     }
     return buckets;
@@ -158,7 +164,15 @@ export function compileRateLimiter(
   for (const limit of limits) counts.set(limit.by, (counts.get(limit.by) ?? 0) + 1);
   const compiled = limits.map((limit, index): CompiledLimit => {
     const capacity = limit.burst ?? limit.requests;
-    const signature = JSON.stringify(['limit', limit.by, limit.requests, limit.per, capacity, limit.paths ?? null, limit.methods ?? null]);
+    const signature = JSON.stringify([
+      'limit',
+      limit.by,
+      limit.requests,
+      limit.per,
+      capacity,
+      limit.paths ?? null,
+      limit.methods ?? null,
+    ]);
     signatures.add(signature);
     // Policy names: the `by`, with its place in rateLimits when several count by the same thing.
     const name = counts.get(limit.by)! > 1 ? `${limit.by}-${index}` : limit.by;
@@ -182,7 +196,10 @@ export function compileRateLimiter(
         by: 'key',
         paths: undefined,
         methods: undefined,
-        buckets: state.bucketsFor(signature, { capacity: quota.requests, refillPerMs: quota.requests / (quota.per * 1000) }),
+        buckets: state.bucketsFor(signature, {
+          capacity: quota.requests,
+          refillPerMs: quota.requests / (quota.per * 1000),
+        }),
         policy: `"key";q=${quota.requests};w=${quota.per}`,
         name: 'key',
       };
@@ -240,7 +257,9 @@ export function compileRateLimiter(
       const left = refusedBy === -1 ? limit.buckets.take(keys[i]!, at, availables[i]!) : availables[i]!;
       const { capacity, refillPerMs } = limit.buckets.shape;
       policies.push(limit.policy);
-      states.push(`"${limit.name}";r=${Math.max(0, Math.floor(left + EPSILON))};t=${ceilSeconds((capacity - left) / refillPerMs)}`);
+      states.push(
+        `"${limit.name}";r=${Math.max(0, Math.floor(left + EPSILON))};t=${ceilSeconds((capacity - left) / refillPerMs)}`,
+      );
     }
     const headers = { 'ratelimit-policy': policies.join(', '), ratelimit: states.join(', ') };
     if (refusedBy === -1) return { headers, refused: undefined };
@@ -248,7 +267,10 @@ export function compileRateLimiter(
     const retryAfter = String(Math.max(1, ceilSeconds(waitMs)));
     return {
       headers: undefined,
-      refused: new HttpError('rate_limited', `rate limit "${limit.name}" (${keys[refusedBy]}) exhausted`, { ...headers, 'retry-after': retryAfter }),
+      refused: new HttpError('rate_limited', `rate limit "${limit.name}" (${keys[refusedBy]}) exhausted`, {
+        ...headers,
+        'retry-after': retryAfter,
+      }),
     };
   }
 

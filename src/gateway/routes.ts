@@ -45,10 +45,21 @@ export function createUpstreamRoutes(
   /** Called when an upstream's response headers arrive (the upstream timing). */
   onAnswer?: (req: IncomingMessage) => void,
 ): UpstreamRoutes {
-  const fallback: UpstreamRoute = { prefix: API_PREFIX, upstream: gateway.upstream, stripPrefix: undefined, proxy: createUpstreamProxy(gateway.upstream, onError, onAnswer) };
+  const fallback: UpstreamRoute = {
+    prefix: API_PREFIX,
+    upstream: gateway.upstream,
+    stripPrefix: undefined,
+    proxy: createUpstreamProxy(gateway.upstream, onError, onAnswer),
+  };
   const routes: (UpstreamRoute & { folded: string })[] = [...gateway.routes]
     .sort((a, b) => b.prefix.length - a.prefix.length)
-    .map((route) => ({ prefix: route.prefix, upstream: route.upstream, folded: foldAscii(route.prefix), stripPrefix: route.stripPrefix, proxy: createUpstreamProxy(route.upstream, onError, onAnswer) }));
+    .map((route) => ({
+      prefix: route.prefix,
+      upstream: route.upstream,
+      folded: foldAscii(route.prefix),
+      stripPrefix: route.stripPrefix,
+      proxy: createUpstreamProxy(route.upstream, onError, onAnswer),
+    }));
 
   return {
     select(url, decodedPath) {

@@ -85,7 +85,11 @@ export class WebSocketConnections {
 
   /** Closes (`revoked`) every connection `allowed` now refuses; resolves with how many. */
   async recheck(allowed: (credentials: ConnectionCredentials) => Promise<boolean>): Promise<number> {
-    const verdicts = await Promise.all([...this.open].map(async (connection) => [connection, await allowed(connection.credentials).catch(() => false)] as const));
+    const verdicts = await Promise.all(
+      [...this.open].map(
+        async (connection) => [connection, await allowed(connection.credentials).catch(() => false)] as const,
+      ),
+    );
     let closed = 0;
     for (const [connection, ok] of verdicts) {
       if (ok) continue;
@@ -164,7 +168,11 @@ export function relayWebSocket(req: IncomingMessage, res: ServerResponse, head: 
     relay.onError(upstreamError(err));
   };
   upstreamReq.setTimeout(relay.timeoutMs, () => {
-    upstreamReq.destroy(Object.assign(new Error(`no answer to the upgrade within ${relay.timeoutMs} ms`), { code: 'GATEHOUSE_UPSTREAM_TIMEOUT' }));
+    upstreamReq.destroy(
+      Object.assign(new Error(`no answer to the upgrade within ${relay.timeoutMs} ms`), {
+        code: 'GATEHOUSE_UPSTREAM_TIMEOUT',
+      }),
+    );
   });
   upstreamReq.on('error', fail);
   // The client left while the upstream was still answering.
@@ -183,7 +191,8 @@ export function relayWebSocket(req: IncomingMessage, res: ServerResponse, head: 
     countWebSocket('not_upgraded');
     const relayed: Record<string, string | string[]> = {};
     for (const [name, value] of Object.entries(upstreamRes.headers)) {
-      if (value !== undefined && !NOT_RELAYED.has(name) && name !== 'connection' && name !== 'upgrade') relayed[name] = value;
+      if (value !== undefined && !NOT_RELAYED.has(name) && name !== 'connection' && name !== 'upgrade')
+        relayed[name] = value;
     }
     res.writeHead(upstreamRes.statusCode ?? 502, relayed);
     upstreamRes.pipe(res);
@@ -222,8 +231,15 @@ export function relayWebSocket(req: IncomingMessage, res: ServerResponse, head: 
 
 function isWebSocketAnswer(res: IncomingMessage): boolean {
   const { upgrade, connection } = res.headers;
-  return typeof upgrade === 'string' && upgrade.trim().toLowerCase() === 'websocket'
-    && typeof connection === 'string' && connection.toLowerCase().split(',').some((token) => token.trim() === 'upgrade');
+  return (
+    typeof upgrade === 'string' &&
+    upgrade.trim().toLowerCase() === 'websocket' &&
+    typeof connection === 'string' &&
+    connection
+      .toLowerCase()
+      .split(',')
+      .some((token) => token.trim() === 'upgrade')
+  );
 }
 
 /** Both sockets piped, tracked and timed: idle, lifetime and credential expiry each close it. */
@@ -256,7 +272,8 @@ function open(client: Socket, upstream: Socket, relay: WebSocketRelay): void {
   upstream.setNoDelay(true);
   // Activity either way is a read or a write on the client's socket: its timeout is idleness in both directions.
   client.setTimeout(settings.idleTimeout, () => connection.close('idle'));
-  if (settings.maxLifetime !== undefined) timers.push(setTimeout(() => connection.close('lifetime'), Math.min(settings.maxLifetime, MAX_TIMER_MS)));
+  if (settings.maxLifetime !== undefined)
+    timers.push(setTimeout(() => connection.close('lifetime'), Math.min(settings.maxLifetime, MAX_TIMER_MS)));
   if (relay.expiresAt !== undefined) {
     const at = () => {
       const left = relay.expiresAt! - Date.now();

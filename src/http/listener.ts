@@ -51,7 +51,12 @@ function loadTls(name: string, tls: TlsFiles | TlsPem, use: (pair: { cert: strin
   }
 }
 
-function httpsServer(name: string, tls: TlsFiles | TlsPem, options: http.ServerOptions, serve: http.RequestListener): { server: https.Server; certificate: ServedCertificate } {
+function httpsServer(
+  name: string,
+  tls: TlsFiles | TlsPem,
+  options: http.ServerOptions,
+  serve: http.RequestListener,
+): { server: https.Server; certificate: ServedCertificate } {
   let server: https.Server | undefined;
   const notAfter = loadTls(name, tls, (pair) => {
     server = https.createServer({ ...options, ...pair }, serve);
@@ -111,10 +116,13 @@ export async function listen(
   // Any other expectation: 417 in JSON, and the connection closes (Node's own 417 kept it open,
   // so what was pipelined behind was served although this request never met the framing checks).
   // In its turn on the connection, as any request: the ones ahead of it are answered first.
-  server.on('checkExpectation', oneAtATime((req: http.IncomingMessage, res: http.ServerResponse) => {
-    closeAfterAnswer(res);
-    sendError(res, new HttpError('expectation_failed', `Expect: ${req.headers.expect}`));
-  }));
+  server.on(
+    'checkExpectation',
+    oneAtATime((req: http.IncomingMessage, res: http.ServerResponse) => {
+      closeAfterAnswer(res);
+      sendError(res, new HttpError('expectation_failed', `Expect: ${req.headers.expect}`));
+    }),
+  );
   if (upgrade) {
     const runUpgrade = inTurn((req, res) => upgrade(req, res, upgradeHeads.get(req) ?? EMPTY));
     server.on('upgrade', (req: http.IncomingMessage, socket: Socket, head: Buffer) => {
@@ -158,11 +166,16 @@ export async function listen(
 /** A bind failure a user can fix, as one line naming the listener (`webhooks.listen 127.0.0.1:7081 is already in use`). */
 function describeListenError(name: string, at: { host: string; port: number }, err: NodeJS.ErrnoException): Error {
   const address = `${at.host.includes(':') ? `[${at.host}]` : at.host}:${at.port}`;
-  const why = err.code === 'EADDRINUSE' ? 'is already in use'
-    : err.code === 'EACCES' ? 'is not permitted (a port below 1024 needs privileges)'
-    : err.code === 'EADDRNOTAVAIL' ? 'is not an address of this machine'
-    : err.code === 'ENOTFOUND' || err.code === 'EAI_AGAIN' ? 'names a host that does not resolve'
-    : undefined;
+  const why =
+    err.code === 'EADDRINUSE'
+      ? 'is already in use'
+      : err.code === 'EACCES'
+        ? 'is not permitted (a port below 1024 needs privileges)'
+        : err.code === 'EADDRNOTAVAIL'
+          ? 'is not an address of this machine'
+          : err.code === 'ENOTFOUND' || err.code === 'EAI_AGAIN'
+            ? 'names a host that does not resolve'
+            : undefined;
   return why ? new UsageError(`${name} ${address} ${why}`) : err;
 }
 
@@ -191,9 +204,12 @@ function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
   // connection closes. The bad bytes get nothing.
   const inFlight = answering.get(socket);
   const last = lastParsed.get(socket);
-  const code: ErrorCode = err.code === 'HPE_HEADER_OVERFLOW' ? 'request_header_fields_too_large'
-    : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
-    : 'invalid_request';
+  const code: ErrorCode =
+    err.code === 'HPE_HEADER_OVERFLOW'
+      ? 'request_header_fields_too_large'
+      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? 'request_timeout'
+        : 'invalid_request';
   if (last && !last.complete) {
     // The bad bytes are the last request's own body (a broken chunk): it can never be whole. While
     // its answer has not begun it is refused now (400, as Node does without this handler), not
@@ -215,7 +231,9 @@ function answerParseError(err: NodeJS.ErrnoException, socket: Socket): void {
 function writeRawError(socket: Socket, code: ErrorCode): void {
   const { status, message } = errorCatalogue[code];
   const body = JSON.stringify({ error: { code, message } });
-  socket.end(`HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n${body}`);
+  socket.end(
+    `HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n${body}`,
+  );
   socket.destroySoon();
 }
 
@@ -341,7 +359,8 @@ export const PLAIN_CONNECTION = /^\s*(keep-alive|close)\s*$/i;
  */
 export function checkFraming(req: http.IncomingMessage, limits: HttpLimits): HttpError | undefined {
   const raw = req.rawHeaders;
-  if (raw.length > 2 * limits.maxHeaderCount) return new HttpError('request_header_fields_too_large', `more than ${limits.maxHeaderCount} header lines`);
+  if (raw.length > 2 * limits.maxHeaderCount)
+    return new HttpError('request_header_fields_too_large', `more than ${limits.maxHeaderCount} header lines`);
   let hosts = 0;
   let contentTypes = 0;
   for (let i = 0; i < raw.length; i += 2) {
@@ -352,20 +371,28 @@ export function checkFraming(req: http.IncomingMessage, limits: HttpLimits): Htt
   if (hosts > 1) return new HttpError('invalid_host', `${hosts} Host headers`);
   // One field (RFC 9110 §8.3): Node keeps the first, a server behind may read another.
   if (contentTypes > 1) return new HttpError('invalid_request', `${contentTypes} Content-Type headers`);
-  if (hosts === 0 && req.httpVersionMajor === 1 && req.httpVersionMinor >= 1) return new HttpError('invalid_host', 'no Host (HTTP/1.1 requires one)');
+  if (hosts === 0 && req.httpVersionMajor === 1 && req.httpVersionMinor >= 1)
+    return new HttpError('invalid_host', 'no Host (HTTP/1.1 requires one)');
   if (hosts === 1 && !isValidHost(req.headers.host)) return new HttpError('invalid_host', 'Host is not host[:port]');
 
   const coding = req.headers['transfer-encoding'];
-  if (coding !== undefined && coding.toLowerCase() !== 'chunked') return new HttpError('invalid_request', `transfer-encoding ${coding}`);
+  if (coding !== undefined && coding.toLowerCase() !== 'chunked')
+    return new HttpError('invalid_request', `transfer-encoding ${coding}`);
   // HTTP/1.0 has no chunked coding: RFC 9112 §6.1 has such a message treated as faulty framing (a server behind may frame it otherwise).
-  if (coding !== undefined && req.httpVersionMajor === 1 && req.httpVersionMinor === 0) return new HttpError('invalid_request', 'transfer-encoding in an HTTP/1.0 request');
+  if (coding !== undefined && req.httpVersionMajor === 1 && req.httpVersionMinor === 0)
+    return new HttpError('invalid_request', 'transfer-encoding in an HTTP/1.0 request');
   if ((req.method === 'GET' || req.method === 'HEAD' || req.method === 'TRACE') && hasBody(req)) {
     return new HttpError('invalid_request', `${req.method} with a body`);
   }
   const connection = req.headers.connection;
   if (connection === undefined || PLAIN_CONNECTION.test(connection)) return undefined;
-  const named = connection.toLowerCase().split(',').map((t) => t.trim());
-  return named.some((name) => FRAMING_HEADERS.includes(name)) ? new HttpError('invalid_request', `Connection names a framing header: ${connection}`) : undefined;
+  const named = connection
+    .toLowerCase()
+    .split(',')
+    .map((t) => t.trim());
+  return named.some((name) => FRAMING_HEADERS.includes(name))
+    ? new HttpError('invalid_request', `Connection names a framing header: ${connection}`)
+    : undefined;
 }
 
 /** The request carries a body, as its (complete, checked) headers frame it. */

@@ -282,7 +282,8 @@ export class FailureLockout {
       this.gates.set(key, fresh);
       const slot = new Slot(fresh, this.release);
       // A client with no failure here: no shared count asked (the hot path makes no round trip).
-      if (this.store.reserve === undefined || this.store.room(key, now, this.settings) >= this.settings.max) return slot;
+      if (this.store.reserve === undefined || this.store.room(key, now, this.settings) >= this.settings.max)
+        return slot;
       return this.reserve(slot, fresh, now);
     }
     // No overtaking: with requests already waiting, a new one queues behind them.
@@ -328,7 +329,8 @@ export class FailureLockout {
     // After failures of this client here, the shared count decides too. A client with none here
     // (a busy one with checks in flight together) takes no round trip: the hot path stays off the
     // database, at the price of its first concurrent wave on each instance going unreserved.
-    if (this.store.reserve === undefined || this.store.room(gate.key, now, this.settings) >= this.settings.max) return slot;
+    if (this.store.reserve === undefined || this.store.room(gate.key, now, this.settings) >= this.settings.max)
+      return slot;
     return this.reserve(slot, gate, now);
   }
 
@@ -373,5 +375,8 @@ export function clientGroup(ip: string): string {
   if (!ip.includes(':')) return ip;
   const address = parseAddress(ip);
   if (address?.kind() !== 'ipv6') return ip;
-  return `${(address as ipaddr.IPv6).parts.slice(0, 4).map((p) => p.toString(16)).join(':')}::/64`;
+  return `${(address as ipaddr.IPv6).parts
+    .slice(0, 4)
+    .map((p) => p.toString(16))
+    .join(':')}::/64`;
 }

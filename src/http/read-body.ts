@@ -34,7 +34,10 @@ export function readBody(req: IncomingMessage, res: ServerResponse, limit: numbe
     };
     const onEnd = () => finish(undefined);
     const onError = (err: Error) => finish(new HttpError('request_timeout', `body aborted: ${err.message}`));
-    const timer = setTimeout(() => finish(new HttpError('request_timeout', `body not complete after ${timeoutMs} ms`)), timeoutMs);
+    const timer = setTimeout(
+      () => finish(new HttpError('request_timeout', `body not complete after ${timeoutMs} ms`)),
+      timeoutMs,
+    );
     req.on('data', onData);
     req.on('end', onEnd);
     req.on('error', onError);

@@ -53,7 +53,9 @@ export type RequestLog = (line: Record<string, unknown>) => void;
  * load) and writes pino's own line format (level, time, name, msg) to the logger's destination.
  */
 export function requestLogger(logger: Logger): RequestLog {
-  const stream = (logger as unknown as Record<symbol, { write(line: string): void } | undefined>)[pino.symbols.streamSym];
+  const stream = (logger as unknown as Record<symbol, { write(line: string): void } | undefined>)[
+    pino.symbols.streamSym
+  ];
   if (!stream) return (fields) => logger.info(fields, 'request');
   const bindings = logger.bindings(); // name, and the worker number under gateway.workers
   return function writeRequestLine(fields) {
@@ -67,7 +69,13 @@ export function requestLogger(logger: Logger): RequestLog {
  * checks (src/http/listener.ts) before anything else reads the request. Returns false when the
  * request was refused (answered, and its connection closed) or came on a connection that is closing.
  */
-export function admitRequest(req: IncomingMessage, res: ServerResponse, log: RequestLog, limits: HttpLimits, logger: Logger): boolean {
+export function admitRequest(
+  req: IncomingMessage,
+  res: ServerResponse,
+  log: RequestLog,
+  limits: HttpLimits,
+  logger: Logger,
+): boolean {
   // Pipelined behind a request that closed the connection: its bytes are not trusted as a request.
   if (isClosing(req.socket)) return false;
   beginRequest(req, res, log);
@@ -121,7 +129,7 @@ function logRequest(log: RequestLog, req: IncomingMessage, res: ServerResponse, 
     // A pairing code in a path (channels) is a credential too.
     path: path.includes('/pair/') ? path.replace(PAIRING_CODE_IN_PATH, '$1[redacted]') : path,
     // 499: the client left before an answer (nginx's convention).
-    status: res.writableFinished ? res.statusCode : ctx.rawStatus ?? 499,
+    status: res.writableFinished ? res.statusCode : (ctx.rawStatus ?? 499),
     ms: Math.round((performance.now() - ctx.startedAt) * 100) / 100,
     auth: ctx.identity?.methods.join(',') || undefined,
     subject: ctx.identity?.subject,

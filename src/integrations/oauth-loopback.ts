@@ -36,13 +36,19 @@ function sameSecret(a: string, b: string): boolean {
 /** A fresh `state` and PKCE pair (RFC 7636, S256). */
 export function newAuthorizationSecrets(): { state: string; codeVerifier: string; codeChallenge: string } {
   const codeVerifier = randomBytes(32).toString('base64url');
-  return { state: randomBytes(16).toString('base64url'), codeVerifier, codeChallenge: createHash('sha256').update(codeVerifier).digest('base64url') };
+  return {
+    state: randomBytes(16).toString('base64url'),
+    codeVerifier,
+    codeChallenge: createHash('sha256').update(codeVerifier).digest('base64url'),
+  };
 }
 
 /** The platform's `error=` answer as the user should read it. */
 export function consentRefused(platform: string | undefined, params: URLSearchParams): UsageError {
   const description = params.get('error_description');
-  return new UsageError(`${platform ?? 'the platform'} answered "${params.get('error')}"${description ? ` (${description})` : ''}: the consent was not given. Run it again and approve the requested access.`);
+  return new UsageError(
+    `${platform ?? 'the platform'} answered "${params.get('error')}"${description ? ` (${description})` : ''}: the consent was not given. Run it again and approve the requested access.`,
+  );
 }
 
 export async function receiveAuthorizationCode(options: {
@@ -59,32 +65,43 @@ export async function receiveAuthorizationCode(options: {
   const arrived = new Promise<URLSearchParams>((resolve, reject) => (settle = { resolve, reject }));
 
   // A short-lived loopback listener for one browser redirect: small, explicit parser limits too.
-  const server = http.createServer({ maxHeaderSize: 16_384, headersTimeout: 10_000, requestTimeout: 30_000, keepAliveTimeout: 1_000 }, (req, res) => {
-    const url = new URL(req.url ?? '/', 'http://127.0.0.1');
-    const page = (status: number, text: string) => {
-      res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' });
-      res.end(`${text}\n`);
-    };
-    if (url.pathname !== '/') return page(404, 'not found');
-    // Without our state it is not the answer to our request (another tab, a forged link): ignored.
-    if (!sameSecret(url.searchParams.get('state') ?? '', state)) return page(400, 'gatehouse: this response does not belong to the running login (state mismatch).');
-    const error = url.searchParams.get('error');
-    if (error) {
-      page(200, `gatehouse: authorisation refused (${error}). You can close this tab.`);
-      return settle.reject(consentRefused(options.platform, url.searchParams));
-    }
-    if (!url.searchParams.get('code')) return page(400, 'gatehouse: no authorisation code in this response.');
-    page(200, 'gatehouse: authorised. You can close this tab and return to the terminal.');
-    settle.resolve(url.searchParams);
-  });
+  const server = http.createServer(
+    { maxHeaderSize: 16_384, headersTimeout: 10_000, requestTimeout: 30_000, keepAliveTimeout: 1_000 },
+    (req, res) => {
+      const url = new URL(req.url ?? '/', 'http://127.0.0.1');
+      const page = (status: number, text: string) => {
+        res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' });
+        res.end(`${text}\n`);
+      };
+      if (url.pathname !== '/') return page(404, 'not found');
+      // Without our state it is not the answer to our request (another tab, a forged link): ignored.
+      if (!sameSecret(url.searchParams.get('state') ?? '', state))
+        return page(400, 'gatehouse: this response does not belong to the running login (state mismatch).');
+      const error = url.searchParams.get('error');
+      if (error) {
+        page(200, `gatehouse: authorisation refused (${error}). You can close this tab.`);
+        return settle.reject(consentRefused(options.platform, url.searchParams));
+      }
+      if (!url.searchParams.get('code')) return page(400, 'gatehouse: no authorisation code in this response.');
+      page(200, 'gatehouse: authorised. You can close this tab and return to the terminal.');
+      settle.resolve(url.searchParams);
+    },
+  );
   server.maxHeadersCount = 100;
   await new Promise<void>((resolve, reject) => {
-    server.once('error', (err: NodeJS.ErrnoException) => reject(new UsageError(`cannot listen on 127.0.0.1:${options.port ?? 0} for the redirect (${err.code ?? err.message})`)));
+    server.once('error', (err: NodeJS.ErrnoException) =>
+      reject(
+        new UsageError(`cannot listen on 127.0.0.1:${options.port ?? 0} for the redirect (${err.code ?? err.message})`),
+      ),
+    );
     server.listen(options.port ?? 0, '127.0.0.1', resolve);
   });
   const redirectUri = `http://127.0.0.1:${(server.address() as AddressInfo).port}/`;
   const timeoutMs = options.timeoutMs ?? CONSENT_TIMEOUT_MS;
-  const timer = setTimeout(() => settle.reject(new UsageError(`no answer from the browser within ${Math.round(timeoutMs / 60_000)} minutes`)), timeoutMs);
+  const timer = setTimeout(
+    () => settle.reject(new UsageError(`no answer from the browser within ${Math.round(timeoutMs / 60_000)} minutes`)),
+    timeoutMs,
+  );
   try {
     options.showUrl(options.authorizeUrl({ redirectUri, state, codeChallenge }));
     const params = await arrived;

@@ -2,9 +2,22 @@ import pino, { type Logger } from 'pino';
 
 /** Paths pino blanks out wherever they appear: defence in depth, since gatehouse never logs a secret on purpose. */
 const REDACT = [
-  'secret', '*.secret', 'apiKey', '*.apiKey', 'key', '*.key', 'token', '*.token', 'password', '*.password',
-  'headers.authorization', 'headers["x-api-key"]', 'headers["x-webhook-secret"]',
-  'req.headers.authorization', 'req.headers["x-api-key"]', 'req.headers["x-webhook-secret"]',
+  'secret',
+  '*.secret',
+  'apiKey',
+  '*.apiKey',
+  'key',
+  '*.key',
+  'token',
+  '*.token',
+  'password',
+  '*.password',
+  'headers.authorization',
+  'headers["x-api-key"]',
+  'headers["x-webhook-secret"]',
+  'req.headers.authorization',
+  'req.headers["x-api-key"]',
+  'req.headers["x-webhook-secret"]',
 ];
 
 export interface LoggerOptions {
@@ -26,7 +39,10 @@ export function createLogger(options: LoggerOptions = {}): Logger {
   };
   if (options.destination) return pino(base, options.destination);
   if (options.pretty ?? process.stdout.isTTY) {
-    return pino({ ...base, transport: { target: 'pino-pretty', options: { translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname,name' } } });
+    return pino({
+      ...base,
+      transport: { target: 'pino-pretty', options: { translateTime: 'SYS:HH:MM:ss.l', ignore: 'pid,hostname,name' } },
+    });
   }
   // Buffered asynchronous stdout: lines go out in 4 KiB writes, at least every 250 ms. A write
   // per request line was ~4 µs of the hot path. pino flushes on a normal exit; a crash can lose

@@ -1,4 +1,12 @@
-import { AggregatorRegistry, collectDefaultMetrics, Counter, Gauge, Registry, type MetricObjectWithValues, type MetricValue } from 'prom-client';
+import {
+  AggregatorRegistry,
+  collectDefaultMetrics,
+  Counter,
+  Gauge,
+  Registry,
+  type MetricObjectWithValues,
+  type MetricValue,
+} from 'prom-client';
 import type { RequestLog } from '../http/request-context.js';
 
 /**
@@ -37,7 +45,10 @@ type Labels = Record<string, string>;
 class RequestCounter {
   readonly aggregator = 'sum';
   private readonly cells: { labels: Labels; value: number }[] = [];
-  constructor(readonly name: string, readonly help: string) {
+  constructor(
+    readonly name: string,
+    readonly help: string,
+  ) {
     registry.registerMetric(this as never);
   }
 
@@ -49,7 +60,13 @@ class RequestCounter {
   }
 
   get() {
-    return { name: this.name, help: this.help, type: 'counter', aggregator: this.aggregator, values: this.cells.map(({ labels, value }) => ({ labels, value })) };
+    return {
+      name: this.name,
+      help: this.help,
+      type: 'counter',
+      aggregator: this.aggregator,
+      values: this.cells.map(({ labels, value }) => ({ labels, value })),
+    };
   }
 }
 
@@ -58,7 +75,10 @@ const BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 class LatencyHistogram {
   readonly aggregator = 'sum';
   private readonly series: { labels: Labels; counts: Float64Array; sum: number; count: number }[] = [];
-  constructor(readonly name: string, readonly help: string) {
+  constructor(
+    readonly name: string,
+    readonly help: string,
+  ) {
     registry.registerMetric(this as never);
   }
 
@@ -99,9 +119,15 @@ const requests = new RequestCounter(
   'HTTP requests answered, by listener, status code and the credential methods that authenticated them (none when not authenticated).',
 );
 
-const requestDuration = new LatencyHistogram('gatehouse_request_duration_seconds', 'Time from the request headers to the end of the answer, by listener.');
+const requestDuration = new LatencyHistogram(
+  'gatehouse_request_duration_seconds',
+  'Time from the request headers to the end of the answer, by listener.',
+);
 
-const upstreamDuration = new LatencyHistogram('gatehouse_upstream_duration_seconds', 'Time from sending a request upstream to its response headers (or to the upstream error).');
+const upstreamDuration = new LatencyHistogram(
+  'gatehouse_upstream_duration_seconds',
+  'Time from sending a request upstream to its response headers (or to the upstream error).',
+);
 const observeUpstreamSeconds = upstreamDuration.child({});
 
 const authFailures = new Counter({
@@ -155,7 +181,11 @@ const configReloads = new Counter({
 
 /** Gauges the primary sets at scrape time from the stores (src/admin/listener.ts); workers leave them unset. */
 export const scrapeGauges = {
-  lockoutsActive: new Gauge({ name: 'gatehouse_lockouts_active', help: 'Clients locked out now after repeated authentication failures.', registers: [registry] }),
+  lockoutsActive: new Gauge({
+    name: 'gatehouse_lockouts_active',
+    help: 'Clients locked out now after repeated authentication failures.',
+    registers: [registry],
+  }),
   queueEvents: new Gauge({
     name: 'gatehouse_queue_events',
     help: 'Webhook events in the store, by action and status (queued, delivered, dead).',
@@ -207,7 +237,11 @@ type CounterChild = { inc(value?: number): void };
  * listener: per request, one Map lookup and two increments (the /api/ hot path; see
  * `npm run bench`, "metrics"). Returns `log` unchanged while metrics are off.
  */
-export function countRequests(listener: 'gateway' | 'webhooks', log: RequestLog, webhookEndpoints?: ReadonlySet<string>): RequestLog {
+export function countRequests(
+  listener: 'gateway' | 'webhooks',
+  log: RequestLog,
+  webhookEndpoints?: ReadonlySet<string>,
+): RequestLog {
   if (!enabled) return log;
   // auth (one of a few method lists) → status → cell: no key is built per request.
   const cells = new Map<string, { value: number }[]>();
@@ -229,7 +263,12 @@ export function countRequests(listener: 'gateway' | 'webhooks', log: RequestLog,
     cell.value++;
     observeDuration((fields.ms as number) / 1000);
     if (webhookEndpoints?.has(fields.path as string)) {
-      webhooksReceived.labels(fields.path as string, (fields.outcome as string | undefined) ?? (fields.error as string | undefined) ?? `status_${status}`).inc();
+      webhooksReceived
+        .labels(
+          fields.path as string,
+          (fields.outcome as string | undefined) ?? (fields.error as string | undefined) ?? `status_${status}`,
+        )
+        .inc();
     }
   };
 }

@@ -54,9 +54,10 @@ export async function startGatehouse(
   const resources = new ResourceStack();
   const { gateway, webhooks, admin } = await resources.open(async () => {
     // On postgres every instance shares the lockout (counted there, checked here in memory).
-    const sharedLockout = options.lockoutStore === undefined && config.storage.driver === 'postgres'
-      ? await PostgresLockoutStore.open(config.storage, { logger })
-      : undefined;
+    const sharedLockout =
+      options.lockoutStore === undefined && config.storage.driver === 'postgres'
+        ? await PostgresLockoutStore.open(config.storage, { logger })
+        : undefined;
     if (sharedLockout) resources.defer(() => sharedLockout.close());
     const lockoutStore = options.lockoutStore ?? sharedLockout ?? new MemoryLockoutStore();
     // What can refuse the webhook side's start comes before any listener, so a refused start has
@@ -72,12 +73,23 @@ export async function startGatehouse(
     const gateway = await (options.startGateway ?? startGateway)(config, { logger, lockoutStore });
     const receiver: { webhooks?: RunningWebhooks } = {};
     // The two listeners drain side by side, before the admin listener closes (see close() below).
-    resources.defer(async (graceMs) => void (await Promise.all([gateway.close(graceMs), receiver.webhooks?.close(graceMs)])));
+    resources.defer(
+      async (graceMs) => void (await Promise.all([gateway.close(graceMs), receiver.webhooks?.close(graceMs)])),
+    );
     ownStoreHandedOver = ownStore !== undefined; // startWebhooks closes it from here on, whatever happens
     const webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore ?? ownStore);
     receiver.webhooks = webhooks;
     const admin = config.admin
-      ? await startAdmin(config, { probeGateway: gateway.probe, lockoutStore, store: webhooks?.listening.store, channelStore: webhooks?.channelStore }, logger)
+      ? await startAdmin(
+          config,
+          {
+            probeGateway: gateway.probe,
+            lockoutStore,
+            store: webhooks?.listening.store,
+            channelStore: webhooks?.channelStore,
+          },
+          logger,
+        )
       : undefined;
     return { gateway, webhooks, admin };
   });
@@ -121,9 +133,14 @@ export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next
     ['webhooks.gmail', config.webhooks.gmail, next.webhooks.gmail],
     ['storage', config.storage, next.storage],
     // Channel settings reload; the first channel added (or the last removed) needs a restart.
-    ['channels (whether any are configured)', Object.keys(config.channels).length > 0, Object.keys(next.channels).length > 0],
+    [
+      'channels (whether any are configured)',
+      Object.keys(config.channels).length > 0,
+      Object.keys(next.channels).length > 0,
+    ],
   ] as const) {
-    if (JSON.stringify(before) !== JSON.stringify(after)) logger.warn(`${what} changed: it takes effect at the next restart`);
+    if (JSON.stringify(before) !== JSON.stringify(after))
+      logger.warn(`${what} changed: it takes effect at the next restart`);
   }
 }
 
@@ -140,14 +157,17 @@ export interface RunningGateway {
   close(graceMs: number): Promise<void>;
 }
 
-export type GatewayStarter = (config: Config, deps: {
-  logger: Logger;
-  lockoutStore: LockoutStore;
-  /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers/primary.ts); on Postgres whole buckets, shared. */
-  rateLimitShare?: number;
-  /** The TLS pair to serve, already read (a gateway worker gets the primary's); else gateway.tls's files are read. */
-  tls?: TlsPem;
-}) => Promise<RunningGateway>;
+export type GatewayStarter = (
+  config: Config,
+  deps: {
+    logger: Logger;
+    lockoutStore: LockoutStore;
+    /** The part of every rate limit this process enforces: 1/N in each of N gateway workers (workers/primary.ts); on Postgres whole buckets, shared. */
+    rateLimitShare?: number;
+    /** The TLS pair to serve, already read (a gateway worker gets the primary's); else gateway.tls's files are read. */
+    tls?: TlsPem;
+  },
+) => Promise<RunningGateway>;
 
 /** The /api/ edge in this process (with `gateway.workers` > 1, what each worker runs). */
 export const startGateway: GatewayStarter = async (initial, options) => {
@@ -176,12 +196,28 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   const websockets = new WebSocketConnections();
   let app!: GatewayApp;
   const listening = await resources.open(async () => {
-    app = await buildGatewayApp(config, { logger, lockout, rateLimits, channels: await channelsOf(config), limits, websockets });
+    app = await buildGatewayApp(config, {
+      logger,
+      lockout,
+      rateLimits,
+      channels: await channelsOf(config),
+      limits,
+      websockets,
+    });
     resources.defer(() => app.close()); // the app in force then: releases its idle upstream connections
     const tls = config.gateway.tls && (options.tls ?? config.gateway.tls);
-    const opened = await listen('gateway.listen', config.gateway.listen, tls, limits, (req, res) => app.handle(req, res), (req, res, head) => app.upgrade(req, res, head));
+    const opened = await listen(
+      'gateway.listen',
+      config.gateway.listen,
+      tls,
+      limits,
+      (req, res) => app.handle(req, res),
+      (req, res, head) => app.upgrade(req, res, head),
+    );
     // Open WebSockets are held to the same drain window, then closed (the server waits for them too).
-    resources.defer(async (graceMs) => void (await Promise.all([closeServer(opened.server, graceMs), websockets.drain(graceMs)])));
+    resources.defer(
+      async (graceMs) => void (await Promise.all([closeServer(opened.server, graceMs), websockets.drain(graceMs)])),
+    );
     return opened;
   });
   describeGateway(logger, config, app, listening.url, 'gateway listening');
@@ -189,7 +225,14 @@ export const startGateway: GatewayStarter = async (initial, options) => {
   return {
     url: listening.url,
     async reload(next, tls) {
-      const nextApp = await buildGatewayApp(next, { logger, lockout, rateLimits, channels: await channelsOf(next), limits, websockets });
+      const nextApp = await buildGatewayApp(next, {
+        logger,
+        lockout,
+        rateLimits,
+        channels: await channelsOf(next),
+        limits,
+        websockets,
+      });
       await warmUp(logger, nextApp);
       // The TLS pair is read again (or given, the primary's): a renewed certificate at the same paths is served from now on.
       // One that does not load refuses the whole reload (turning TLS on or off needs a restart).
@@ -210,11 +253,18 @@ export const startGateway: GatewayStarter = async (initial, options) => {
       describeGateway(logger, config, app, listening.url, 'gateway configuration now in force');
       // A connection lives no longer than its credential: those the new config refuses are closed now.
       const current = app;
-      void websockets.recheck((credentials) => current.stillAllowed(credentials)).then((closed) => {
-        if (closed > 0) logger.info({ closed }, 'WebSockets closed: the configuration now in force refuses their credentials');
-      });
+      void websockets
+        .recheck((credentials) => current.stillAllowed(credentials))
+        .then((closed) => {
+          if (closed > 0)
+            logger.info({ closed }, 'WebSockets closed: the configuration now in force refuses their credentials');
+        });
     },
-    probe: async () => ({ keysLoaded: app.authenticator.jwt?.keysLoaded ?? true, certificateNotAfter: listening.certificate?.notAfter, snapshots: [] }),
+    probe: async () => ({
+      keysLoaded: app.authenticator.jwt?.keysLoaded ?? true,
+      certificateNotAfter: listening.certificate?.notAfter,
+      snapshots: [],
+    }),
     /** The listener drains (up to `graceMs`), then the app, the rate-limit sync and the channel store close. */
     close: (graceMs) => resources.close(graceMs),
   };
@@ -227,7 +277,12 @@ export type RunningWebhooks = NonNullable<Awaited<ReturnType<typeof startWebhook
  * false); reload swaps endpoints, targets and delivery settings. On SQLite, one process per
  * file (the store's single writer); on Postgres, any number of instances share the queue.
  */
-export async function startWebhooks(config: Config, logger: Logger, lockoutStore: LockoutStore, injectedStore?: EventStore) {
+export async function startWebhooks(
+  config: Config,
+  logger: Logger,
+  lockoutStore: LockoutStore,
+  injectedStore?: EventStore,
+) {
   if (!config.webhooks.enabled) {
     logger.info('webhook receiver off (webhooks.enabled is false)');
     return undefined;
@@ -239,7 +294,7 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     if (injectedStore) resources.defer(() => injectedStore.close());
     // No key, no start (said with how to make one), before storage is opened.
     const secretKeys = needsSecretKey(config) ? secretKeysFromEnv() : undefined;
-    const store = injectedStore ?? await openEventStore(config.storage, { role: 'server', logger });
+    const store = injectedStore ?? (await openEventStore(config.storage, { role: 'server', logger }));
     if (!injectedStore) resources.defer(() => store.close());
     const lockout = new FailureLockout(lockoutStore, config.gateway.auth.failures, 'webhooks');
     const deliverer = new Deliverer(store, config.webhooks, logger);
@@ -247,33 +302,63 @@ export async function startWebhooks(config: Config, logger: Logger, lockoutStore
     const onAccepted = () => deliverer.notify();
     const channelStore = hasChannels ? await openChannelStore(config.storage, { role: 'server', logger }) : undefined;
     if (channelStore) resources.defer(() => channelStore.close());
-    const gmail = config.webhooks.gmail ? await startGmail(config.webhooks.gmail, { store, logger, onAccepted, secretKeys: secretKeys! }) : undefined;
+    const gmail = config.webhooks.gmail
+      ? await startGmail(config.webhooks.gmail, { store, logger, onAccepted, secretKeys: secretKeys! })
+      : undefined;
     if (gmail) resources.defer(() => gmail.close());
     // The Gmail route is fixed at start (webhooks.gmail changes need a restart); channel routes follow reloads.
     const gmailRoutes: IntegrationRoute[] = gmail?.push
-      ? [{ path: gmail.push.path, action: config.webhooks.gmail!.action, verifyType: 'gmail push', verifier: createVerifier(gmail.push.verify), consume: gmail.push.consume, countsFailures: false }]
+      ? [
+          {
+            path: gmail.push.path,
+            action: config.webhooks.gmail!.action,
+            verifyType: 'gmail push',
+            verifier: createVerifier(gmail.push.verify),
+            consume: gmail.push.consume,
+            countsFailures: false,
+          },
+        ]
       : [];
-    const refresher = channelStore ? startGrantRefresher(config, { store: channelStore, secretKeys: secretKeys!, logger }) : undefined;
+    const refresher = channelStore
+      ? startGrantRefresher(config, { store: channelStore, secretKeys: secretKeys!, logger })
+      : undefined;
     if (refresher) resources.defer(() => refresher.close());
     const limits = config.webhooks.limits; // the listener's, fixed at start
     const build = (c: Config): WebhookApp => {
-      const channels = channelStore ? channelRoutes(c, { store: channelStore, secretKeys: secretKeys!, logger }) : { routes: [], prefixRoutes: [] };
-      return buildWebhookApp(c, { logger, lockout, store, onAccepted, limits, routes: [...gmailRoutes, ...channels.routes], prefixRoutes: channels.prefixRoutes });
+      const channels = channelStore
+        ? channelRoutes(c, { store: channelStore, secretKeys: secretKeys!, logger })
+        : { routes: [], prefixRoutes: [] };
+      return buildWebhookApp(c, {
+        logger,
+        lockout,
+        store,
+        onAccepted,
+        limits,
+        routes: [...gmailRoutes, ...channels.routes],
+        prefixRoutes: channels.prefixRoutes,
+      });
     };
     let app = build(config);
     // Nothing half-started may keep the process alive (a port in use must exit 1, not hang).
-    const listening = await listen('webhooks.listen', config.webhooks.listen, undefined, limits, (req, res) => app.handle(req, res));
+    const listening = await listen('webhooks.listen', config.webhooks.listen, undefined, limits, (req, res) =>
+      app.handle(req, res),
+    );
     resources.defer((graceMs) => closeServer(listening.server, graceMs));
     await deliverer.start();
-    logger.info({
-      url: listening.url,
-      endpoints: [
-        ...config.webhooks.endpoints.map((e) => `${e.path} (${e.verify.type}) -> ${e.action}`),
-        ...gmailRoutes.map((r) => `${r.path} (${r.verifyType}) -> ${r.action}`),
-        ...Object.entries(config.channels).map(([name, c]) => `/webhook/channels/${name} (channel ${c.kind}) -> ${c.action}`),
-      ],
-      storage: `${config.storage.driver} ${describeStorage(config.storage)}`,
-    }, 'webhook receiver listening');
+    logger.info(
+      {
+        url: listening.url,
+        endpoints: [
+          ...config.webhooks.endpoints.map((e) => `${e.path} (${e.verify.type}) -> ${e.action}`),
+          ...gmailRoutes.map((r) => `${r.path} (${r.verifyType}) -> ${r.action}`),
+          ...Object.entries(config.channels).map(
+            ([name, c]) => `/webhook/channels/${name} (channel ${c.kind}) -> ${c.action}`,
+          ),
+        ],
+        storage: `${config.storage.driver} ${describeStorage(config.storage)}`,
+      },
+      'webhook receiver listening',
+    );
     return {
       listening: { ...listening, store, deliverer },
       channelStore,
@@ -301,18 +386,27 @@ async function warmUp(logger: Logger, app: GatewayApp): Promise<void> {
 
 function describeGateway(logger: Logger, config: Config, app: GatewayApp, url: string, message: string): void {
   const { auth, upstream, trustProxy, routes, rateLimits } = config.gateway;
-  logger.info({
-    url,
-    upstream: upstream.target,
-    routes: routes.length ? routes.map((r) => `${r.prefix} -> ${r.upstream.target}${r.stripPrefix ? ` (strip ${r.stripPrefix})` : ''}`) : undefined,
-    rules: auth.rules.length || undefined,
-    rateLimits: rateLimits.length || undefined,
-    auth: auth.enabled ? app.authenticator.methods : 'disabled',
-    require: auth.require,
-    allowedIPs: auth.allowedIPs ?? 'any',
-    trustProxy,
-  }, message);
-  if (auth.allowInsecure && (!auth.enabled || app.authenticator.methods.length === 0) && !isLoopbackHost(config.gateway.listen.host)) {
+  logger.info(
+    {
+      url,
+      upstream: upstream.target,
+      routes: routes.length
+        ? routes.map((r) => `${r.prefix} -> ${r.upstream.target}${r.stripPrefix ? ` (strip ${r.stripPrefix})` : ''}`)
+        : undefined,
+      rules: auth.rules.length || undefined,
+      rateLimits: rateLimits.length || undefined,
+      auth: auth.enabled ? app.authenticator.methods : 'disabled',
+      require: auth.require,
+      allowedIPs: auth.allowedIPs ?? 'any',
+      trustProxy,
+    },
+    message,
+  );
+  if (
+    auth.allowInsecure &&
+    (!auth.enabled || app.authenticator.methods.length === 0) &&
+    !isLoopbackHost(config.gateway.listen.host)
+  ) {
     logger.warn(`INSECURE: /api/ on ${url} is open to anyone who can reach it (gateway.auth.allowInsecure is true)`);
   }
   for (const warning of configWarnings(config)) logger.warn(warning);

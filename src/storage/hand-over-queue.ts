@@ -156,7 +156,11 @@ function dueOrderIndex(lane: readonly StoredEvent[], event: StoredEvent): number
   while (lo < hi) {
     const mid = (lo + hi) >>> 1;
     const other = lane[mid]!;
-    if (other.nextAttemptAt < event.nextAttemptAt || (other.nextAttemptAt === event.nextAttemptAt && other.id <= event.id)) lo = mid + 1;
+    if (
+      other.nextAttemptAt < event.nextAttemptAt ||
+      (other.nextAttemptAt === event.nextAttemptAt && other.id <= event.id)
+    )
+      lo = mid + 1;
     else hi = mid;
   }
   return lo;

@@ -114,13 +114,21 @@ type Queryable = Pick<pg.PoolClient, 'query'>;
 /** `client`, its queries without the pool's query_timeout (a per-query 0 would fall back to the pool's). */
 function withoutQueryTimeout(client: pg.PoolClient): Queryable {
   return {
-    query: ((text: string, values?: unknown[]) => client.query({ text, values, query_timeout: MIGRATION_QUERY_TIMEOUT_MS } as pg.QueryConfig)) as pg.PoolClient['query'],
+    query: ((text: string, values?: unknown[]) =>
+      client.query({
+        text,
+        values,
+        query_timeout: MIGRATION_QUERY_TIMEOUT_MS,
+      } as pg.QueryConfig)) as pg.PoolClient['query'],
   };
 }
 
 /** An index a CREATE INDEX CONCURRENTLY that failed left behind (invalid: never used, still maintained): dropped. */
 async function dropIfInvalid(client: Queryable, index: string): Promise<void> {
-  const { rows } = await client.query<{ invalid: boolean }>('SELECT NOT indisvalid AS invalid FROM pg_index WHERE indexrelid = to_regclass($1)', [index]);
+  const { rows } = await client.query<{ invalid: boolean }>(
+    'SELECT NOT indisvalid AS invalid FROM pg_index WHERE indexrelid = to_regclass($1)',
+    [index],
+  );
   if (rows[0]?.invalid) await client.query(`DROP INDEX CONCURRENTLY IF EXISTS ${index}`);
 }
 
@@ -129,7 +137,11 @@ async function dropIfInvalid(client: Queryable, index: string): Promise<void> {
  * session advisory lock, so instances starting together take turns: the first applies, the
  * others find nothing left to do.
  */
-export async function migratePostgres(pooled: pg.PoolClient, migrations: readonly PostgresMigration[], logger?: Pick<Logger, 'warn'>): Promise<MigrationResult> {
+export async function migratePostgres(
+  pooled: pg.PoolClient,
+  migrations: readonly PostgresMigration[],
+  logger?: Pick<Logger, 'warn'>,
+): Promise<MigrationResult> {
   // A migration's statements wait as long as they take: the pool's query_timeout (2 s on the
   // lockout's) would give up on the client side only, while the server went on building under
   // the lock, and fail the start.
@@ -138,7 +150,11 @@ export async function migratePostgres(pooled: pg.PoolClient, migrations: readonl
   // snapshot, and CREATE INDEX CONCURRENTLY (in the holder's migration) waits for every older
   // snapshot: the two would deadlock.
   let waitingSince = Date.now();
-  while (!(await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1::bigint) AS locked', [MIGRATION_LOCK_KEY])).rows[0]!.locked) {
+  while (
+    !(
+      await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1::bigint) AS locked', [MIGRATION_LOCK_KEY])
+    ).rows[0]!.locked
+  ) {
     if (Date.now() - waitingSince >= MIGRATION_LOCK_REPORT_MS) {
       waitingSince = Date.now();
       const { rows: holders } = await client.query<{ pid: number; query: string }>(
@@ -156,11 +172,17 @@ export async function migratePostgres(pooled: pg.PoolClient, migrations: readonl
       name       text NOT NULL,
       applied_at timestamptz NOT NULL DEFAULT now()
     )`);
-    const { rows } = await client.query<{ version: number | null }>('SELECT max(version) AS version FROM schema_migrations');
+    const { rows } = await client.query<{ version: number | null }>(
+      'SELECT max(version) AS version FROM schema_migrations',
+    );
     const from = rows[0]!.version ?? 0;
     const applied: number[] = [];
     for (const migration of pendingMigrations(migrations, from)) {
-      const record = () => client.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [migration.version, migration.name]);
+      const record = () =>
+        client.query('INSERT INTO schema_migrations (version, name) VALUES ($1, $2)', [
+          migration.version,
+          migration.name,
+        ]);
       if ('concurrently' in migration) {
         for (const statement of migration.concurrently) {
           const building = /^CREATE INDEX CONCURRENTLY IF NOT EXISTS (\w+)/.exec(statement)?.[1];

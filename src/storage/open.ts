@@ -22,13 +22,21 @@ import { peekSqliteStoredProject, SqliteGmailStore } from './sqlite/gmail.js';
  * running servers too, but created (SQLite) or migrated (Postgres) when it is not there yet
  * (`webhooks gmail setup`, the first command of a new install).
  */
-export async function openEventStore(storage: StorageConfig, options: { role: 'server' | 'cli' | 'setup'; logger?: Logger }): Promise<EventStore> {
+export async function openEventStore(
+  storage: StorageConfig,
+  options: { role: 'server' | 'cli' | 'setup'; logger?: Logger },
+): Promise<EventStore> {
   if (storage.driver === 'postgres') {
-    return PostgresEventStore.open(storage, { logger: options.logger, migrate: options.role !== 'cli', listen: options.role === 'server' });
+    return PostgresEventStore.open(storage, {
+      logger: options.logger,
+      migrate: options.role !== 'cli',
+      listen: options.role === 'server',
+    });
   }
   if (options.role === 'cli') refuseMissingSqliteStore(storage.path);
   try {
-    if (options.role === 'server') return new SqliteEventStore(storage.path, { singleWriter: true, logger: options.logger });
+    if (options.role === 'server')
+      return new SqliteEventStore(storage.path, { singleWriter: true, logger: options.logger });
     return new SqliteEventStore(storage.path, { mustExist: options.role === 'cli' });
   } catch (err) {
     // A path that is a folder, under a file, not SQLite: one line, not the driver's stack (found by an outside attack).
@@ -53,15 +61,22 @@ export function openGmailStore(events: EventStore): GmailStore {
  * of a new install): created (SQLite) or migrated (Postgres) when not there yet; `cli`: an
  * existing store only.
  */
-export async function openChannelStore(storage: StorageConfig, options: { role: 'server' | 'setup' | 'cli'; logger?: Logger }): Promise<ChannelStore> {
-  if (storage.driver === 'postgres') return PostgresChannelStore.open(storage, { migrate: options.role !== 'cli', logger: options.logger });
+export async function openChannelStore(
+  storage: StorageConfig,
+  options: { role: 'server' | 'setup' | 'cli'; logger?: Logger },
+): Promise<ChannelStore> {
+  if (storage.driver === 'postgres')
+    return PostgresChannelStore.open(storage, { migrate: options.role !== 'cli', logger: options.logger });
   if (options.role === 'cli') refuseMissingSqliteStore(storage.path);
   return new SqliteChannelStore(storage.path);
 }
 
 /** A command that only reads the store never creates one: said as what to do instead (found by a newcomer, and an outside attack). */
 function refuseMissingSqliteStore(file: string): void {
-  if (!existsSync(file)) throw new UsageError(`no store at ${file} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\``);
+  if (!existsSync(file))
+    throw new UsageError(
+      `no store at ${file} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\``,
+    );
 }
 
 /**
@@ -82,7 +97,10 @@ export async function peekStoredProject(storage: StorageConfig, account: string)
   if (storage.driver === 'sqlite') return peekSqliteStoredProject(storage.path, account);
   const pool = createPool({ ...storage, pool: { max: 1 } });
   try {
-    const { rows } = await pool.query<{ project: string | null }>('SELECT project FROM gmail_accounts WHERE account = $1', [account]);
+    const { rows } = await pool.query<{ project: string | null }>(
+      'SELECT project FROM gmail_accounts WHERE account = $1',
+      [account],
+    );
     return rows[0]?.project ?? undefined;
   } catch {
     return undefined; // unreachable or no schema: as if nothing were kept (opening it for real says why)

@@ -35,9 +35,18 @@ export function secretKeysFromEnv(env: NodeJS.ProcessEnv = process.env): SecretK
   if (!value) throw new UsageError(`${SECRET_KEY_VARIABLE} is not set. ${HOW_TO_MAKE_A_SECRET_KEY}`);
   const current = parseKey(value, SECRET_KEY_VARIABLE, HOW_TO_MAKE_A_SECRET_KEY);
   // A previous key is the one values were sealed with: never a new one to make (found by a newcomer).
-  const previous = (env[PREVIOUS_SECRET_KEYS_VARIABLE] ?? '').split(/[\s,]+/).filter((v) => v !== '')
-    .map((v, i, all) => parseKey(v, all.length === 1 ? PREVIOUS_SECRET_KEYS_VARIABLE : `${PREVIOUS_SECRET_KEYS_VARIABLE} (key ${i + 1} of ${all.length})`,
-      `It holds the keys ${SECRET_KEY_VARIABLE} had before a rotation, exactly as they were, comma-separated.`));
+  const previous = (env[PREVIOUS_SECRET_KEYS_VARIABLE] ?? '')
+    .split(/[\s,]+/)
+    .filter((v) => v !== '')
+    .map((v, i, all) =>
+      parseKey(
+        v,
+        all.length === 1
+          ? PREVIOUS_SECRET_KEYS_VARIABLE
+          : `${PREVIOUS_SECRET_KEYS_VARIABLE} (key ${i + 1} of ${all.length})`,
+        `It holds the keys ${SECRET_KEY_VARIABLE} had before a rotation, exactly as they were, comma-separated.`,
+      ),
+    );
   return { current, previous };
 }
 
@@ -62,7 +71,12 @@ export function sealSecret(plaintext: string, keys: SecretKeys, context: string)
   const cipher = createCipheriv('aes-256-gcm', keys.current, iv);
   cipher.setAAD(Buffer.from(context, 'utf8'));
   const ciphertext = Buffer.concat([cipher.update(plaintext, 'utf8'), cipher.final()]);
-  return [FORMAT, iv.toString('base64url'), cipher.getAuthTag().toString('base64url'), ciphertext.toString('base64url')].join(':');
+  return [
+    FORMAT,
+    iv.toString('base64url'),
+    cipher.getAuthTag().toString('base64url'),
+    ciphertext.toString('base64url'),
+  ].join(':');
 }
 
 /** Opens a sealed value; a UsageError when none of the keys is the one it was sealed with (or the value was altered). */
@@ -71,7 +85,11 @@ export function openSecret(sealed: string, keys: SecretKeys, context: string): s
 }
 
 /** Opens a sealed value, and says whether the current key opened it (`storage reseal` leaves those as they are). */
-export function openSealed(sealed: string, keys: SecretKeys, context: string): { plaintext: string; underCurrentKey: boolean } {
+export function openSealed(
+  sealed: string,
+  keys: SecretKeys,
+  context: string,
+): { plaintext: string; underCurrentKey: boolean } {
   const [format, iv, tag, ciphertext] = sealed.split(':');
   if (format !== FORMAT || iv === undefined || tag === undefined || ciphertext === undefined) {
     throw new UsageError(`a stored secret for ${context} is not in a format this gatehouse reads`);
@@ -80,8 +98,13 @@ export function openSealed(sealed: string, keys: SecretKeys, context: string): {
     const plaintext = openWith(key, iv, tag, ciphertext, context);
     if (plaintext !== undefined) return { plaintext, underCurrentKey: key === keys.current };
   }
-  const tried = keys.previous.length > 0 ? `neither ${SECRET_KEY_VARIABLE} nor a key in ${PREVIOUS_SECRET_KEYS_VARIABLE} is` : `${SECRET_KEY_VARIABLE} is not`;
-  throw new UsageError(`cannot decrypt the stored secret for ${context}: ${tried} the key it was stored with (or the storage was altered)`);
+  const tried =
+    keys.previous.length > 0
+      ? `neither ${SECRET_KEY_VARIABLE} nor a key in ${PREVIOUS_SECRET_KEYS_VARIABLE} is`
+      : `${SECRET_KEY_VARIABLE} is not`;
+  throw new UsageError(
+    `cannot decrypt the stored secret for ${context}: ${tried} the key it was stored with (or the storage was altered)`,
+  );
 }
 
 function openWith(key: Buffer, iv: string, tag: string, ciphertext: string, context: string): string | undefined {

@@ -47,7 +47,10 @@ interface Endpoint {
  * A verified route an integration adds to the receiver (Gmail push, channel events); it goes
  * through the same steps as a configured endpoint.
  */
-export type IntegrationRoute = Pick<Endpoint, 'path' | 'action' | 'verifyType' | 'verifier' | 'consume' | 'envelopeExtra' | 'onStored' | 'countsFailures'> & { failureCode?: ErrorCode };
+export type IntegrationRoute = Pick<
+  Endpoint,
+  'path' | 'action' | 'verifyType' | 'verifier' | 'consume' | 'envelopeExtra' | 'onStored' | 'countsFailures'
+> & { failureCode?: ErrorCode };
 
 /**
  * The lockout as a prefix handler sees it: its request already holds a lockout slot (taken
@@ -89,20 +92,37 @@ export interface WebhookApp {
  * over those bytes → JSON → the sender's handshake, or durable store → 202. Nothing unverified is parsed or stored.
  * Never listens (server.ts does).
  */
-export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout: FailureLockout; store: EventStore; onAccepted: () => void; limits: HttpLimits; routes?: IntegrationRoute[]; prefixRoutes?: PrefixRoute[] }): WebhookApp {
+export function buildWebhookApp(
+  config: Config,
+  deps: {
+    logger: Logger;
+    lockout: FailureLockout;
+    store: EventStore;
+    onAccepted: () => void;
+    limits: HttpLimits;
+    routes?: IntegrationRoute[];
+    prefixRoutes?: PrefixRoute[];
+  },
+): WebhookApp {
   const { webhooks } = config;
   const { logger, lockout, store } = deps;
   const resolveClientIp = createClientIpResolver(config.gateway.trustProxy);
-  const endpoints = new Map<string, Endpoint>(webhooks.endpoints.map((e) => [e.path, {
-    path: e.path,
-    action: e.action,
-    verifyType: e.verify.type,
-    verifier: createVerifier(e.verify),
-    failureCode: e.verify.type === 'secret' ? 'invalid_webhook_secret' : 'invalid_webhook_signature',
-    countsFailures: e.verify.type === 'secret',
-    template: e.template !== undefined ? compileTemplate(e.template) : undefined,
-  }]));
-  for (const route of deps.routes ?? []) endpoints.set(route.path, { failureCode: 'invalid_webhook_signature', ...route });
+  const endpoints = new Map<string, Endpoint>(
+    webhooks.endpoints.map((e) => [
+      e.path,
+      {
+        path: e.path,
+        action: e.action,
+        verifyType: e.verify.type,
+        verifier: createVerifier(e.verify),
+        failureCode: e.verify.type === 'secret' ? 'invalid_webhook_secret' : 'invalid_webhook_signature',
+        countsFailures: e.verify.type === 'secret',
+        template: e.template !== undefined ? compileTemplate(e.template) : undefined,
+      },
+    ]),
+  );
+  for (const route of deps.routes ?? [])
+    endpoints.set(route.path, { failureCode: 'invalid_webhook_signature', ...route });
   const prefixRoutes = deps.prefixRoutes ?? [];
   // Endpoint labels are the configured paths (the keys here), never a path a client made up.
   const requestLog = countRequests('webhooks', requestLogger(logger), new Set(endpoints.keys()));
@@ -110,7 +130,11 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   /** A sender's own answer (a handshake, an integration's reply); an accepted event's outcome stays as set. */
   function answer(req: IncomingMessage, res: ServerResponse, direct: DirectAnswer) {
     req.gatehouse!.outcome ??= 'answered';
-    res.writeHead(direct.status, { 'content-type': direct.contentType, 'content-length': Buffer.byteLength(direct.body), 'cache-control': 'no-store' });
+    res.writeHead(direct.status, {
+      'content-type': direct.contentType,
+      'content-length': Buffer.byteLength(direct.body),
+      'cache-control': 'no-store',
+    });
     res.end(direct.body);
   }
 
@@ -118,7 +142,10 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   async function takeLockoutSlot(ip: string): Promise<LockoutSlot | HttpError> {
     let admission = lockout.acquire(ip);
     if (admission instanceof Promise) admission = await admission;
-    if (typeof admission === 'number') return new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) });
+    if (typeof admission === 'number')
+      return new HttpError('too_many_failures', `locked out for ${admission}s more`, {
+        'retry-after': String(admission),
+      });
     return admission;
   }
 
@@ -133,7 +160,13 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
    * checks → content type → raw body → signature over those bytes. Gives the slot back as soon
    * as the verdict is known.
    */
-  async function proveSender(req: IncomingMessage, res: ServerResponse, endpoint: Endpoint, query: string, slot: LockoutSlot | undefined): Promise<{ body: Buffer } | { answer: DirectAnswer } | { error: unknown }> {
+  async function proveSender(
+    req: IncomingMessage,
+    res: ServerResponse,
+    endpoint: Endpoint,
+    query: string,
+    slot: LockoutSlot | undefined,
+  ): Promise<{ body: Buffer } | { answer: DirectAnswer } | { error: unknown }> {
     const { verifier } = endpoint;
     if (req.method === 'GET') {
       // The sender's subscription check (Meta).
@@ -150,12 +183,19 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     const headerVerdict = await verifier.checkHeaders(req.headers, now);
     if (!headerVerdict.ok && headerVerdict.unavailable) {
       // The sender's key set is unreachable: not its fault, and it retries a 503.
-      return { error: new HttpError('auth_unavailable', `${endpoint.verifyType}: ${headerVerdict.reason}`, { 'retry-after': '5' }) };
+      return {
+        error: new HttpError('auth_unavailable', `${endpoint.verifyType}: ${headerVerdict.reason}`, {
+          'retry-after': '5',
+        }),
+      };
     }
     if (!headerVerdict.ok) return { error: rejectSender(endpoint, headerVerdict.reason, slot) };
     if (!verifier.verifyBody) slot?.succeeded(); // proven by its headers: no slot held while the body arrives
 
-    if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) return { error: new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`) };
+    if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? ''))
+      return {
+        error: new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`),
+      };
 
     let rawBody: Buffer;
     try {
@@ -168,11 +208,21 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     return { body: rawBody };
   }
 
-  async function receiveWebhook(req: IncomingMessage, res: ServerResponse, endpoint: Endpoint, query: string, next: Next) {
+  async function receiveWebhook(
+    req: IncomingMessage,
+    res: ServerResponse,
+    endpoint: Endpoint,
+    query: string,
+    next: Next,
+  ) {
     const { verifier } = endpoint;
     const getAllowed = verifier.answerGet !== undefined;
     if (req.method !== 'POST' && !(getAllowed && req.method === 'GET')) {
-      return next(new HttpError('method_not_allowed', `${req.method} on a webhook endpoint`, { allow: getAllowed ? 'GET, POST' : 'POST' }));
+      return next(
+        new HttpError('method_not_allowed', `${req.method} on a webhook endpoint`, {
+          allow: getAllowed ? 'GET, POST' : 'POST',
+        }),
+      );
     }
 
     const origin = resolveClientIp(req);
@@ -215,20 +265,40 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
       try {
         reply = await endpoint.consume(fields);
       } catch (err) {
-        logger.error({ err: (err as Error).message, endpoint: endpoint.path }, 'notification not processed: the sender will retry');
-        return next(new HttpError('integration_unavailable', (err as Error).message, { 'retry-after': STORE_RETRY_AFTER_SECONDS }));
+        logger.error(
+          { err: (err as Error).message, endpoint: endpoint.path },
+          'notification not processed: the sender will retry',
+        );
+        return next(
+          new HttpError('integration_unavailable', (err as Error).message, {
+            'retry-after': STORE_RETRY_AFTER_SECONDS,
+          }),
+        );
       }
       return answer(req, res, reply);
     }
 
     const deliveryId = verifier.deliveryId(req.headers, fields);
-    if (deliveryId !== undefined && !SANE_DELIVERY_ID.test(deliveryId)) return next(new HttpError('invalid_idempotency_key', 'delivery id too long or not printable'));
-    const payloadText = verifier.payload ? JSON.stringify(verifier.payload(fields, { maxJsonDepth: webhooks.maxJsonDepth })) : text;
+    if (deliveryId !== undefined && !SANE_DELIVERY_ID.test(deliveryId))
+      return next(new HttpError('invalid_idempotency_key', 'delivery id too long or not printable'));
+    const payloadText = verifier.payload
+      ? JSON.stringify(verifier.payload(fields, { maxJsonDepth: webhooks.maxJsonDepth }))
+      : text;
 
     const receivedAt = Date.now();
     // Rendered here, not in the store's callback: a failure in it is a bug (500, with its stack),
     // never reported as the store's (503, which senders retry forever).
-    const envelope = prepareEnvelope({ action: endpoint.action, endpoint: endpoint.path, receivedAt, template: endpoint.template, extra: endpoint.envelopeExtra?.(fields, req.headers) }, fields, payloadText);
+    const envelope = prepareEnvelope(
+      {
+        action: endpoint.action,
+        endpoint: endpoint.path,
+        receivedAt,
+        template: endpoint.template,
+        extra: endpoint.envelopeExtra?.(fields, req.headers),
+      },
+      fields,
+      payloadText,
+    );
     let result;
     try {
       result = await store.accept({
@@ -241,7 +311,9 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
       });
     } catch (err) {
       logger.error({ err: (err as Error).message, endpoint: endpoint.path }, 'event store refused a webhook');
-      return next(new HttpError('store_unavailable', (err as Error).message, { 'retry-after': STORE_RETRY_AFTER_SECONDS }));
+      return next(
+        new HttpError('store_unavailable', (err as Error).message, { 'retry-after': STORE_RETRY_AFTER_SECONDS }),
+      );
     }
     if (!result.duplicate) {
       deps.onAccepted();
@@ -252,11 +324,19 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
     const direct = verifier.acceptedAnswer?.(fields);
     if (direct) return answer(req, res, direct);
     const reply = JSON.stringify({ id: result.id, status: result.duplicate ? 'duplicate' : 'queued' });
-    res.writeHead(result.duplicate ? 200 : 202, { 'content-type': 'application/json; charset=utf-8', 'cache-control': 'no-store' });
+    res.writeHead(result.duplicate ? 200 : 202, {
+      'content-type': 'application/json; charset=utf-8',
+      'cache-control': 'no-store',
+    });
     res.end(reply);
   }
 
-  async function handlePrefixed(req: IncomingMessage, res: ServerResponse, route: PrefixRoute, rest: string): Promise<void> {
+  async function handlePrefixed(
+    req: IncomingMessage,
+    res: ServerResponse,
+    route: PrefixRoute,
+    rest: string,
+  ): Promise<void> {
     const origin = resolveClientIp(req);
     if (origin.ip === undefined) throw new HttpError('invalid_client_ip', 'unusable client address');
     req.gatehouse!.clientIp = origin.ip;
@@ -273,7 +353,8 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
         recordFailure: async () => slot.failed(),
       },
       async readJson() {
-        if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? '')) throw new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`);
+        if (!JSON_MEDIA_TYPE.test(req.headers['content-type'] ?? ''))
+          throw new HttpError('unsupported_media_type', `content-type ${req.headers['content-type'] ?? '(none)'}`);
         const raw = await readBody(req, res, webhooks.maxBodyBytes, webhooks.bodyTimeoutMs);
         return parseJsonObject(decodeUtf8(raw), webhooks.maxJsonDepth);
       },
@@ -290,8 +371,12 @@ export function buildWebhookApp(config: Config, deps: { logger: Logger; lockout:
   app.disable('etag');
   app.get('/healthz', (_req: IncomingMessage, res: ServerResponse) => answerHealthy(res));
   // Configured endpoints never reach Express (see handle below): everything left is not found.
-  app.use((_req: IncomingMessage, _res: ServerResponse, next: Next) => next(new HttpError('not_found', 'no webhook endpoint at this path')));
-  app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) => respondWithError(req, res, err, logger));
+  app.use((_req: IncomingMessage, _res: ServerResponse, next: Next) =>
+    next(new HttpError('not_found', 'no webhook endpoint at this path')),
+  );
+  app.use((err: unknown, req: IncomingMessage, res: ServerResponse, _next: Next) =>
+    respondWithError(req, res, err, logger),
+  );
 
   // As for /api/: requests to a configured endpoint skip Express's router (the hot path);
   // everything else (health, 404) is the Express app.
@@ -330,13 +415,15 @@ function decodeUtf8(raw: Buffer): string {
  * listener takes goes through here (endpoints, integration routes, prefix routes' readJson).
  */
 function parseJsonObject(text: string, maxDepth: number): Record<string, unknown> {
-  if (jsonNestsDeeperThan(text, maxDepth)) throw new HttpError('invalid_json', `nested deeper than webhooks.maxJsonDepth (${maxDepth})`);
+  if (jsonNestsDeeperThan(text, maxDepth))
+    throw new HttpError('invalid_json', `nested deeper than webhooks.maxJsonDepth (${maxDepth})`);
   let body: unknown;
   try {
     body = JSON.parse(text);
   } catch {
     throw new HttpError('invalid_json', 'body is not valid JSON');
   }
-  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError('invalid_json', 'top level is not an object');
+  if (body === null || typeof body !== 'object' || Array.isArray(body))
+    throw new HttpError('invalid_json', 'top level is not an object');
   return body as Record<string, unknown>;
 }

@@ -19,7 +19,10 @@ export function compileTemplate(template: string): CompiledTemplate {
   let last = 0;
   for (const match of template.matchAll(PLACEHOLDER)) {
     const path = match[1]!;
-    if (!PATH.test(path)) throw new Error(`invalid placeholder "{{${path}}}": use a property path like {{sender.name}} or {{items[0].title}}`);
+    if (!PATH.test(path))
+      throw new Error(
+        `invalid placeholder "{{${path}}}": use a property path like {{sender.name}} or {{items[0].title}}`,
+      );
     parts.push(template.slice(last, match.index));
     parts.push(path.match(SEGMENT)!.map((s) => (s.startsWith('[') ? Number(s.slice(1, -1)) : s)));
     last = match.index! + match[0].length;
@@ -83,8 +86,16 @@ export function buildEnvelope(id: string, info: EnvelopeInfo, body: Record<strin
  * before handing the event to the store, so the store's callback (inside its transaction)
  * cannot fail on the body.
  */
-export function prepareEnvelope(info: EnvelopeInfo, body: Record<string, unknown>, rawBody: string): (id: string) => string {
-  const message = info.template ? renderTemplate(info.template, body) : typeof body.message === 'string' ? body.message : undefined;
+export function prepareEnvelope(
+  info: EnvelopeInfo,
+  body: Record<string, unknown>,
+  rawBody: string,
+): (id: string) => string {
+  const message = info.template
+    ? renderTemplate(info.template, body)
+    : typeof body.message === 'string'
+      ? body.message
+      : undefined;
   const fields = JSON.stringify({
     action: info.action,
     endpoint: info.endpoint,

@@ -62,7 +62,8 @@ export interface ApiKeyGrant {
   rateLimit: { requests: number; per: number } | undefined;
 }
 
-export type ApiKeyCheck = { ok: true; id: string; grant: ApiKeyGrant } | { ok: false; reason: 'malformed' | 'unknown' | 'expired' };
+export type ApiKeyCheck =
+  { ok: true; id: string; grant: ApiKeyGrant } | { ok: false; reason: 'malformed' | 'unknown' | 'expired' };
 
 /** The id under which the single plain `gateway.auth.apiKey` is reported upstream and in logs. */
 export const PLAIN_API_KEY_ID = 'default';
@@ -75,7 +76,11 @@ export class ApiKeyVerifier {
   private readonly byHash = new Map<string, { grant: ApiKeyGrant; expiresAt: number }>();
 
   constructor(auth: Pick<AuthConfig, 'apiKey' | 'apiKeys'>) {
-    if (auth.apiKey !== undefined) this.byHash.set(hashApiKey(auth.apiKey), { grant: { id: PLAIN_API_KEY_ID, scopes: [], rateLimit: undefined }, expiresAt: Infinity });
+    if (auth.apiKey !== undefined)
+      this.byHash.set(hashApiKey(auth.apiKey), {
+        grant: { id: PLAIN_API_KEY_ID, scopes: [], rateLimit: undefined },
+        expiresAt: Infinity,
+      });
     for (const entry of auth.apiKeys) {
       const grant = { id: entry.id, scopes: entry.scopes ?? [], rateLimit: entry.rateLimit };
       this.byHash.set(entry.hash, { grant, expiresAt: entry.expiresAt ? Date.parse(entry.expiresAt) : Infinity });

@@ -38,7 +38,8 @@ export function scopesOfClaims(claims: Readonly<JWTPayload>): string[] {
     }
   };
   add(claims.scope);
-  if (Array.isArray(claims.scp)) for (const item of claims.scp) add(typeof item === 'string' && !item.includes(' ') ? item : undefined);
+  if (Array.isArray(claims.scp))
+    for (const item of claims.scp) add(typeof item === 'string' && !item.includes(' ') ? item : undefined);
   else add(claims.scp);
   return found;
 }
@@ -76,7 +77,18 @@ export class Authenticator {
   }
 
   async authenticate(req: IncomingMessage): Promise<AuthOutcome> {
-    if (!this.auth.enabled) return { ok: true, identity: { methods: [], subject: undefined, keyId: undefined, scopes: NO_SCOPES, claims: undefined, keyRateLimit: undefined } };
+    if (!this.auth.enabled)
+      return {
+        ok: true,
+        identity: {
+          methods: [],
+          subject: undefined,
+          keyId: undefined,
+          scopes: NO_SCOPES,
+          claims: undefined,
+          keyRateLimit: undefined,
+        },
+      };
 
     const wantKey = this.apiKeys.size > 0;
     const wantBearer = this.jwt !== undefined;
@@ -88,14 +100,14 @@ export class Authenticator {
     let grant: ApiKeyGrant | undefined;
     if (rawKey !== undefined) {
       // Several X-API-Key headers arrive joined by ", "; keys never contain a comma or blank.
-      if (typeof rawKey !== 'string' || rawKey.trim() === '' || /[\s,]/.test(rawKey)) keyFailure = 'empty, blank or several X-API-Key values';
+      if (typeof rawKey !== 'string' || rawKey.trim() === '' || /[\s,]/.test(rawKey))
+        keyFailure = 'empty, blank or several X-API-Key values';
       else {
         const check = this.apiKeys.verify(rawKey);
         if (check.ok) {
           keyId = check.id;
           grant = check.grant;
-        }
-        else keyFailure = `api key ${check.reason}`;
+        } else keyFailure = `api key ${check.reason}`;
       }
     } else {
       hashApiKey(TIMING_FILLER); // missing and wrong keys cost the same
@@ -122,24 +134,56 @@ export class Authenticator {
     }
 
     // Any credential offered and wrong fails the request, also under `any`: no riding along.
-    if (keyFailure) return { ok: false, error: new HttpError('invalid_api_key', keyFailure, { 'www-authenticate': CHALLENGE }), presentedBadCredential: true };
+    if (keyFailure)
+      return {
+        ok: false,
+        error: new HttpError('invalid_api_key', keyFailure, { 'www-authenticate': CHALLENGE }),
+        presentedBadCredential: true,
+      };
     // The identity provider being down is not the client's failure: 503, and no lockout count.
-    if (tokenFailure && keysUnavailable) return { ok: false, error: new HttpError('auth_unavailable', tokenFailure, { 'retry-after': '5' }), presentedBadCredential: false };
-    if (tokenFailure) return { ok: false, error: new HttpError('invalid_token', tokenFailure, { 'www-authenticate': INVALID_TOKEN_CHALLENGE }), presentedBadCredential: true };
+    if (tokenFailure && keysUnavailable)
+      return {
+        ok: false,
+        error: new HttpError('auth_unavailable', tokenFailure, { 'retry-after': '5' }),
+        presentedBadCredential: false,
+      };
+    if (tokenFailure)
+      return {
+        ok: false,
+        error: new HttpError('invalid_token', tokenFailure, { 'www-authenticate': INVALID_TOKEN_CHALLENGE }),
+        presentedBadCredential: true,
+      };
 
     const methods: AuthMethod[] = [];
     if (keyId !== undefined) methods.push('api-key');
     if (tokenOk) methods.push('bearer');
-    const complete = this.auth.require === 'all'
-      ? (!wantKey || keyId !== undefined) && (!wantBearer || tokenOk) && methods.length > 0
-      : methods.length > 0;
+    const complete =
+      this.auth.require === 'all'
+        ? (!wantKey || keyId !== undefined) && (!wantBearer || tokenOk) && methods.length > 0
+        : methods.length > 0;
     if (!complete) {
-      return { ok: false, error: new HttpError('missing_credentials', `require ${this.auth.require}: got ${methods.join(', ') || 'none'}`, { 'www-authenticate': CHALLENGE }), presentedBadCredential: false };
+      return {
+        ok: false,
+        error: new HttpError(
+          'missing_credentials',
+          `require ${this.auth.require}: got ${methods.join(', ') || 'none'}`,
+          { 'www-authenticate': CHALLENGE },
+        ),
+        presentedBadCredential: false,
+      };
     }
     const tokenScopes = claims ? scopesOfClaims(claims) : NO_SCOPES;
     const keyScopes = grant?.scopes ?? NO_SCOPES;
-    const scopes = tokenScopes.length === 0 ? keyScopes : keyScopes.length === 0 ? tokenScopes : [...new Set([...keyScopes, ...tokenScopes])];
-    return { ok: true, identity: { methods, subject: subject ?? keyId, keyId, scopes, claims, keyRateLimit: grant?.rateLimit } };
+    const scopes =
+      tokenScopes.length === 0
+        ? keyScopes
+        : keyScopes.length === 0
+          ? tokenScopes
+          : [...new Set([...keyScopes, ...tokenScopes])];
+    return {
+      ok: true,
+      identity: { methods, subject: subject ?? keyId, keyId, scopes, claims, keyRateLimit: grant?.rateLimit },
+    };
   }
 }
 

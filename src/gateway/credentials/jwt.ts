@@ -1,10 +1,21 @@
 import { createHash } from 'node:crypto';
-import { createRemoteJWKSet, customFetch, errors, importSPKI, jwtVerify, type JWTPayload, type JWTVerifyGetKey, type CryptoKey } from 'jose';
+import {
+  createRemoteJWKSet,
+  customFetch,
+  errors,
+  importSPKI,
+  jwtVerify,
+  type JWTPayload,
+  type JWTVerifyGetKey,
+  type CryptoKey,
+} from 'jose';
 import type { JwtConfig } from '../../config/schema.js';
 import { countJwksFetch } from '../../observability/metrics.js';
 
 /** `unavailable`: the keys could not be fetched (the identity provider is down), not a bad token. */
-export type JwtCheck = { ok: true; subject: string | undefined; claims: Readonly<JWTPayload> } | { ok: false; reason: string; unavailable?: boolean };
+export type JwtCheck =
+  | { ok: true; subject: string | undefined; claims: Readonly<JWTPayload> }
+  | { ok: false; reason: string; unavailable?: boolean };
 
 /**
  * A JWKS that could not be reached or read, as opposed to a token that failed: jose throws a
@@ -15,7 +26,12 @@ export function isKeySetOutage(err: unknown): boolean {
 }
 
 type KeySource = Uint8Array | JWTVerifyGetKey;
-type CachedToken = { subject: string | undefined; claims: Readonly<JWTPayload>; until: number; kid: string | undefined };
+type CachedToken = {
+  subject: string | undefined;
+  claims: Readonly<JWTPayload>;
+  until: number;
+  kid: string | undefined;
+};
 
 /** jose's fetch, counted (gatehouse_jwks_fetches_total): any answer but 2xx is http_error, no answer unreachable. */
 const fetchCounted: typeof fetch = async (url, init) => {
@@ -98,7 +114,14 @@ export class JwtVerifier {
       await jwks.reload();
       readKids();
     };
-    return new JwtVerifier(settings, getKey, 'jwksUri', reload, (kid) => publishedKids.has(kid), () => loaded);
+    return new JwtVerifier(
+      settings,
+      getKey,
+      'jwksUri',
+      reload,
+      (kid) => publishedKids.has(kid),
+      () => loaded,
+    );
   }
 
   /** Fetches the JWKS ahead of the first request, so no request waits for it. Never throws. */
@@ -117,7 +140,8 @@ export class JwtVerifier {
     const cacheKey = this.settings.cacheSeconds > 0 ? createHash('sha256').update(token).digest('base64') : undefined;
     if (cacheKey !== undefined) {
       const hit = this.verified.get(cacheKey);
-      if (hit && hit.until > now && (this.hasKid === undefined || this.hasKid(hit.kid!))) return { ok: true, subject: hit.subject, claims: hit.claims };
+      if (hit && hit.until > now && (this.hasKid === undefined || this.hasKid(hit.kid!)))
+        return { ok: true, subject: hit.subject, claims: hit.claims };
       if (hit) this.verified.delete(cacheKey);
     }
     try {
@@ -128,26 +152,35 @@ export class JwtVerifier {
         clockTolerance: this.settings.clockToleranceSeconds,
         requiredClaims: ['exp'],
       };
-      const { payload, protectedHeader } = typeof this.key === 'function'
-        ? await jwtVerify(token, this.key, options)
-        : await jwtVerify(token, this.key, options);
+      const { payload, protectedHeader } =
+        typeof this.key === 'function'
+          ? await jwtVerify(token, this.key, options)
+          : await jwtVerify(token, this.key, options);
       const subject = typeof payload.sub === 'string' && payload.sub !== '' ? payload.sub : undefined;
       // A lone surrogate would reach the upstream as U+FFFD: two different subjects, one name.
-      if (subject !== undefined && !(subject as string & { isWellFormed(): boolean }).isWellFormed()) return { ok: false, reason: '"sub" is not well-formed Unicode' };
-      if (subject === undefined && this.settings.requireSubject) return { ok: false, reason: 'token has no "sub" (gateway.auth.bearer.jwt.requireSubject)' };
+      if (subject !== undefined && !(subject as string & { isWellFormed(): boolean }).isWellFormed())
+        return { ok: false, reason: '"sub" is not well-formed Unicode' };
+      if (subject === undefined && this.settings.requireSubject)
+        return { ok: false, reason: 'token has no "sub" (gateway.auth.bearer.jwt.requireSubject)' };
       // From a JWKS, only tokens naming their key are remembered: the hit re-checks that key is still published.
       if (cacheKey !== undefined && (this.hasKid === undefined || protectedHeader.kid !== undefined)) {
         this.remember(cacheKey, { subject, claims: payload, until: 0, kid: protectedHeader.kid }, payload.exp!, now);
       }
       return { ok: true, subject, claims: payload };
     } catch (err) {
-      const reason = err instanceof errors.JOSEError ? `${err.code}: ${err.message}` : `key set unreachable: ${(err as Error).message}`;
+      const reason =
+        err instanceof errors.JOSEError
+          ? `${err.code}: ${err.message}`
+          : `key set unreachable: ${(err as Error).message}`;
       return { ok: false, reason, unavailable: this.source === 'jwksUri' && isKeySetOutage(err) };
     }
   }
 
   private remember(cacheKey: string, entry: CachedToken, exp: number, now: number): void {
-    entry.until = Math.min(exp * 1000 + this.settings.clockToleranceSeconds * 1000, now + this.settings.cacheSeconds * 1000);
+    entry.until = Math.min(
+      exp * 1000 + this.settings.clockToleranceSeconds * 1000,
+      now + this.settings.cacheSeconds * 1000,
+    );
     if (entry.until <= now) return;
     if (this.verified.size >= MAX_CACHED_TOKENS) this.verified.delete(this.verified.keys().next().value!);
     this.verified.set(cacheKey, entry);

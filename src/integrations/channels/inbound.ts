@@ -2,7 +2,13 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import type { Logger } from 'pino';
 import type { ChannelConfig, Config } from '../../config/schema.js';
 import { HttpError } from '../../errors.js';
-import { channelGrantContext, oauthAnswerContext, openSecret, sealSecret, type SecretKeys } from '../../storage/secrets.js';
+import {
+  channelGrantContext,
+  oauthAnswerContext,
+  openSecret,
+  sealSecret,
+  type SecretKeys,
+} from '../../storage/secrets.js';
 import type { IntegrationRoute, PrefixRoute } from '../../webhooks/receiver.js';
 import { discordVerifier } from '../../webhooks/verifiers/discord.js';
 import { headerSecret } from '../../webhooks/verifiers/secret.js';
@@ -29,7 +35,10 @@ export function platformOf(channel: ChannelConfig): string {
  * platform signatures do not count for the lockout: Telegram, Discord and Slack send from shared
  * addresses (anyone could get them locked out), and their secrets cannot be guessed anyway.
  */
-export function channelRoutes(config: Config, deps: { store: ChannelStore; secretKeys: SecretKeys; logger: Logger }): { routes: IntegrationRoute[]; prefixRoutes: PrefixRoute[] } {
+export function channelRoutes(
+  config: Config,
+  deps: { store: ChannelStore; secretKeys: SecretKeys; logger: Logger },
+): { routes: IntegrationRoute[]; prefixRoutes: PrefixRoute[] } {
   const routes: IntegrationRoute[] = [];
   const prefixRoutes: PrefixRoute[] = [];
   const { store } = deps;
@@ -40,7 +49,12 @@ export function channelRoutes(config: Config, deps: { store: ChannelStore; secre
       action: channel.action,
       verifyType: `channel ${describe.platform}`,
       // For `status` only: a failed write is logged, never the sender's problem.
-      onStored: () => void store.noteEvent(name, Date.now()).catch((err: Error) => deps.logger.warn({ channel: name, problem: err.message }, 'channel: could not note the last event')),
+      onStored: () =>
+        void store
+          .noteEvent(name, Date.now())
+          .catch((err: Error) =>
+            deps.logger.warn({ channel: name, problem: err.message }, 'channel: could not note the last event'),
+          ),
     };
     switch (channel.kind) {
       case 'qr': {
@@ -50,20 +64,44 @@ export function channelRoutes(config: Config, deps: { store: ChannelStore; secre
           failureCode: 'invalid_token',
           verifier: deviceVerifier(store, name, devices),
           // `from` is the paired device as stored, never a name the body claims.
-          envelopeExtra: (body, headers) => ({ channel: describe, from: { deviceId: devices.get(headers)?.id, deviceName: devices.get(headers)?.name }, text: textOf(body.text) }),
+          envelopeExtra: (body, headers) => ({
+            channel: describe,
+            from: { deviceId: devices.get(headers)?.id, deviceName: devices.get(headers)?.name },
+            text: textOf(body.text),
+          }),
         });
         prefixRoutes.push(devicePrefixRoute(store, name, channel, deps.logger));
         break;
       }
       case 'bot-token':
-        routes.push({ ...route, countsFailures: false, failureCode: 'invalid_webhook_secret', verifier: telegramChannelVerifier(store, name, deps.secretKeys), envelopeExtra: (body) => ({ channel: describe, ...telegramSender(body) }) });
+        routes.push({
+          ...route,
+          countsFailures: false,
+          failureCode: 'invalid_webhook_secret',
+          verifier: telegramChannelVerifier(store, name, deps.secretKeys),
+          envelopeExtra: (body) => ({ channel: describe, ...telegramSender(body) }),
+        });
         break;
       case 'oauth-bot':
-        routes.push({ ...route, countsFailures: false, verifier: discordVerifier(channel), envelopeExtra: (body) => ({ channel: describe, ...discordSender(body) }) });
+        routes.push({
+          ...route,
+          countsFailures: false,
+          verifier: discordVerifier(channel),
+          envelopeExtra: (body) => ({ channel: describe, ...discordSender(body) }),
+        });
         prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKeys));
         break;
       case 'oauth':
-        routes.push({ ...route, countsFailures: false, verifier: slackVerifier(channel), envelopeExtra: (body) => ({ channel: describe, from: dig(body, 'event', 'user') ?? null, text: textOf(dig(body, 'event', 'text')) }) });
+        routes.push({
+          ...route,
+          countsFailures: false,
+          verifier: slackVerifier(channel),
+          envelopeExtra: (body) => ({
+            channel: describe,
+            from: dig(body, 'event', 'user') ?? null,
+            text: textOf(dig(body, 'event', 'text')),
+          }),
+        });
         prefixRoutes.push(oauthCallbackRoute(store, name, deps.secretKeys));
         break;
     }
@@ -95,7 +133,11 @@ function primitiveText(value: unknown): string {
 }
 
 /** A paired device: `Authorization: Bearer <device token>`; a revoked device fails at once (looked up per request). */
-function deviceVerifier(store: ChannelStore, name: string, devices: WeakMap<IncomingHttpHeaders, Device>): WebhookVerifier {
+function deviceVerifier(
+  store: ChannelStore,
+  name: string,
+  devices: WeakMap<IncomingHttpHeaders, Device>,
+): WebhookVerifier {
   return {
     async checkHeaders(headers, now) {
       const token = /^bearer +(\S+) *$/i.exec(headerValue(headers, 'authorization') ?? '')?.[1];
@@ -111,7 +153,8 @@ function deviceVerifier(store: ChannelStore, name: string, devices: WeakMap<Inco
       return { ok: true };
     },
     // A device's own message id (`id`), per device: a resend after a lost answer is not delivered twice.
-    deliveryId: (headers, body) => (saneId(body.id) === undefined ? undefined : `${devices.get(headers)?.id}:${saneId(body.id)}`),
+    deliveryId: (headers, body) =>
+      saneId(body.id) === undefined ? undefined : `${devices.get(headers)?.id}:${saneId(body.id)}`,
   };
 }
 
@@ -151,7 +194,9 @@ function telegramSender(body: Record<string, unknown>): { from: unknown; text: s
   const message = (body.message ?? body.edited_message ?? body.channel_post) as Record<string, any> | undefined;
   const from = message?.from ?? message?.sender_chat;
   return {
-    from: from ? { id: from.id, username: from.username ?? from.title ?? null, chatId: message?.chat?.id ?? null } : null,
+    from: from
+      ? { id: from.id, username: from.username ?? from.title ?? null, chatId: message?.chat?.id ?? null }
+      : null,
     text: textOf(message?.text),
   };
 }
@@ -163,8 +208,14 @@ function discordSender(body: Record<string, unknown>): { from: unknown; text: st
   const name = dig(body, 'data', 'name');
   const options = dig(body, 'data', 'options');
   const option = (o: unknown) => ` ${primitiveText(dig(o, 'name'))}:${primitiveText(dig(o, 'value'))}`;
-  const text = typeof name === 'string' && name !== '' ? `/${name}${Array.isArray(options) ? options.map(option).join('') : ''}` : null;
-  return { from: user ? { id: user.id, username: user.username ?? null, channelId: body.channel_id ?? null } : null, text };
+  const text =
+    typeof name === 'string' && name !== ''
+      ? `/${name}${Array.isArray(options) ? options.map(option).join('') : ''}`
+      : null;
+  return {
+    from: user ? { id: user.id, username: user.username ?? null, channelId: body.channel_id ?? null } : null,
+    text,
+  };
 }
 
 /**
@@ -177,10 +228,16 @@ function oauthCallbackRoute(store: ChannelStore, name: string, secretKeys: Secre
     prefix: `${CHANNEL_PATH_PREFIX}${name}/`,
     async handle(req, res, rest, tools) {
       if (rest !== 'oauth/callback') throw new HttpError('not_found', 'no channel route at this path');
-      if (req.method !== 'GET') throw new HttpError('method_not_allowed', `${req.method} on the OAuth callback`, { allow: 'GET' });
+      if (req.method !== 'GET')
+        throw new HttpError('method_not_allowed', `${req.method} on the OAuth callback`, { allow: 'GET' });
       const query = (req.url ?? '').split('?')[1] ?? '';
       const state = new URLSearchParams(query).get('state');
-      if (!state || !await storeCall(() => store.answerOAuthRequest(name, state, sealSecret(query, secretKeys, oauthAnswerContext(name)), Date.now()))) {
+      if (
+        !state ||
+        !(await storeCall(() =>
+          store.answerOAuthRequest(name, state, sealSecret(query, secretKeys, oauthAnswerContext(name)), Date.now()),
+        ))
+      ) {
         await tools.lockout.recordFailure(tools.clientIp);
         throw new HttpError('invalid_oauth_state', 'no pending login with this state');
       }
@@ -199,7 +256,11 @@ function oauthCallbackRoute(store: ChannelStore, name: string, secretKeys: Secre
 function devicePrefixRoute(store: ChannelStore, name: string, _channel: ChannelConfig, logger: Logger): PrefixRoute {
   const json = (res: ServerResponse, status: number, body: unknown) => {
     const text = JSON.stringify(body);
-    res.writeHead(status, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(text), 'cache-control': 'no-store' });
+    res.writeHead(status, {
+      'content-type': 'application/json; charset=utf-8',
+      'content-length': Buffer.byteLength(text),
+      'cache-control': 'no-store',
+    });
     res.end(text);
   };
   return {
@@ -208,23 +269,38 @@ function devicePrefixRoute(store: ChannelStore, name: string, _channel: ChannelC
       const now = Date.now();
       const pairing = /^pair\/([A-Za-z0-9]{1,16})$/.exec(rest);
       if (pairing) {
-        if (req.method !== 'POST') throw new HttpError('method_not_allowed', `${req.method} on a pairing URL`, { allow: 'POST' });
+        if (req.method !== 'POST')
+          throw new HttpError('method_not_allowed', `${req.method} on a pairing URL`, { allow: 'POST' });
         const body = await tools.readJson();
         const deviceName = typeof body.deviceName === 'string' ? body.deviceName.trim() : '';
-        if (!DEVICE_NAME.test(deviceName)) throw new HttpError('invalid_request', 'deviceName: 1-64 letters, digits, spaces or . _ \' ( ) -');
+        if (!DEVICE_NAME.test(deviceName))
+          throw new HttpError('invalid_request', "deviceName: 1-64 letters, digits, spaces or . _ ' ( ) -");
         // Again after the body: concurrent guesses all passed the first check before any failed.
         const lockedFor = await tools.lockout.lockedFor(tools.clientIp);
-        if (lockedFor > 0) throw new HttpError('too_many_failures', `locked out for ${lockedFor}s more`, { 'retry-after': String(lockedFor) });
+        if (lockedFor > 0)
+          throw new HttpError('too_many_failures', `locked out for ${lockedFor}s more`, {
+            'retry-after': String(lockedFor),
+          });
         const outcome = await storeCall(() => store.pair(name, pairing[1]!, deviceName, now));
         if (!outcome.ok) {
           await tools.lockout.recordFailure(tools.clientIp);
-          throw new HttpError(outcome.reason === 'unknown' ? 'pairing_not_found' : 'pairing_gone', `pairing code ${outcome.reason}`);
+          throw new HttpError(
+            outcome.reason === 'unknown' ? 'pairing_not_found' : 'pairing_gone',
+            `pairing code ${outcome.reason}`,
+          );
         }
         logger.info({ channel: name, device: outcome.device.id, deviceName }, 'channel device paired');
-        return json(res, 201, { deviceId: outcome.device.id, token: outcome.token, channel: name, messagesUrl: `${CHANNEL_PATH_PREFIX}${name}`, outboxUrl: `${CHANNEL_PATH_PREFIX}${name}/outbox` });
+        return json(res, 201, {
+          deviceId: outcome.device.id,
+          token: outcome.token,
+          channel: name,
+          messagesUrl: `${CHANNEL_PATH_PREFIX}${name}`,
+          outboxUrl: `${CHANNEL_PATH_PREFIX}${name}/outbox`,
+        });
       }
       if (rest === 'outbox') {
-        if (req.method !== 'GET') throw new HttpError('method_not_allowed', `${req.method} on the outbox`, { allow: 'GET' });
+        if (req.method !== 'GET')
+          throw new HttpError('method_not_allowed', `${req.method} on the outbox`, { allow: 'GET' });
         const token = /^bearer +(\S+) *$/i.exec(req.headers.authorization ?? '')?.[1];
         const device = token ? await storeCall(() => store.deviceByToken(name, token, now)) : undefined;
         if (!device) {

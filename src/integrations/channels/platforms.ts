@@ -53,7 +53,11 @@ const TEXT_RULES = {
   // "Text of the message to be sent, 1-4096 characters after entities parsing"; blank is "message text is empty".
   telegram: { max: 4096, blankAllowed: false, source: 'https://core.telegram.org/bots/api#sendmessage' },
   // content: "Message contents (up to 2000 characters)"; an empty message is JSON code 50006.
-  discord: { max: 2000, blankAllowed: false, source: 'https://discord.com/developers/docs/resources/message#create-message' },
+  discord: {
+    max: 2000,
+    blankAllowed: false,
+    source: 'https://discord.com/developers/docs/resources/message#create-message',
+  },
   // "truncate messages containing more than 40,000 characters"; whitespace is not documented as refused.
   slack: { max: 40_000, blankAllowed: true, source: 'https://docs.slack.dev/reference/methods/chat.postMessage' },
 } as const;
@@ -67,7 +71,8 @@ export function messageTextProblem(platform: keyof typeof TEXT_RULES, text: stri
   const rule = TEXT_RULES[platform];
   if (!rule.blankAllowed && text.trim() === '') return `${platform} refuses a blank message (${rule.source})`;
   const length = [...text].length;
-  if (length > rule.max) return `${platform} takes at most ${rule.max} characters in a message, got ${length} (${rule.source})`;
+  if (length > rule.max)
+    return `${platform} takes at most ${rule.max} characters in a message, got ${length} (${rule.source})`;
   return undefined;
 }
 
@@ -80,12 +85,18 @@ export const telegram = {
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify(params),
     });
-    if (body.ok !== true) throw new PlatformError('telegram', `${method}: ${body.description ?? `HTTP ${status}`}`, status);
+    if (body.ok !== true)
+      throw new PlatformError('telegram', `${method}: ${body.description ?? `HTTP ${status}`}`, status);
     return body.result as T;
   },
-  getMe: (base: string, token: string) => telegram.call<{ id: number; username?: string; first_name?: string }>(base, token, 'getMe', {}),
+  getMe: (base: string, token: string) =>
+    telegram.call<{ id: number; username?: string; first_name?: string }>(base, token, 'getMe', {}),
   setWebhook: (base: string, token: string, url: string, secretToken: string) =>
-    telegram.call<boolean>(base, token, 'setWebhook', { url, secret_token: secretToken, allowed_updates: ['message', 'edited_message', 'channel_post'] }),
+    telegram.call<boolean>(base, token, 'setWebhook', {
+      url,
+      secret_token: secretToken,
+      allowed_updates: ['message', 'edited_message', 'channel_post'],
+    }),
   deleteWebhook: (base: string, token: string) => telegram.call<boolean>(base, token, 'deleteWebhook', {}),
   sendMessage: (base: string, token: string, chatId: string, text: string) =>
     telegram.call<{ message_id: number }>(base, token, 'sendMessage', { chat_id: chatId, text }),
@@ -113,11 +124,20 @@ export async function exchangeCode(
   return oauthResult(platform, status, body);
 }
 
-export async function refreshGrant(platform: 'discord', tokenUrl: string, fields: { clientId: string; clientSecret: string; refreshToken: string }): Promise<Record<string, any>> {
+export async function refreshGrant(
+  platform: 'discord',
+  tokenUrl: string,
+  fields: { clientId: string; clientSecret: string; refreshToken: string },
+): Promise<Record<string, any>> {
   const { status, body } = await callJson(platform, tokenUrl, {
     method: 'POST',
     headers: formHeaders(platform),
-    body: form({ grant_type: 'refresh_token', refresh_token: fields.refreshToken, client_id: fields.clientId, client_secret: fields.clientSecret }),
+    body: form({
+      grant_type: 'refresh_token',
+      refresh_token: fields.refreshToken,
+      client_id: fields.clientId,
+      client_secret: fields.clientSecret,
+    }),
   });
   return oauthResult(platform, status, body);
 }
@@ -125,12 +145,20 @@ export async function refreshGrant(platform: 'discord', tokenUrl: string, fields
 // Both token URLs take only application/x-www-form-urlencoded (Discord: "JSON content is not
 // permitted"; Slack's oauth.v2.access lists no other content type).
 function formHeaders(platform: 'discord' | 'slack'): Record<string, string> {
-  return { 'content-type': 'application/x-www-form-urlencoded', ...(platform === 'discord' ? { 'user-agent': DISCORD_USER_AGENT } : {}) };
+  return {
+    'content-type': 'application/x-www-form-urlencoded',
+    ...(platform === 'discord' ? { 'user-agent': DISCORD_USER_AGENT } : {}),
+  };
 }
 
 function oauthResult(platform: string, status: number, body: any): Record<string, any> {
   if (body.ok === false) throw new PlatformError(platform, `token exchange: ${body.error}`, status);
-  if (status >= 400 || body.error) throw new PlatformError(platform, `token exchange: ${body.error ?? `HTTP ${status}`}${body.error_description ? ` (${body.error_description})` : ''}`, status);
+  if (status >= 400 || body.error)
+    throw new PlatformError(
+      platform,
+      `token exchange: ${body.error ?? `HTTP ${status}`}${body.error_description ? ` (${body.error_description})` : ''}`,
+      status,
+    );
   return body;
 }
 
@@ -138,18 +166,27 @@ function oauthResult(platform: string, status: number, body: any): Record<string
 
 export const discord = {
   async getBot(apiBase: string, botToken: string): Promise<{ id: string; username: string }> {
-    const { status, body } = await callJson('discord', `${apiBase}/users/@me`, { headers: { authorization: `Bot ${botToken}`, 'user-agent': DISCORD_USER_AGENT } });
-    if (status >= 400) throw new PlatformError('discord', `bot token check: ${body.message ?? `HTTP ${status}`}`, status);
+    const { status, body } = await callJson('discord', `${apiBase}/users/@me`, {
+      headers: { authorization: `Bot ${botToken}`, 'user-agent': DISCORD_USER_AGENT },
+    });
+    if (status >= 400)
+      throw new PlatformError('discord', `bot token check: ${body.message ?? `HTTP ${status}`}`, status);
     return body;
   },
   async sendMessage(apiBase: string, botToken: string, channelId: string, content: string): Promise<{ id: string }> {
-    if (!/^\d{1,25}$/.test(channelId)) throw new PlatformError('discord', `"to" must be a channel id (digits), got "${channelId}"`, 400);
+    if (!/^\d{1,25}$/.test(channelId))
+      throw new PlatformError('discord', `"to" must be a channel id (digits), got "${channelId}"`, 400);
     const { status, body } = await callJson('discord', `${apiBase}/channels/${channelId}/messages`, {
       method: 'POST',
-      headers: { authorization: `Bot ${botToken}`, 'content-type': 'application/json', 'user-agent': DISCORD_USER_AGENT },
+      headers: {
+        authorization: `Bot ${botToken}`,
+        'content-type': 'application/json',
+        'user-agent': DISCORD_USER_AGENT,
+      },
       body: JSON.stringify({ content }),
     });
-    if (status >= 400) throw new PlatformError('discord', `create message: ${body.message ?? `HTTP ${status}`}`, status);
+    if (status >= 400)
+      throw new PlatformError('discord', `create message: ${body.message ?? `HTTP ${status}`}`, status);
     return body;
   },
 };
@@ -157,13 +194,19 @@ export const discord = {
 // Slack Web API: https://api.slack.com/methods/chat.postMessage (HTTP 200 with `ok: false` on errors).
 
 export const slack = {
-  async postMessage(apiBase: string, botToken: string, channel: string, text: string): Promise<{ ts: string; channel: string }> {
+  async postMessage(
+    apiBase: string,
+    botToken: string,
+    channel: string,
+    text: string,
+  ): Promise<{ ts: string; channel: string }> {
     const { status, body } = await callJson('slack', `${apiBase}/chat.postMessage`, {
       method: 'POST',
       headers: { authorization: `Bearer ${botToken}`, 'content-type': 'application/json; charset=utf-8' },
       body: JSON.stringify({ channel, text }),
     });
-    if (body.ok !== true) throw new PlatformError('slack', `chat.postMessage: ${body.error ?? `HTTP ${status}`}`, status);
+    if (body.ok !== true)
+      throw new PlatformError('slack', `chat.postMessage: ${body.error ?? `HTTP ${status}`}`, status);
     return body;
   },
 };

@@ -14,14 +14,19 @@ const CHECK_EVERY_MS = 60 * 60 * 1000;
  * refreshed at the platform's token URL and stored sealed again. A failure is logged at error
  * level and recorded for `channels status`; the next check tries again.
  */
-export function startGrantRefresher(initial: Config, deps: { store: ChannelStore; secretKeys: SecretKeys; logger: Logger; now?: () => number }): { close(): Promise<void>; reconfigure(next: Config): void; refreshDue(): Promise<void> } {
+export function startGrantRefresher(
+  initial: Config,
+  deps: { store: ChannelStore; secretKeys: SecretKeys; logger: Logger; now?: () => number },
+): { close(): Promise<void>; reconfigure(next: Config): void; refreshDue(): Promise<void> } {
   const now = deps.now ?? Date.now;
   let config = initial;
   let closed = false;
   // One pass at a time: Discord rotates refresh tokens, so two passes would race on the same one.
   let running: Promise<void> | undefined;
   function refreshDue(): Promise<void> {
-    running ??= refreshPass().catch((err: Error) => deps.logger.error({ problem: err.message }, 'channel grant refresh pass failed')).finally(() => (running = undefined));
+    running ??= refreshPass()
+      .catch((err: Error) => deps.logger.error({ problem: err.message }, 'channel grant refresh pass failed'))
+      .finally(() => (running = undefined));
     return running;
   }
   async function refreshPass(): Promise<void> {
@@ -32,18 +37,38 @@ export function startGrantRefresher(initial: Config, deps: { store: ChannelStore
       try {
         // Under the grant's lock: of several instances, one asks the platform, the others find its result.
         const { refreshed, grant } = await deps.store.refreshGrant(name, due, async (current) => {
-          const sealed = JSON.parse(openSecret(current.sealed, deps.secretKeys, channelGrantContext(name))) as SealedGrant;
+          const sealed = JSON.parse(
+            openSecret(current.sealed, deps.secretKeys, channelGrantContext(name)),
+          ) as SealedGrant;
           if (sealed.kind !== 'oauth-bot') throw new Error('stored grant is not an oauth-bot grant');
-          const tokens = await refreshGrant('discord', channel.tokenUrl, { clientId: channel.clientId, clientSecret: channel.clientSecret, refreshToken: sealed.refreshToken });
-          const next: SealedGrant = { kind: 'oauth-bot', accessToken: tokens.access_token, refreshToken: tokens.refresh_token ?? sealed.refreshToken };
-          return { sealed: sealSecret(JSON.stringify(next), deps.secretKeys, channelGrantContext(name)), expiresAt: tokens.expires_in ? now() + Number(tokens.expires_in) * 1000 : null };
+          const tokens = await refreshGrant('discord', channel.tokenUrl, {
+            clientId: channel.clientId,
+            clientSecret: channel.clientSecret,
+            refreshToken: sealed.refreshToken,
+          });
+          const next: SealedGrant = {
+            kind: 'oauth-bot',
+            accessToken: tokens.access_token,
+            refreshToken: tokens.refresh_token ?? sealed.refreshToken,
+          };
+          return {
+            sealed: sealSecret(JSON.stringify(next), deps.secretKeys, channelGrantContext(name)),
+            expiresAt: tokens.expires_in ? now() + Number(tokens.expires_in) * 1000 : null,
+          };
         });
-        if (refreshed) deps.logger.info({ channel: name, expiresAt: grant?.expiresAt && new Date(grant.expiresAt).toISOString() }, 'channel grant refreshed');
+        if (refreshed)
+          deps.logger.info(
+            { channel: name, expiresAt: grant?.expiresAt && new Date(grant.expiresAt).toISOString() },
+            'channel grant refreshed',
+          );
       } catch (err) {
         if (closed) return;
         const problem = `grant refresh failed: ${(err as Error).message}`;
         await deps.store.noteError(name, problem, now()).catch(() => undefined);
-        deps.logger.error({ channel: name, problem }, `CHANNEL GRANT REFRESH FAILED: run \`gatehouse channels login ${name}\` if it keeps failing`);
+        deps.logger.error(
+          { channel: name, problem },
+          `CHANNEL GRANT REFRESH FAILED: run \`gatehouse channels login ${name}\` if it keeps failing`,
+        );
       }
     }
   }

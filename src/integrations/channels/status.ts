@@ -17,7 +17,11 @@ export interface ChannelStatus {
 }
 
 /** A qr channel is connected once a device is paired; the others once a login stored a grant. */
-export async function describeChannel(name: string, channel: ChannelConfig, store: ChannelStore): Promise<ChannelStatus> {
+export async function describeChannel(
+  name: string,
+  channel: ChannelConfig,
+  store: ChannelStore,
+): Promise<ChannelStatus> {
   const grant = await store.grant(name);
   const base = { name, kind: channel.kind, platform: platformOf(channel) };
   if (channel.kind === 'qr') {

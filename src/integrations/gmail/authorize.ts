@@ -12,23 +12,30 @@ export async function authorizeWithLoopback(
 ): Promise<{ refreshToken: string }> {
   const response = await receiveAuthorizationCode({
     platform: 'Google',
-    authorizeUrl: ({ redirectUri, state, codeChallenge }) => auth.generateAuthUrl({
-      access_type: 'offline',
-      // Always show the consent screen: only then does Google hand out a refresh token again.
-      prompt: 'consent',
-      scope: request.scopes,
-      state,
-      code_challenge_method: CodeChallengeMethod.S256,
-      code_challenge: codeChallenge,
-      login_hint: request.loginHint,
-      redirect_uri: redirectUri,
-    }),
+    authorizeUrl: ({ redirectUri, state, codeChallenge }) =>
+      auth.generateAuthUrl({
+        access_type: 'offline',
+        // Always show the consent screen: only then does Google hand out a refresh token again.
+        prompt: 'consent',
+        scope: request.scopes,
+        state,
+        code_challenge_method: CodeChallengeMethod.S256,
+        code_challenge: codeChallenge,
+        login_hint: request.loginHint,
+        redirect_uri: redirectUri,
+      }),
     showUrl: request.showUrl,
     timeoutMs: request.timeoutMs,
   });
-  const { tokens } = await auth.getToken({ code: response.code, codeVerifier: response.codeVerifier, redirect_uri: response.redirectUri });
+  const { tokens } = await auth.getToken({
+    code: response.code,
+    codeVerifier: response.codeVerifier,
+    redirect_uri: response.redirectUri,
+  });
   if (!tokens.refresh_token) {
-    throw new UsageError('Google returned no refresh token: remove the app\'s access at https://myaccount.google.com/permissions and run setup again');
+    throw new UsageError(
+      "Google returned no refresh token: remove the app's access at https://myaccount.google.com/permissions and run setup again",
+    );
   }
   auth.setCredentials(tokens);
   return { refreshToken: tokens.refresh_token };

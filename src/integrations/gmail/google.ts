@@ -32,24 +32,42 @@ export const GOOGLE_ENDPOINTS: Readonly<GoogleEndpoints> = Object.freeze({
  * OAuth client file's `auth_uri`/`token_uri` (or the token endpoint a stored grant came from)
  * for OAuth, else Google's own.
  */
-export function googleEndpoints(choice: { googleApiUrl?: string; authUri?: string; tokenUri?: string } = {}): GoogleEndpoints {
+export function googleEndpoints(
+  choice: { googleApiUrl?: string; authUri?: string; tokenUri?: string } = {},
+): GoogleEndpoints {
   const base = choice.googleApiUrl;
   if (base === undefined) {
-    return { ...GOOGLE_ENDPOINTS, authorizeUrl: choice.authUri ?? GOOGLE_ENDPOINTS.authorizeUrl, tokenUrl: choice.tokenUri ?? GOOGLE_ENDPOINTS.tokenUrl };
+    return {
+      ...GOOGLE_ENDPOINTS,
+      authorizeUrl: choice.authUri ?? GOOGLE_ENDPOINTS.authorizeUrl,
+      tokenUrl: choice.tokenUri ?? GOOGLE_ENDPOINTS.tokenUrl,
+    };
   }
   const root = base.endsWith('/') ? base : `${base}/`;
-  return { gmailRoot: root, pubsubRoot: root, authorizeUrl: `${root}o/oauth2/v2/auth`, tokenUrl: `${root}token`, jwksUri: `${root}oauth2/v3/certs` };
+  return {
+    gmailRoot: root,
+    pubsubRoot: root,
+    authorizeUrl: `${root}o/oauth2/v2/auth`,
+    tokenUrl: `${root}token`,
+    jwksUri: `${root}oauth2/v3/certs`,
+  };
 }
 
 const CALL_TIMEOUT_MS = 30_000;
 
 /** Scopes gatehouse asks for: read mail, and manage/pull the Pub/Sub topic and subscription. */
-export const GMAIL_SCOPES = ['https://www.googleapis.com/auth/gmail.readonly', 'https://www.googleapis.com/auth/pubsub'];
+export const GMAIL_SCOPES = [
+  'https://www.googleapis.com/auth/gmail.readonly',
+  'https://www.googleapis.com/auth/pubsub',
+];
 
 /** The service account Gmail publishes notifications as; it needs roles/pubsub.publisher on the topic. */
 export const GMAIL_PUBLISHER = 'serviceAccount:gmail-api-push@system.gserviceaccount.com';
 
-export function createOAuthClient(endpoints: GoogleEndpoints, client: { clientId: string; clientSecret: string; redirectUri?: string }): OAuth2Client {
+export function createOAuthClient(
+  endpoints: GoogleEndpoints,
+  client: { clientId: string; clientSecret: string; redirectUri?: string },
+): OAuth2Client {
   return new OAuth2Client({
     clientId: client.clientId,
     clientSecret: client.clientSecret,
@@ -121,7 +139,9 @@ export class PubSubRest {
    * back whole by setIamPolicy.
    */
   async getIamPolicy(resource: string): Promise<IamPolicy> {
-    return this.call<IamPolicy>('GET', `${resource}:getIamPolicy`, undefined, undefined, { 'options.requestedPolicyVersion': '3' });
+    return this.call<IamPolicy>('GET', `${resource}:getIamPolicy`, undefined, undefined, {
+      'options.requestedPolicyVersion': '3',
+    });
   }
 
   /** `topics.setIamPolicy`: POST `{ policy }`, the policy as read (its etag guards against a concurrent change). */
@@ -129,16 +149,34 @@ export class PubSubRest {
     return this.call<IamPolicy>('POST', `${resource}:setIamPolicy`, { policy });
   }
 
-  async call<T>(method: 'GET' | 'PUT' | 'PATCH' | 'POST', nameAndVerb: string, data?: unknown, signal?: AbortSignal, query?: Record<string, string>): Promise<T> {
+  async call<T>(
+    method: 'GET' | 'PUT' | 'PATCH' | 'POST',
+    nameAndVerb: string,
+    data?: unknown,
+    signal?: AbortSignal,
+    query?: Record<string, string>,
+  ): Promise<T> {
     // pull may long-poll (Google holds it up to ~90 s when nothing is there).
     const timeout = nameAndVerb.endsWith(':pull') ? 100_000 : CALL_TIMEOUT_MS;
     const search = query ? `?${new URLSearchParams(query)}` : '';
-    const response = await this.auth.request<T>({ url: `${this.root}v1/${nameAndVerb}${search}`, method, data, signal, timeout, retry: method === 'GET' });
+    const response = await this.auth.request<T>({
+      url: `${this.root}v1/${nameAndVerb}${search}`,
+      method,
+      data,
+      signal,
+      timeout,
+      retry: method === 'GET',
+    });
     return response.data;
   }
 
   async pull(subscription: string, maxMessages: number, signal?: AbortSignal): Promise<PulledMessage[]> {
-    const reply = await this.call<{ receivedMessages?: PulledMessage[] }>('POST', `${this.subscriptionName(subscription)}:pull`, { maxMessages }, signal);
+    const reply = await this.call<{ receivedMessages?: PulledMessage[] }>(
+      'POST',
+      `${this.subscriptionName(subscription)}:pull`,
+      { maxMessages },
+      signal,
+    );
     return reply.receivedMessages ?? [];
   }
 
@@ -168,7 +206,9 @@ function googleErrorBody(err: unknown): GoogleErrorBody | undefined {
   const data = (err as { response?: { data?: unknown } })?.response?.data;
   if (data === null || typeof data !== 'object' || Array.isArray(data)) return undefined;
   const error = (data as GoogleErrorBody).error;
-  return (typeof error === 'object' && error !== null) || typeof error === 'string' ? data as GoogleErrorBody : undefined;
+  return (typeof error === 'object' && error !== null) || typeof error === 'string'
+    ? (data as GoogleErrorBody)
+    : undefined;
 }
 
 /**
@@ -196,8 +236,10 @@ function requestLine(err: unknown): string {
 /** Google's own words for an error: `status: message` from its JSON error body; else what came back, and to which request. */
 export function googleMessage(err: unknown): string {
   const data = googleErrorBody(err);
-  if (data && typeof data.error === 'object' && data.error.message) return `${data.error.status ?? googleStatus(err)}: ${data.error.message}`;
-  if (data && typeof data.error === 'string') return `${data.error}${data.error_description ? `: ${data.error_description}` : ''}`;
+  if (data && typeof data.error === 'object' && data.error.message)
+    return `${data.error.status ?? googleStatus(err)}: ${data.error.message}`;
+  if (data && typeof data.error === 'string')
+    return `${data.error}${data.error_description ? `: ${data.error_description}` : ''}`;
   const status = googleStatus(err);
   if (status !== undefined && (err as { response?: unknown }).response) {
     // An HTML page (Google's front end, or a proxy) or an empty body: never printed raw.
@@ -208,8 +250,16 @@ export function googleMessage(err: unknown): string {
 }
 
 const STATUS_TEXT: Record<number, string> = {
-  400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found', 405: 'Method Not Allowed', 429: 'Too Many Requests',
-  500: 'Internal Server Error', 502: 'Bad Gateway', 503: 'Service Unavailable', 504: 'Gateway Timeout',
+  400: 'Bad Request',
+  401: 'Unauthorized',
+  403: 'Forbidden',
+  404: 'Not Found',
+  405: 'Method Not Allowed',
+  429: 'Too Many Requests',
+  500: 'Internal Server Error',
+  502: 'Bad Gateway',
+  503: 'Service Unavailable',
+  504: 'Gateway Timeout',
 };
 
 /** Whether the failed request went to one of Google's own hosts (rather than googleApiUrl, a proxy). */
@@ -228,18 +278,23 @@ function wentToGoogle(err: unknown): boolean {
  * proxy) get their fix spelled out. `step` is setup's step; without it, the call was made by
  * the running integration (which retries by itself).
  */
-export function explainGoogleError(err: unknown, context: { project?: string; api?: 'Gmail' | 'Pub/Sub'; step?: string }): string {
+export function explainGoogleError(
+  err: unknown,
+  context: { project?: string; api?: 'Gmail' | 'Pub/Sub'; step?: string },
+): string {
   const status = googleStatus(err);
   const said = googleMessage(err);
   const project = context.project ?? '<project>';
   const api = context.api ?? 'Google';
   const json = googleErrorBody(err) !== undefined;
-  if (/invalid_grant/.test(said)) return `${said}. The stored authorisation was revoked or expired: run \`gatehouse webhooks gmail setup\` again.`;
+  if (/invalid_grant/.test(said))
+    return `${said}. The stored authorisation was revoked or expired: run \`gatehouse webhooks gmail setup\` again.`;
   if (status !== undefined && !json && (err as { response?: unknown }).response) {
     // Not Google's API answering: its front end (no such URL, backend down) or a proxy in between.
-    const endpoints = context.step === 'authorise'
-      ? 'the OAuth endpoints (the client file\'s auth_uri and token_uri, or googleApiUrl)'
-      : 'webhooks.gmail.googleApiUrl (or --google-api-url)';
+    const endpoints =
+      context.step === 'authorise'
+        ? "the OAuth endpoints (the client file's auth_uri and token_uri, or googleApiUrl)"
+        : 'webhooks.gmail.googleApiUrl (or --google-api-url)';
     if (status === 404) {
       return wentToGoogle(err)
         ? `${said}. Google serves no such URL: this is a gatehouse bug, please report it with this message.`
@@ -255,8 +310,10 @@ export function explainGoogleError(err: unknown, context: { project?: string; ap
     const service = api === 'Gmail' ? 'gmail.googleapis.com' : 'pubsub.googleapis.com';
     return `${said}. Enable the ${api} API: https://console.cloud.google.com/apis/library/${service}?project=${project}`;
   }
-  if (status === 403) return `${said}. The authorised account lacks permission in project ${project}: it needs roles/pubsub.admin (or editor) there.`;
-  if (status === 404 && api === 'Pub/Sub') return `${said}. Check the project id (--project ${project}): it must be an existing Google Cloud project.`;
+  if (status === 403)
+    return `${said}. The authorised account lacks permission in project ${project}: it needs roles/pubsub.admin (or editor) there.`;
+  if (status === 404 && api === 'Pub/Sub')
+    return `${said}. Check the project id (--project ${project}): it must be an existing Google Cloud project.`;
   if (status === 401) return `${said}. The access token was refused: run \`gatehouse webhooks gmail setup\` again.`;
   if (status === undefined) return `${said}. Google could not be reached: check the network (and any egress proxy).`;
   return said;

@@ -46,7 +46,13 @@ export class Mailbox {
 
   constructor(
     private readonly config: GmailConfig,
-    private readonly deps: { gmail: gmail_v1.Gmail; state: GmailStore; logger: Logger; onAccepted: () => void; now?: () => number },
+    private readonly deps: {
+      gmail: gmail_v1.Gmail;
+      state: GmailStore;
+      logger: Logger;
+      onAccepted: () => void;
+      now?: () => number;
+    },
   ) {
     this.template = compileTemplate(config.template);
     this.endpoint = `gmail:${config.account}`;
@@ -55,7 +61,9 @@ export class Mailbox {
   /** Resolves with the number of emails enqueued once they and the cursor are committed. */
   handle(notification: MailboxNotification): Promise<number> {
     // In this process one at a time (the queue); across instances sharing the storage, too (exclusively).
-    const run = this.queue.then(() => this.deps.state.exclusively(this.config.account, () => this.process(notification)));
+    const run = this.queue.then(() =>
+      this.deps.state.exclusively(this.config.account, () => this.process(notification)),
+    );
     this.queue = run.catch(() => undefined);
     return run;
   }
@@ -69,7 +77,8 @@ export class Mailbox {
     const { account } = this.config;
     const now = this.deps.now ?? Date.now;
     const current = await this.deps.state.get(account);
-    if (!current?.cursor) throw new Error(`no mailbox cursor for ${account}: run \`gatehouse webhooks gmail setup --account ${account}\``);
+    if (!current?.cursor)
+      throw new Error(`no mailbox cursor for ${account}: run \`gatehouse webhooks gmail setup --account ${account}\``);
     // A notification already covered by the cursor (a redelivery after a commit) changes nothing.
     if (!historyIdAfter(notification.historyId, current.cursor)) return 0;
 
@@ -81,10 +90,16 @@ export class Mailbox {
       if (!isGoogleNotFound(err)) throw err;
       // Gmail keeps about a week of history: past that, the cursor is unknown to it.
       found = await this.resync(current.cursorAt ?? now());
-      this.deps.logger.warn({ account, from: current.cursor, to: found.cursor, candidates: found.ids.length }, 'gmail history id too old: resynced from the recent messages');
+      this.deps.logger.warn(
+        { account, from: current.cursor, to: found.cursor, candidates: found.ids.length },
+        'gmail history id too old: resynced from the recent messages',
+      );
     }
 
-    const seen = await this.deps.state.seen(account, found.ids.map((m) => m.id));
+    const seen = await this.deps.state.seen(
+      account,
+      found.ids.map((m) => m.id),
+    );
     const emails: { messageId: string; event: NewEvent }[] = [];
     for (const { id } of found.ids) {
       if (seen.has(id)) continue;
@@ -156,9 +171,11 @@ export class Mailbox {
     const { config } = this;
     let message: gmail_v1.Schema$Message;
     try {
-      ({ data: message } = await this.deps.gmail.users.messages.get(config.includeBody
-        ? { userId: 'me', id, format: 'full' }
-        : { userId: 'me', id, format: 'metadata', metadataHeaders: HEADERS }));
+      ({ data: message } = await this.deps.gmail.users.messages.get(
+        config.includeBody
+          ? { userId: 'me', id, format: 'full' }
+          : { userId: 'me', id, format: 'metadata', metadataHeaders: HEADERS },
+      ));
     } catch (err) {
       // Only Google's JSON 404 means the message is gone; any other failure leaves it for the retry.
       if (isGoogleNotFound(err)) {
@@ -169,7 +186,8 @@ export class Mailbox {
     }
     const labels = message.labelIds ?? [];
     if (config.labels.length > 1 && !labels.some((l) => config.labels.includes(l))) return undefined;
-    const header = (name: string) => message.payload?.headers?.find((h) => h.name?.toLowerCase() === name.toLowerCase())?.value ?? '';
+    const header = (name: string) =>
+      message.payload?.headers?.find((h) => h.name?.toLowerCase() === name.toLowerCase())?.value ?? '';
     const payload: EmailPayload = {
       account: config.account,
       id,
@@ -193,13 +211,26 @@ export class Mailbox {
       action,
       idempotencyKey: payload.id,
       receivedAt,
-      envelope: (id) => buildEnvelope(id, { action, endpoint: this.endpoint, receivedAt, template: this.template }, payload as unknown as Record<string, unknown>, text),
+      envelope: (id) =>
+        buildEnvelope(
+          id,
+          { action, endpoint: this.endpoint, receivedAt, template: this.template },
+          payload as unknown as Record<string, unknown>,
+          text,
+        ),
     };
   }
 }
 
 /** A Map: an email's `&constructor;` must not find Object.prototype's. */
-const NAMED_ENTITIES = new Map([['amp', '&'], ['lt', '<'], ['gt', '>'], ['quot', '"'], ['apos', "'"], ['nbsp', '\u00a0']]);
+const NAMED_ENTITIES = new Map([
+  ['amp', '&'],
+  ['lt', '<'],
+  ['gt', '>'],
+  ['quot', '"'],
+  ['apos', "'"],
+  ['nbsp', '\u00a0'],
+]);
 
 /** Gmail sends `snippet` HTML-escaped (`&lt;`, `&#39;`); targets get plain text. */
 export function decodeEntities(text: string): string {
@@ -224,7 +255,13 @@ export function textBody(part: gmail_v1.Schema$MessagePart | undefined): string 
   const plain = find(part, 'text/plain');
   if (plain !== undefined) return plain;
   const html = find(part, 'text/html');
-  return html === undefined ? '' : html.replace(/<(script|style)[^>]*>[\s\S]*?<\/\1>/gi, '').replace(/<[^>]+>/g, ' ').replace(/\s+/g, ' ').trim();
+  return html === undefined
+    ? ''
+    : html
+        .replace(/<(script|style)[^>]*>[\s\S]*?<\/\1>/gi, '')
+        .replace(/<[^>]+>/g, ' ')
+        .replace(/\s+/g, ' ')
+        .trim();
 }
 
 /** At most `maxBytes` of UTF-8, never cutting a character in half. */

@@ -6,7 +6,15 @@ import { gmailGrantContext, openSecret, type SecretKeys } from '../../storage/se
 import { openGmailStore } from '../../storage/open.js';
 import type { EventStore } from '../../webhooks/store.js';
 import type { DirectAnswer } from '../../webhooks/verifiers/types.js';
-import { createGmailClient, createOAuthClient, explainGoogleError, googleEndpoints, PubSubRest, watchRequest, type PulledMessage } from './google.js';
+import {
+  createGmailClient,
+  createOAuthClient,
+  explainGoogleError,
+  googleEndpoints,
+  PubSubRest,
+  watchRequest,
+  type PulledMessage,
+} from './google.js';
 import { Mailbox, type MailboxNotification } from './mailbox.js';
 import type { GmailStore } from './state.js';
 
@@ -40,13 +48,19 @@ const FIRST_RETRY_MS = 30_000;
  * the receiver, or pulled) into events through the Mailbox. Refuses to start without a
  * stored grant or the key that opens it.
  */
-export async function startGmail(config: GmailConfig, deps: { store: EventStore; logger: Logger; onAccepted: () => void; secretKeys: SecretKeys; now?: () => number }): Promise<RunningGmail> {
+export async function startGmail(
+  config: GmailConfig,
+  deps: { store: EventStore; logger: Logger; onAccepted: () => void; secretKeys: SecretKeys; now?: () => number },
+): Promise<RunningGmail> {
   const { account } = config;
   const now = deps.now ?? Date.now;
   const logger = deps.logger.child({ gmail: account });
   const state: GmailStore = openGmailStore(deps.store);
   const stored = await state.get(account);
-  if (!stored?.cursor) throw new UsageError(`webhooks.gmail: ${account} is not set up in this storage: run \`gatehouse webhooks gmail setup --account ${account}\` first`);
+  if (!stored?.cursor)
+    throw new UsageError(
+      `webhooks.gmail: ${account} is not set up in this storage: run \`gatehouse webhooks gmail setup --account ${account}\` first`,
+    );
   const grant = JSON.parse(openSecret(stored.sealedGrant, deps.secretKeys, gmailGrantContext(account))) as GmailGrant;
 
   // googleApiUrl, else the token endpoint the grant came from, else Google's own.
@@ -76,7 +90,10 @@ export async function startGmail(config: GmailConfig, deps: { store: EventStore;
   let retryMs = FIRST_RETRY_MS;
   async function renewWatch(): Promise<void> {
     try {
-      const { data } = await gmail.users.watch({ userId: 'me', requestBody: watchRequest(`projects/${config.project}/topics/${config.topic}`, config.labels) });
+      const { data } = await gmail.users.watch({
+        userId: 'me',
+        requestBody: watchRequest(`projects/${config.project}/topics/${config.topic}`, config.labels),
+      });
       await state.recordWatch(account, data.historyId!, Number(data.expiration), now());
       logger.info({ expiration: new Date(Number(data.expiration)).toISOString() }, 'gmail watch renewed');
       retryMs = FIRST_RETRY_MS;
@@ -85,7 +102,10 @@ export async function startGmail(config: GmailConfig, deps: { store: EventStore;
     } catch (err) {
       if (stopped) return; // shut down meanwhile (the store may be closed): nothing to record or retry
       const problem = `watch renewal failed: ${explain(err)}`;
-      logger.error({ problem, retryInMs: retryMs }, 'GMAIL WATCH RENEWAL FAILED: notifications stop when the watch expires');
+      logger.error(
+        { problem, retryInMs: retryMs },
+        'GMAIL WATCH RENEWAL FAILED: notifications stop when the watch expires',
+      );
       await state.recordError(account, problem, now()).catch(() => undefined);
       later(retryMs, () => void renewWatch());
       retryMs = Math.min(retryMs * 2, renewEvery);
@@ -94,7 +114,14 @@ export async function startGmail(config: GmailConfig, deps: { store: EventStore;
   const dueIn = stored.watchExpiration === null ? 0 : stored.watchExpiration - renewEvery - now();
   if (dueIn <= 0) void renewWatch();
   else later(Math.min(dueIn, renewEvery), () => void renewWatch());
-  logger.info({ mode: config.mode, cursor: stored.cursor, watchExpiration: stored.watchExpiration ? new Date(stored.watchExpiration).toISOString() : null }, 'gmail integration running');
+  logger.info(
+    {
+      mode: config.mode,
+      cursor: stored.cursor,
+      watchExpiration: stored.watchExpiration ? new Date(stored.watchExpiration).toISOString() : null,
+    },
+    'gmail integration running',
+  );
 
   /** Handles one Pub/Sub message; resolves when it may be acknowledged. */
   async function handleMessage(data: string | undefined): Promise<'handled' | 'other-account' | 'malformed'> {
@@ -123,7 +150,10 @@ export async function startGmail(config: GmailConfig, deps: { store: EventStore;
         messages = await pubsub.pull(config.subscription, config.pull.maxMessages, stopping.signal);
       } catch (err) {
         if (stopped) return;
-        logger.error({ problem: explainGoogleError(err, { project: config.project, api: 'Pub/Sub' }), retryInMs: backoffMs }, 'gmail pull failed');
+        logger.error(
+          { problem: explainGoogleError(err, { project: config.project, api: 'Pub/Sub' }), retryInMs: backoffMs },
+          'gmail pull failed',
+        );
         await sleep(backoffMs, undefined, { signal: stopping.signal }).catch(() => undefined);
         backoffMs = Math.min(backoffMs * 2, 60_000);
         continue;
@@ -141,25 +171,36 @@ export async function startGmail(config: GmailConfig, deps: { store: EventStore;
         }
       }
       if (done.length > 0) {
-        await pubsub.acknowledge(config.subscription, done).catch((err) => logger.warn({ problem: explainGoogleError(err, { project: config.project, api: 'Pub/Sub' }) }, 'gmail acknowledge failed: the notifications come again and change nothing'));
+        await pubsub
+          .acknowledge(config.subscription, done)
+          .catch((err) =>
+            logger.warn(
+              { problem: explainGoogleError(err, { project: config.project, api: 'Pub/Sub' }) },
+              'gmail acknowledge failed: the notifications come again and change nothing',
+            ),
+          );
       }
-      if (messages.length === 0 || done.length < messages.length) await sleep(config.pull.intervalMs, undefined, { signal: stopping.signal }).catch(() => undefined);
+      if (messages.length === 0 || done.length < messages.length)
+        await sleep(config.pull.intervalMs, undefined, { signal: stopping.signal }).catch(() => undefined);
     }
   }
   const pulling = config.mode === 'pull' ? pullLoop() : Promise.resolve();
 
-  const push: GmailPushRoute | undefined = config.mode === 'push' && config.push ? {
-    path: config.push.path,
-    verify: gmailPushVerifier(config, config.push),
-    async consume(body) {
-      const message = body.message as { data?: unknown } | undefined;
-      const outcome = await handleMessage(typeof message?.data === 'string' ? message.data : undefined);
-      // Any 2xx acknowledges the push; 204 for what was not for this mailbox (or unusable).
-      return outcome === 'handled'
-        ? { status: 200, contentType: 'application/json; charset=utf-8', body: '{"status":"processed"}' }
-        : { status: 204, contentType: 'application/json; charset=utf-8', body: '' };
-    },
-  } : undefined;
+  const push: GmailPushRoute | undefined =
+    config.mode === 'push' && config.push
+      ? {
+          path: config.push.path,
+          verify: gmailPushVerifier(config, config.push),
+          async consume(body) {
+            const message = body.message as { data?: unknown } | undefined;
+            const outcome = await handleMessage(typeof message?.data === 'string' ? message.data : undefined);
+            // Any 2xx acknowledges the push; 204 for what was not for this mailbox (or unusable).
+            return outcome === 'handled'
+              ? { status: 200, contentType: 'application/json; charset=utf-8', body: '{"status":"processed"}' }
+              : { status: 204, contentType: 'application/json; charset=utf-8', body: '' };
+          },
+        }
+      : undefined;
 
   return {
     push,
@@ -178,7 +219,10 @@ export async function startGmail(config: GmailConfig, deps: { store: EventStore;
  * `push.serviceAccountEmail`, against `push.jwksUri` when configured (always), else the key set
  * under `googleApiUrl`, else Google's.
  */
-export function gmailPushVerifier(config: Pick<GmailConfig, 'googleApiUrl'>, push: NonNullable<GmailConfig['push']>): GmailPushRoute['verify'] {
+export function gmailPushVerifier(
+  config: Pick<GmailConfig, 'googleApiUrl'>,
+  push: NonNullable<GmailConfig['push']>,
+): GmailPushRoute['verify'] {
   const jwksUri = push.jwksUri ?? googleEndpoints({ googleApiUrl: config.googleApiUrl }).jwksUri;
   return { type: 'pubsub-oidc', audience: push.audience, serviceAccountEmail: push.serviceAccountEmail, jwksUri };
 }
@@ -187,9 +231,13 @@ export function gmailPushVerifier(config: Pick<GmailConfig, 'googleApiUrl'>, pus
 export function decodeNotification(data: string | undefined): MailboxNotification | undefined {
   if (data === undefined) return undefined;
   try {
-    const parsed = JSON.parse(Buffer.from(data, 'base64').toString('utf8')) as { emailAddress?: unknown; historyId?: unknown };
+    const parsed = JSON.parse(Buffer.from(data, 'base64').toString('utf8')) as {
+      emailAddress?: unknown;
+      historyId?: unknown;
+    };
     const historyId = typeof parsed.historyId === 'number' ? String(parsed.historyId) : parsed.historyId;
-    if (typeof parsed.emailAddress !== 'string' || typeof historyId !== 'string' || !/^\d{1,20}$/.test(historyId)) return undefined;
+    if (typeof parsed.emailAddress !== 'string' || typeof historyId !== 'string' || !/^\d{1,20}$/.test(historyId))
+      return undefined;
     return { emailAddress: parsed.emailAddress, historyId };
   } catch {
     return undefined;

@@ -7,8 +7,16 @@ import type { StorageConfig } from '../../config/schema.js';
 import { openEventStore, openGmailStore, peekStoredProject } from '../../storage/open.js';
 import { authorizeWithLoopback } from './authorize.js';
 import {
-  createGmailClient, createOAuthClient, explainGoogleError, GMAIL_PUBLISHER, GMAIL_SCOPES, googleEndpoints, PubSubRest, watchRequest,
-  type GoogleEndpoints, type PubSubSubscription,
+  createGmailClient,
+  createOAuthClient,
+  explainGoogleError,
+  GMAIL_PUBLISHER,
+  GMAIL_SCOPES,
+  googleEndpoints,
+  PubSubRest,
+  watchRequest,
+  type GoogleEndpoints,
+  type PubSubSubscription,
 } from './google.js';
 import type { GmailGrant } from './run.js';
 
@@ -72,7 +80,10 @@ export class SetupFailed extends UsageError {}
  * no create, update or grant call). `--dry-run` reports the calls it would make and changes
  * nothing (no Google call, no storage write).
  */
-export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Promise<{ section: Record<string, unknown>; steps: SetupStep[] }> {
+export async function runGmailSetup(
+  options: GmailSetupOptions,
+  io: SetupIo,
+): Promise<{ section: Record<string, unknown>; steps: SetupStep[] }> {
   const steps: SetupStep[] = [];
   const report = (step: SetupStep) => {
     steps.push(step);
@@ -80,14 +91,28 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
   };
   const client = options.credentials ? readDesktopClient(options.credentials) : undefined;
   if (options.mode === 'push' && (!options.pushEndpoint || !options.pushServiceAccount)) {
-    throw new UsageError('push mode needs --push-endpoint <https URL of /webhook/gmail> and --push-service-account <email> (or use --mode pull)');
+    throw new UsageError(
+      'push mode needs --push-endpoint <https URL of /webhook/gmail> and --push-service-account <email> (or use --mode pull)',
+    );
   }
   // Config key (or flag), then the client file's OAuth URIs, then Google's own.
-  const endpoints = googleEndpoints({ googleApiUrl: options.googleApiUrl, authUri: client?.authUri, tokenUri: client?.tokenUri });
+  const endpoints = googleEndpoints({
+    googleApiUrl: options.googleApiUrl,
+    authUri: client?.authUri,
+    tokenUri: client?.tokenUri,
+  });
   // --project, the client file's, the one kept with the stored grant, the config section's.
-  const sectionProject = options.currentSection?.account.toLowerCase() === options.account.toLowerCase() ? options.currentSection.project : undefined;
-  const project = options.project ?? client?.projectId ?? await peekStoredProject(options.storage, options.account) ?? sectionProject;
-  if (!project) throw new UsageError('no project: pass --project <id> (or use a client_secret.json that names its project_id)');
+  const sectionProject =
+    options.currentSection?.account.toLowerCase() === options.account.toLowerCase()
+      ? options.currentSection.project
+      : undefined;
+  const project =
+    options.project ??
+    client?.projectId ??
+    (await peekStoredProject(options.storage, options.account)) ??
+    sectionProject;
+  if (!project)
+    throw new UsageError('no project: pass --project <id> (or use a client_secret.json that names its project_id)');
   const topicName = `projects/${project}/topics/${options.topic}`;
   const section = gmailSection(options, project);
 
@@ -106,97 +131,181 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
     const stored = await state.get(options.account);
 
     // 1. Authorise (or reuse the stored grant while it still works).
-    const auth = await step(report, 'authorise', async () => {
-      if (stored && !options.reauthorize) {
-        const grant = JSON.parse(openSecret(stored.sealedGrant, secretKeys, context)) as GmailGrant;
-        // The token endpoint the grant came from, unless the config or the client file names one.
-        const reusedAt = googleEndpoints({ googleApiUrl: options.googleApiUrl, authUri: client?.authUri, tokenUri: client?.tokenUri ?? grant.tokenUri });
-        const reused = createOAuthClient(reusedAt, { clientId: stored.clientId, clientSecret: grant.clientSecret });
-        reused.setCredentials({ refresh_token: grant.refreshToken });
-        try {
-          await reused.getAccessToken();
-          if (stored.project !== project) await state.saveProject(options.account, project);
-          return { value: reused, status: 'unchanged' as const, detail: `${options.account}: the stored authorisation still works (--reauthorize to redo it)` };
-        } catch (err) {
-          if (!/invalid_grant/.test(String((err as { response?: { data?: { error?: string } } }).response?.data?.error ?? (err as Error).message))) throw err;
-          // Revoked or expired: authorise again below.
+    const auth = await step(
+      report,
+      'authorise',
+      async () => {
+        if (stored && !options.reauthorize) {
+          const grant = JSON.parse(openSecret(stored.sealedGrant, secretKeys, context)) as GmailGrant;
+          // The token endpoint the grant came from, unless the config or the client file names one.
+          const reusedAt = googleEndpoints({
+            googleApiUrl: options.googleApiUrl,
+            authUri: client?.authUri,
+            tokenUri: client?.tokenUri ?? grant.tokenUri,
+          });
+          const reused = createOAuthClient(reusedAt, { clientId: stored.clientId, clientSecret: grant.clientSecret });
+          reused.setCredentials({ refresh_token: grant.refreshToken });
+          try {
+            await reused.getAccessToken();
+            if (stored.project !== project) await state.saveProject(options.account, project);
+            return {
+              value: reused,
+              status: 'unchanged' as const,
+              detail: `${options.account}: the stored authorisation still works (--reauthorize to redo it)`,
+            };
+          } catch (err) {
+            if (
+              !/invalid_grant/.test(
+                String(
+                  (err as { response?: { data?: { error?: string } } }).response?.data?.error ?? (err as Error).message,
+                ),
+              )
+            )
+              throw err;
+            // Revoked or expired: authorise again below.
+          }
         }
-      }
-      if (!client) throw new UsageError('--credentials <client_secret.json> is required to authorise (an OAuth client of type "Desktop app": https://console.cloud.google.com/apis/credentials)');
-      const fresh = createOAuthClient(endpoints, client);
-      const { refreshToken } = await authorizeWithLoopback(fresh, {
-        scopes: GMAIL_SCOPES,
-        loginHint: options.account,
-        showUrl: (url) => {
-          io.showUrl(url);
-          if (options.browser) io.openBrowser?.(url);
-        },
-      });
-      const profile = await createGmailClient(endpoints, fresh).users.getProfile({ userId: 'me' });
-      if (profile.data.emailAddress?.toLowerCase() !== options.account.toLowerCase()) {
-        throw new UsageError(`you signed in as ${profile.data.emailAddress}, not ${options.account}: run setup again and choose ${options.account}`);
-      }
-      const grant: GmailGrant = { clientSecret: client.clientSecret, refreshToken, ...(client.tokenUri ? { tokenUri: client.tokenUri } : {}) };
-      await state.saveGrant(options.account, client.clientId, sealSecret(JSON.stringify(grant), secretKeys, context), project);
-      return { value: fresh, status: 'done' as const, detail: `${options.account} authorised (gmail.readonly, pubsub); refresh token stored encrypted` };
-    }, { project, api: 'Gmail' });
+        if (!client)
+          throw new UsageError(
+            '--credentials <client_secret.json> is required to authorise (an OAuth client of type "Desktop app": https://console.cloud.google.com/apis/credentials)',
+          );
+        const fresh = createOAuthClient(endpoints, client);
+        const { refreshToken } = await authorizeWithLoopback(fresh, {
+          scopes: GMAIL_SCOPES,
+          loginHint: options.account,
+          showUrl: (url) => {
+            io.showUrl(url);
+            if (options.browser) io.openBrowser?.(url);
+          },
+        });
+        const profile = await createGmailClient(endpoints, fresh).users.getProfile({ userId: 'me' });
+        if (profile.data.emailAddress?.toLowerCase() !== options.account.toLowerCase()) {
+          throw new UsageError(
+            `you signed in as ${profile.data.emailAddress}, not ${options.account}: run setup again and choose ${options.account}`,
+          );
+        }
+        const grant: GmailGrant = {
+          clientSecret: client.clientSecret,
+          refreshToken,
+          ...(client.tokenUri ? { tokenUri: client.tokenUri } : {}),
+        };
+        await state.saveGrant(
+          options.account,
+          client.clientId,
+          sealSecret(JSON.stringify(grant), secretKeys, context),
+          project,
+        );
+        return {
+          value: fresh,
+          status: 'done' as const,
+          detail: `${options.account} authorised (gmail.readonly, pubsub); refresh token stored encrypted`,
+        };
+      },
+      { project, api: 'Gmail' },
+    );
 
     const pubsub = new PubSubRest(auth, endpoints.pubsubRoot, project);
 
     // 2. The topic, and Gmail's right to publish to it.
-    await step(report, 'topic', async () => {
-      const exists = await pubsub.get(topicName);
-      if (!exists) await pubsub.call('PUT', topicName, {});
-      const policy = await pubsub.getIamPolicy(topicName);
-      const bindings = policy.bindings ?? [];
-      const publisher = bindings.find((b) => b.role === 'roles/pubsub.publisher');
-      const granted = publisher?.members.includes(GMAIL_PUBLISHER) ?? false;
-      if (!granted) {
-        const next = publisher
-          ? bindings.map((b) => (b === publisher ? { ...b, members: [...b.members, GMAIL_PUBLISHER] } : b))
-          : [...bindings, { role: 'roles/pubsub.publisher', members: [GMAIL_PUBLISHER] }];
-        await pubsub.setIamPolicy(topicName, { ...policy, bindings: next });
-      }
-      const what = [exists ? 'exists' : 'created', granted ? 'Gmail may already publish to it' : 'granted roles/pubsub.publisher to gmail-api-push@system.gserviceaccount.com'];
-      return { value: undefined, status: exists && granted ? 'unchanged' as const : 'done' as const, detail: `${topicName}: ${what.join('; ')}` };
-    }, { project, api: 'Pub/Sub' });
+    await step(
+      report,
+      'topic',
+      async () => {
+        const exists = await pubsub.get(topicName);
+        if (!exists) await pubsub.call('PUT', topicName, {});
+        const policy = await pubsub.getIamPolicy(topicName);
+        const bindings = policy.bindings ?? [];
+        const publisher = bindings.find((b) => b.role === 'roles/pubsub.publisher');
+        const granted = publisher?.members.includes(GMAIL_PUBLISHER) ?? false;
+        if (!granted) {
+          const next = publisher
+            ? bindings.map((b) => (b === publisher ? { ...b, members: [...b.members, GMAIL_PUBLISHER] } : b))
+            : [...bindings, { role: 'roles/pubsub.publisher', members: [GMAIL_PUBLISHER] }];
+          await pubsub.setIamPolicy(topicName, { ...policy, bindings: next });
+        }
+        const what = [
+          exists ? 'exists' : 'created',
+          granted
+            ? 'Gmail may already publish to it'
+            : 'granted roles/pubsub.publisher to gmail-api-push@system.gserviceaccount.com',
+        ];
+        return {
+          value: undefined,
+          status: exists && granted ? ('unchanged' as const) : ('done' as const),
+          detail: `${topicName}: ${what.join('; ')}`,
+        };
+      },
+      { project, api: 'Pub/Sub' },
+    );
 
     // 3. The subscription: push with an OIDC token (no secret in the URL), or pull.
-    await step(report, 'subscription', async () => {
-      const name = pubsub.subscriptionName(options.subscription);
-      const wanted: PubSubSubscription = {
-        topic: topicName,
-        ackDeadlineSeconds: 60,
-        pushConfig: options.mode === 'push'
-          ? { pushEndpoint: options.pushEndpoint, oidcToken: { serviceAccountEmail: options.pushServiceAccount, audience: options.pushEndpoint } }
-          : {},
-      };
-      const existing = await pubsub.get<PubSubSubscription>(name);
-      if (!existing) {
-        await pubsub.call('PUT', name, wanted);
-        return { value: undefined, status: 'done' as const, detail: `${name}: created (${describeSubscription(wanted)})` };
-      }
-      if (existing.topic !== topicName) {
-        throw new UsageError(`${name} exists but belongs to ${existing.topic}: choose another --subscription, or delete that one`);
-      }
-      if (sameSubscription(existing, wanted)) return { value: undefined, status: 'unchanged' as const, detail: `${name}: ${describeSubscription(existing)}` };
-      await pubsub.call('PATCH', name, { subscription: wanted, updateMask: 'pushConfig,ackDeadlineSeconds' });
-      return { value: undefined, status: 'done' as const, detail: `${name}: updated to ${describeSubscription(wanted)}` };
-    }, { project, api: 'Pub/Sub' });
+    await step(
+      report,
+      'subscription',
+      async () => {
+        const name = pubsub.subscriptionName(options.subscription);
+        const wanted: PubSubSubscription = {
+          topic: topicName,
+          ackDeadlineSeconds: 60,
+          pushConfig:
+            options.mode === 'push'
+              ? {
+                  pushEndpoint: options.pushEndpoint,
+                  oidcToken: { serviceAccountEmail: options.pushServiceAccount, audience: options.pushEndpoint },
+                }
+              : {},
+        };
+        const existing = await pubsub.get<PubSubSubscription>(name);
+        if (!existing) {
+          await pubsub.call('PUT', name, wanted);
+          return {
+            value: undefined,
+            status: 'done' as const,
+            detail: `${name}: created (${describeSubscription(wanted)})`,
+          };
+        }
+        if (existing.topic !== topicName) {
+          throw new UsageError(
+            `${name} exists but belongs to ${existing.topic}: choose another --subscription, or delete that one`,
+          );
+        }
+        if (sameSubscription(existing, wanted))
+          return {
+            value: undefined,
+            status: 'unchanged' as const,
+            detail: `${name}: ${describeSubscription(existing)}`,
+          };
+        await pubsub.call('PATCH', name, { subscription: wanted, updateMask: 'pushConfig,ackDeadlineSeconds' });
+        return {
+          value: undefined,
+          status: 'done' as const,
+          detail: `${name}: updated to ${describeSubscription(wanted)}`,
+        };
+      },
+      { project, api: 'Pub/Sub' },
+    );
 
     // 4. The watch; its historyId becomes the cursor unless one is already kept (never moved back or skipped ahead).
-    await step(report, 'watch', async () => {
-      const gmail = createGmailClient(endpoints, auth);
-      const before = await state.get(options.account);
-      const { data } = await gmail.users.watch({ userId: 'me', requestBody: watchRequest(topicName, options.labels) });
-      await state.recordWatch(options.account, data.historyId!, Number(data.expiration), Date.now());
-      const cursor = before?.cursor ?? data.historyId;
-      return {
-        value: undefined,
-        status: before?.cursor ? 'unchanged' as const : 'done' as const,
-        detail: `watching ${options.labels.join(', ')} until ${new Date(Number(data.expiration)).toISOString()}; cursor ${cursor}${before?.cursor ? ' (kept)' : ''}`,
-      };
-    }, { project, api: 'Gmail' });
+    await step(
+      report,
+      'watch',
+      async () => {
+        const gmail = createGmailClient(endpoints, auth);
+        const before = await state.get(options.account);
+        const { data } = await gmail.users.watch({
+          userId: 'me',
+          requestBody: watchRequest(topicName, options.labels),
+        });
+        await state.recordWatch(options.account, data.historyId!, Number(data.expiration), Date.now());
+        const cursor = before?.cursor ?? data.historyId;
+        return {
+          value: undefined,
+          status: before?.cursor ? ('unchanged' as const) : ('done' as const),
+          detail: `watching ${options.labels.join(', ')} until ${new Date(Number(data.expiration)).toISOString()}; cursor ${cursor}${before?.cursor ? ' (kept)' : ''}`,
+        };
+      },
+      { project, api: 'Gmail' },
+    );
   } finally {
     await store.close();
   }
@@ -206,7 +315,9 @@ export async function runGmailSetup(options: GmailSetupOptions, io: SetupIo): Pr
   report({
     step: 'config',
     status: same ? 'unchanged' : 'done',
-    detail: same ? `${options.configFile} already has this webhooks.gmail section` : `add the section below to webhooks in ${options.configFile}`,
+    detail: same
+      ? `${options.configFile} already has this webhooks.gmail section`
+      : `add the section below to webhooks in ${options.configFile}`,
   });
   return { section, steps };
 }
@@ -234,28 +345,48 @@ function readDesktopClient(file: string): DesktopClient {
   try {
     parsed = JSON.parse(readFileSync(file, 'utf8'));
   } catch (err) {
-    throw new UsageError(`--credentials ${file}: cannot read it as JSON (${(err as NodeJS.ErrnoException).code ?? (err as Error).message}). Download the OAuth client ("Desktop app") JSON from https://console.cloud.google.com/apis/credentials`);
+    throw new UsageError(
+      `--credentials ${file}: cannot read it as JSON (${(err as NodeJS.ErrnoException).code ?? (err as Error).message}). Download the OAuth client ("Desktop app") JSON from https://console.cloud.google.com/apis/credentials`,
+    );
   }
   const installed = parsed.installed;
-  if (!installed) throw new UsageError(`--credentials ${file}: not a "Desktop app" OAuth client (no "installed" section); the loopback flow needs one`);
+  if (!installed)
+    throw new UsageError(
+      `--credentials ${file}: not a "Desktop app" OAuth client (no "installed" section); the loopback flow needs one`,
+    );
   const clientId = installed.client_id;
   const clientSecret = installed.client_secret;
-  if (typeof clientId !== 'string' || typeof clientSecret !== 'string') throw new UsageError(`--credentials ${file}: client_id or client_secret missing`);
+  if (typeof clientId !== 'string' || typeof clientSecret !== 'string')
+    throw new UsageError(`--credentials ${file}: client_id or client_secret missing`);
   const uri = (key: 'auth_uri' | 'token_uri') => {
     const value = installed[key];
     if (value === undefined) return undefined;
-    if (typeof value !== 'string' || !/^https?:\/\/[^/]/.test(value)) throw new UsageError(`--credentials ${file}: ${key} must be an http(s) URL (got ${JSON.stringify(value)})`);
+    if (typeof value !== 'string' || !/^https?:\/\/[^/]/.test(value))
+      throw new UsageError(`--credentials ${file}: ${key} must be an http(s) URL (got ${JSON.stringify(value)})`);
     return value;
   };
-  return { clientId, clientSecret, projectId: typeof installed.project_id === 'string' ? installed.project_id : undefined, authUri: uri('auth_uri'), tokenUri: uri('token_uri') };
+  return {
+    clientId,
+    clientSecret,
+    projectId: typeof installed.project_id === 'string' ? installed.project_id : undefined,
+    authUri: uri('auth_uri'),
+    tokenUri: uri('token_uri'),
+  };
 }
 
 function describeSubscription(s: PubSubSubscription): string {
-  return s.pushConfig?.pushEndpoint ? `push to ${s.pushConfig.pushEndpoint} with an OIDC token as ${s.pushConfig.oidcToken?.serviceAccountEmail}` : 'pull';
+  return s.pushConfig?.pushEndpoint
+    ? `push to ${s.pushConfig.pushEndpoint} with an OIDC token as ${s.pushConfig.oidcToken?.serviceAccountEmail}`
+    : 'pull';
 }
 
 function sameSubscription(a: PubSubSubscription, b: PubSubSubscription): boolean {
-  const push = (s: PubSubSubscription) => [s.pushConfig?.pushEndpoint ?? '', s.pushConfig?.oidcToken?.serviceAccountEmail ?? '', s.pushConfig?.oidcToken?.audience ?? ''].join('|');
+  const push = (s: PubSubSubscription) =>
+    [
+      s.pushConfig?.pushEndpoint ?? '',
+      s.pushConfig?.oidcToken?.serviceAccountEmail ?? '',
+      s.pushConfig?.oidcToken?.audience ?? '',
+    ].join('|');
   return push(a) === push(b) && (a.ackDeadlineSeconds ?? 10) === (b.ackDeadlineSeconds ?? 10);
 }
 
@@ -270,7 +401,12 @@ function gmailSection(o: GmailSetupOptions, project: string): Record<string, unk
   if (o.includeBody) section.includeBody = true;
   if (o.maxBytes !== 20_000) section.maxBytes = o.maxBytes;
   if (o.renewMinutes !== 720) section.renewMinutes = o.renewMinutes;
-  if (o.mode === 'push') section.push = { path: new URL(o.pushEndpoint!).pathname, audience: o.pushEndpoint, serviceAccountEmail: o.pushServiceAccount };
+  if (o.mode === 'push')
+    section.push = {
+      path: new URL(o.pushEndpoint!).pathname,
+      audience: o.pushEndpoint,
+      serviceAccountEmail: o.pushServiceAccount,
+    };
   if (o.googleApiUrl) section.googleApiUrl = o.googleApiUrl;
   return section;
 }
@@ -298,11 +434,30 @@ function plannedCalls(o: GmailSetupOptions, project: string, e: GoogleEndpoints)
   const topic = `${e.pubsubRoot}v1/projects/${project}/topics/${o.topic}`;
   const subscription = `${e.pubsubRoot}v1/projects/${project}/subscriptions/${o.subscription}`;
   const gmail = `${e.gmailRoot}gmail/v1/users/me`;
-  const push = o.mode === 'push' ? `pushConfig { pushEndpoint: ${o.pushEndpoint}, oidcToken { serviceAccountEmail: ${o.pushServiceAccount}, audience: ${o.pushEndpoint} } }` : 'no pushConfig (pull)';
+  const push =
+    o.mode === 'push'
+      ? `pushConfig { pushEndpoint: ${o.pushEndpoint}, oidcToken { serviceAccountEmail: ${o.pushServiceAccount}, audience: ${o.pushEndpoint} } }`
+      : 'no pushConfig (pull)';
   return [
-    { step: 'authorise', status: 'planned', detail: `unless a working grant for ${o.account} is stored: open ${e.authorizeUrl} (scopes ${GMAIL_SCOPES.join(' ')}, PKCE S256, loopback redirect), then POST ${e.tokenUrl} (authorization_code) and GET ${gmail}/profile` },
-    { step: 'topic', status: 'planned', detail: `GET ${topic}; PUT ${topic} if missing; GET ${topic}:getIamPolicy?options.requestedPolicyVersion=3; POST ${topic}:setIamPolicy if ${GMAIL_PUBLISHER} lacks roles/pubsub.publisher` },
-    { step: 'subscription', status: 'planned', detail: `GET ${subscription}; PUT ${subscription} if missing, PATCH if its settings differ: topic projects/${project}/topics/${o.topic}, ackDeadlineSeconds 60, ${push}` },
-    { step: 'watch', status: 'planned', detail: `POST ${gmail}/watch { topicName: projects/${project}/topics/${o.topic}, labelIds: [${o.labels.join(', ')}], labelFilterBehavior: include }; store historyId as the cursor if none is kept` },
+    {
+      step: 'authorise',
+      status: 'planned',
+      detail: `unless a working grant for ${o.account} is stored: open ${e.authorizeUrl} (scopes ${GMAIL_SCOPES.join(' ')}, PKCE S256, loopback redirect), then POST ${e.tokenUrl} (authorization_code) and GET ${gmail}/profile`,
+    },
+    {
+      step: 'topic',
+      status: 'planned',
+      detail: `GET ${topic}; PUT ${topic} if missing; GET ${topic}:getIamPolicy?options.requestedPolicyVersion=3; POST ${topic}:setIamPolicy if ${GMAIL_PUBLISHER} lacks roles/pubsub.publisher`,
+    },
+    {
+      step: 'subscription',
+      status: 'planned',
+      detail: `GET ${subscription}; PUT ${subscription} if missing, PATCH if its settings differ: topic projects/${project}/topics/${o.topic}, ackDeadlineSeconds 60, ${push}`,
+    },
+    {
+      step: 'watch',
+      status: 'planned',
+      detail: `POST ${gmail}/watch { topicName: projects/${project}/topics/${o.topic}, labelIds: [${o.labels.join(', ')}], labelFilterBehavior: include }; store historyId as the cursor if none is kept`,
+    },
   ];
 }

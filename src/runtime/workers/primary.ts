@@ -25,7 +25,11 @@ export function resolveWorkerCount(setting: Config['gateway']['workers']): numbe
  * once all listen. A worker that dies afterwards is replaced (after a growing delay, so a crash
  * loop does not spin); one that fails at startup fails the start.
  */
-export async function startGatewayWorkers(initial: Config, count: number, deps: { logger: Logger; lockoutStore: LockoutStore }): Promise<RunningGateway> {
+export async function startGatewayWorkers(
+  initial: Config,
+  count: number,
+  deps: { logger: Logger; lockoutStore: LockoutStore },
+): Promise<RunningGateway> {
   const { logger, lockoutStore } = deps;
   let config = initial;
   // The TLS pair in force, read here once: every worker, a replacement too, serves these bytes
@@ -60,7 +64,8 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
             if (sentGeneration.get(worker)! < generation) void catchUp(worker);
             // A new worker (a replacement) learns the lockouts in force: otherwise each one would
             // give a locked-out client another `max` guesses.
-            for (const [key, until] of lockoutStore.activeLocks?.(Date.now()) ?? []) send(worker, { type: 'locked', key, until });
+            for (const [key, until] of lockoutStore.activeLocks?.(Date.now()) ?? [])
+              send(worker, { type: 'locked', key, until });
             // The restart delay resets only once a worker has stayed up a while (no crash loop at 500 ms).
             setTimeout(() => {
               if (!worker.isDead()) restartDelayMs = FIRST_RESTART_DELAY_MS;
@@ -84,11 +89,17 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
         // At start a failure fails the start; later, a worker that died (or a replacement that
         // could not start) is replaced again, after a delay that grows while they keep dying.
         if (stopping || !started) return;
-        logger.error({ worker: worker.id, pid: worker.process.pid, code, signal, restartInMs: restartDelayMs }, 'gateway worker died: starting a new one');
+        logger.error(
+          { worker: worker.id, pid: worker.process.pid, code, signal, restartInMs: restartDelayMs },
+          'gateway worker died: starting a new one',
+        );
         const delay = restartDelayMs;
         restartDelayMs = Math.min(restartDelayMs * 2, MAX_RESTART_DELAY_MS);
         setTimeout(() => {
-          if (!stopping) fork().catch((err: Error) => logger.error({ err: err.message }, 'replacement gateway worker failed to start'));
+          if (!stopping)
+            fork().catch((err: Error) =>
+              logger.error({ err: err.message }, 'replacement gateway worker failed to start'),
+            );
         }, delay).unref();
       });
     });
@@ -127,7 +138,10 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
       await withTimeout(configure(worker, config, tls, generation), STARTUP_TIMEOUT_MS, 'no answer');
     } catch (err) {
       // It serves what it had: the next reload tries again; replacing it would only repeat this.
-      logger.error({ worker: worker.id, err: (err as Error).message }, 'gateway worker did not take the configuration in force');
+      logger.error(
+        { worker: worker.id, err: (err as Error).message },
+        'gateway worker did not take the configuration in force',
+      );
     }
   }
 
@@ -143,7 +157,10 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
     if (lockSeconds > 0 && (loggedLocks.get(key) ?? 0) <= now) {
       if (loggedLocks.size >= 10_000) for (const [k, until] of loggedLocks) if (until <= now) loggedLocks.delete(k);
       loggedLocks.set(key, now + lockSeconds * 1000);
-      logger.warn({ ip: key.slice(key.indexOf(':') + 1), seconds: lockSeconds }, 'client locked out after repeated authentication failures');
+      logger.warn(
+        { ip: key.slice(key.indexOf(':') + 1), seconds: lockSeconds },
+        'client locked out after repeated authentication failures',
+      );
     }
   }
 
@@ -156,7 +173,11 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
   let started = false;
   let probeIds = 0;
   try {
-    urls = await withTimeout(Promise.all(Array.from({ length: count }, fork)), STARTUP_TIMEOUT_MS, 'gateway workers did not start');
+    urls = await withTimeout(
+      Promise.all(Array.from({ length: count }, fork)),
+      STARTUP_TIMEOUT_MS,
+      'gateway workers did not start',
+    );
     started = true;
   } catch (err) {
     stopping = true;
@@ -179,8 +200,11 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
       const nextTls = readTls(next);
       const nextGeneration = generation + 1;
       try {
-        await withTimeout(Promise.all([...serving].map((worker) => configure(worker, next, nextTls, nextGeneration))),
-          STARTUP_TIMEOUT_MS, 'gateway workers did not take the new configuration');
+        await withTimeout(
+          Promise.all([...serving].map((worker) => configure(worker, next, nextTls, nextGeneration))),
+          STARTUP_TIMEOUT_MS,
+          'gateway workers did not take the new configuration',
+        );
       } catch (err) {
         for (const worker of serving) if (sentGeneration.get(worker) === nextGeneration) void catchUp(worker);
         throw err;
@@ -196,23 +220,28 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
      * and its metrics are missing from that scrape (never made up).
      */
     async probe({ metrics }) {
-      const answers = await Promise.all([...workers].map((worker) => new Promise<Extract<ToPrimary, { type: 'probed' }> | undefined>((resolve) => {
-        const id = ++probeIds;
-        const timer = setTimeout(() => done(undefined), PROBE_TIMEOUT_MS);
-        const onMessage = (message: ToPrimary) => {
-          if (message.type === 'probed' && message.id === id) done(message);
-        };
-        const onExit = () => done(undefined);
-        function done(answer: Extract<ToPrimary, { type: 'probed' }> | undefined) {
-          clearTimeout(timer);
-          worker.off('message', onMessage);
-          worker.off('exit', onExit);
-          resolve(answer);
-        }
-        worker.on('message', onMessage);
-        worker.once('exit', onExit);
-        send(worker, { type: 'probe', id, metrics });
-      })));
+      const answers = await Promise.all(
+        [...workers].map(
+          (worker) =>
+            new Promise<Extract<ToPrimary, { type: 'probed' }> | undefined>((resolve) => {
+              const id = ++probeIds;
+              const timer = setTimeout(() => done(undefined), PROBE_TIMEOUT_MS);
+              const onMessage = (message: ToPrimary) => {
+                if (message.type === 'probed' && message.id === id) done(message);
+              };
+              const onExit = () => done(undefined);
+              function done(answer: Extract<ToPrimary, { type: 'probed' }> | undefined) {
+                clearTimeout(timer);
+                worker.off('message', onMessage);
+                worker.off('exit', onExit);
+                resolve(answer);
+              }
+              worker.on('message', onMessage);
+              worker.once('exit', onExit);
+              send(worker, { type: 'probe', id, metrics });
+            }),
+        ),
+      );
       return {
         keysLoaded: answers.length > 0 && answers.every((a) => a?.keysLoaded === true),
         certificateNotAfter: earliest(answers.map((a) => a?.certificateNotAfter)),
@@ -223,11 +252,14 @@ export async function startGatewayWorkers(initial: Config, count: number, deps: 
     async close(graceMs) {
       stopping = true;
       unsubscribe?.();
-      const exits = [...workers].map((worker) => new Promise<void>((resolve) => {
-        if (worker.isDead()) return resolve();
-        worker.once('exit', () => resolve());
-        send(worker, { type: 'shutdown', graceMs });
-      }));
+      const exits = [...workers].map(
+        (worker) =>
+          new Promise<void>((resolve) => {
+            if (worker.isDead()) return resolve();
+            worker.once('exit', () => resolve());
+            send(worker, { type: 'shutdown', graceMs });
+          }),
+      );
       const timer = setTimeout(() => workers.forEach((w) => w.kill('SIGKILL')), graceMs + 5_000);
       await Promise.all(exits);
       clearTimeout(timer);

@@ -19,7 +19,6 @@ import type { MetricsSnapshot } from '../../observability/metrics.js';
  * worker is locked out by that worker after its share, sooner than after `max`.
  */
 
-
 /** Messages from the primary to a worker. */
 export type ToWorker =
   /** `tls`: the pair in force (gateway.tls), read by the primary for all of them. */

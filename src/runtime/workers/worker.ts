@@ -63,7 +63,12 @@ export async function runGatewayWorker(): Promise<void> {
                 // Before the app is built, which binds its instruments (src/observability/metrics.ts).
                 if (message.config.admin) enableMetrics();
                 logger = createLogger({ level: message.config.log.level, bindings: { worker: cluster.worker!.id } });
-                running = await startGateway(message.config, { logger, lockoutStore, rateLimitShare: 1 / workerCount, tls: message.tls });
+                running = await startGateway(message.config, {
+                  logger,
+                  lockoutStore,
+                  rateLimitShare: 1 / workerCount,
+                  tls: message.tls,
+                });
                 toPrimary({ type: 'listening', url: running.url });
               } else {
                 await running.reload(message.config, message.tls);
@@ -84,7 +89,13 @@ export async function runGatewayWorker(): Promise<void> {
         case 'probe':
           void (async () => {
             const probe = await running?.probe({ metrics: false });
-            toPrimary({ type: 'probed', id: message.id, keysLoaded: probe?.keysLoaded ?? false, certificateNotAfter: probe?.certificateNotAfter, metrics: message.metrics ? await metricsSnapshot() : undefined });
+            toPrimary({
+              type: 'probed',
+              id: message.id,
+              keysLoaded: probe?.keysLoaded ?? false,
+              certificateNotAfter: probe?.certificateNotAfter,
+              metrics: message.metrics ? await metricsSnapshot() : undefined,
+            });
           })();
           break;
       }

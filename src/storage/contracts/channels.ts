@@ -42,8 +42,7 @@ export interface OutboxMessage {
 }
 
 export type PairingOutcome =
-  | { ok: true; device: Device; token: string }
-  | { ok: false; reason: 'unknown' | 'expired' | 'used' };
+  { ok: true; device: Device; token: string } | { ok: false; reason: 'unknown' | 'expired' | 'used' };
 
 /** A grant as a login stores it (the rest of ChannelGrant is kept by the store). */
 export type NewChannelGrant = Pick<ChannelGrant, 'name' | 'kind' | 'sealed' | 'details' | 'expiresAt'>;
@@ -126,7 +125,11 @@ export function pairingCodeHash(code: string): string {
 }
 
 /** Whether a pairing row lets `channel` pair now; the refusal otherwise. */
-export function pairingRefusal(row: { channel: string; expires_at: number; used_at: number | null } | undefined, channel: string, now: number): 'unknown' | 'used' | 'expired' | undefined {
+export function pairingRefusal(
+  row: { channel: string; expires_at: number; used_at: number | null } | undefined,
+  channel: string,
+  now: number,
+): 'unknown' | 'used' | 'expired' | undefined {
   if (!row || row.channel !== channel) return 'unknown';
   if (row.used_at !== null) return 'used';
   if (row.expires_at <= now) return 'expired';
@@ -134,9 +137,20 @@ export function pairingRefusal(row: { channel: string; expires_at: number; used_
 }
 
 /** A new device and its token (shown once; stored as `tokenHash`). */
-export function newDevice(channel: string, name: string, now: number): { device: Device; token: string; tokenHash: string } {
+export function newDevice(
+  channel: string,
+  name: string,
+  now: number,
+): { device: Device; token: string; tokenHash: string } {
   const token = DEVICE_TOKEN_PREFIX + randomBytes(32).toString('base64url');
-  const device: Device = { id: `dev_${randomBytes(8).toString('hex')}`, channel, name, createdAt: now, revokedAt: null, lastSeenAt: null };
+  const device: Device = {
+    id: `dev_${randomBytes(8).toString('hex')}`,
+    channel,
+    name,
+    createdAt: now,
+    revokedAt: null,
+    lastSeenAt: null,
+  };
   return { device, token, tokenHash: secretHash(token) };
 }
 
@@ -235,5 +249,12 @@ export function toGrant(row: ChannelGrantRow): ChannelGrant {
 }
 
 export function toDevice(row: ChannelDeviceRow): Device {
-  return { id: row.id, channel: row.channel, name: row.name, createdAt: row.created_at, revokedAt: row.revoked_at, lastSeenAt: row.last_seen_at };
+  return {
+    id: row.id,
+    channel: row.channel,
+    name: row.name,
+    createdAt: row.created_at,
+    revokedAt: row.revoked_at,
+    lastSeenAt: row.last_seen_at,
+  };
 }

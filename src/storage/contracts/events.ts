@@ -64,10 +64,7 @@ export interface AttemptRecord {
   durationMs: number;
 }
 
-export type AttemptOutcome =
-  | { status: 'delivered' }
-  | { status: 'queued'; nextAttemptAt: number }
-  | { status: 'dead' };
+export type AttemptOutcome = { status: 'delivered' } | { status: 'queued'; nextAttemptAt: number } | { status: 'dead' };
 
 /**
  * Accepted: a new event id; or a repeat (`duplicate`, with the first event's id): a delivery id

@@ -47,7 +47,12 @@ export interface GmailStore {
    * One transaction: enqueues each email not seen before, remembers their ids, moves the cursor
    * forward to `cursor` (never back). Resolves once durable; returns how many were enqueued.
    */
-  commitEmails(account: string, emails: { messageId: string; event: NewEvent }[], cursor: string, now: number): Promise<number>;
+  commitEmails(
+    account: string,
+    emails: { messageId: string; event: NewEvent }[],
+    cursor: string,
+    now: number,
+  ): Promise<number>;
   /**
    * Runs `work` (one notification: read the cursor, ask Gmail, commit) while no other caller, in
    * this process or (Postgres) any instance on the database, runs work for this account: one

@@ -4,7 +4,18 @@ import type { Logger } from 'pino';
 import type { PostgresStorageConfig, WebhookAction } from '../../config/schema.js';
 import {
   DeliveredCounts,
-  type AcceptResult, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type CopyCounts, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type QueueStats, type StoreStatus, type StoredEvent,
+  type AcceptResult,
+  type AttemptOutcome,
+  type AttemptRecord,
+  type ClaimedEvent,
+  type CopyCounts,
+  type DeliveryStatus,
+  type EventStore,
+  type ExportedEvent,
+  type NewEvent,
+  type QueueStats,
+  type StoreStatus,
+  type StoredEvent,
 } from '../contracts/events.js';
 import { AcceptBatcher } from './events/accept.js';
 import { EventAdmin } from './events/admin.js';
@@ -63,19 +74,32 @@ export class PostgresEventStore implements EventStore {
     options: PostgresEventStoreOptions,
   ) {
     const tuning = { ...DEFAULT_POSTGRES_TUNING, ...options.tuning };
-    this.notifier = new DueNotifier(pool, this.owner, () => this.closed, () => this.claims.mayAllHaveDue());
+    this.notifier = new DueNotifier(
+      pool,
+      this.owner,
+      () => this.closed,
+      () => this.claims.mayAllHaveDue(),
+    );
     this.claims = new Claims(pool, this.owner, tuning, this.notifier);
     this.accepts = new AcceptBatcher(pool, this.owner, tuning, this.claims, this.notifier);
     this.settles = new SettleBatcher(pool, tuning.maxBatch);
     this.delivered = new DeliveredCounts(
       () => this.admin.countDelivered(),
-      (err) => this.closed || options.logger?.warn({ err: (err as Error).message }, 'metrics: could not count the delivered events; the last count stands'),
+      (err) =>
+        this.closed ||
+        options.logger?.warn(
+          { err: (err as Error).message },
+          'metrics: could not count the delivered events; the last count stands',
+        ),
     );
     this.admin = new EventAdmin(pool, storage, tuning, this.notifier, this.delivered);
   }
 
   /** Connects, and migrates (or checks the schema version); rejects when Postgres cannot be reached. */
-  static async open(storage: PostgresStorageConfig, options: PostgresEventStoreOptions = {}): Promise<PostgresEventStore> {
+  static async open(
+    storage: PostgresStorageConfig,
+    options: PostgresEventStoreOptions = {},
+  ): Promise<PostgresEventStore> {
     // Migrated, or refused with what to run when the schema is missing, behind or newer (a CLI).
     const pool = await openMigratedPool(storage, options);
     const store = new PostgresEventStore(pool, storage, options);
@@ -89,7 +113,9 @@ export class PostgresEventStore implements EventStore {
   }
 
   /** See AcceptBatcher.atomically: events and an integration's own writes, in one transaction. */
-  atomically<T>(work: (tx: { client: pg.PoolClient; accept(events: NewEvent[]): Promise<AcceptResult[]> }) => Promise<T>): Promise<T> {
+  atomically<T>(
+    work: (tx: { client: pg.PoolClient; accept(events: NewEvent[]): Promise<AcceptResult[]> }) => Promise<T>,
+  ): Promise<T> {
     return this.accepts.atomically(work);
   }
 
@@ -157,7 +183,10 @@ export class PostgresEventStore implements EventStore {
   }
 
   /** See importEvents: `gatehouse storage copy`'s write side, all or nothing, into an empty schema. */
-  importAll(batches: AsyncIterable<ExportedEvent[]>, alsoInTransaction?: (client: pg.PoolClient) => Promise<void>): Promise<CopyCounts> {
+  importAll(
+    batches: AsyncIterable<ExportedEvent[]>,
+    alsoInTransaction?: (client: pg.PoolClient) => Promise<void>,
+  ): Promise<CopyCounts> {
     return importEvents(this.pool, this.storage, this.notifier, batches, alsoInTransaction);
   }
 

@@ -1,8 +1,14 @@
 import type pg from 'pg';
 import type { NewEvent } from '../contracts/events.js';
 import {
-  historyIdAfter, KeyedQueue, SEEN_RETENTION_MS, toAccountState,
-  type ExportedGmailState, type GmailAccountRow, type GmailAccountState, type GmailStore,
+  historyIdAfter,
+  KeyedQueue,
+  SEEN_RETENTION_MS,
+  toAccountState,
+  type ExportedGmailState,
+  type GmailAccountRow,
+  type GmailAccountState,
+  type GmailStore,
 } from '../contracts/gmail.js';
 import type { SealedChange } from '../contracts/sealed.js';
 import type { PostgresEventStore } from './events.js';
@@ -32,7 +38,9 @@ export class PostgresGmailStore implements GmailStore {
   }
 
   async get(account: string): Promise<GmailAccountState | undefined> {
-    const { rows } = await this.pool.query<GmailAccountRow>('SELECT * FROM gmail_accounts WHERE account = $1', [account]);
+    const { rows } = await this.pool.query<GmailAccountRow>('SELECT * FROM gmail_accounts WHERE account = $1', [
+      account,
+    ]);
     return rows[0] && toAccountState(rows[0]);
   }
 
@@ -59,23 +67,44 @@ export class PostgresGmailStore implements GmailStore {
   }
 
   async recordError(account: string, error: string | null, now: number): Promise<void> {
-    await this.pool.query('UPDATE gmail_accounts SET last_error = $2, last_error_at = $3::bigint WHERE account = $1', [account, error, error === null ? null : now]);
+    await this.pool.query('UPDATE gmail_accounts SET last_error = $2, last_error_at = $3::bigint WHERE account = $1', [
+      account,
+      error,
+      error === null ? null : now,
+    ]);
   }
 
   async seen(account: string, ids: string[]): Promise<Set<string>> {
     if (ids.length === 0) return new Set();
-    const { rows } = await this.pool.query<{ message_id: string }>('SELECT message_id FROM gmail_seen WHERE account = $1 AND message_id = ANY($2::text[])', [account, ids]);
+    const { rows } = await this.pool.query<{ message_id: string }>(
+      'SELECT message_id FROM gmail_seen WHERE account = $1 AND message_id = ANY($2::text[])',
+      [account, ids],
+    );
     return new Set(rows.map((r) => r.message_id));
   }
 
-  async commitEmails(account: string, emails: { messageId: string; event: NewEvent }[], cursor: string, now: number): Promise<number> {
+  async commitEmails(
+    account: string,
+    emails: { messageId: string; event: NewEvent }[],
+    cursor: string,
+    now: number,
+  ): Promise<number> {
     return this.store.atomically(async ({ client, accept }) => {
-      const { rows: [current] } = await client.query<{ cursor: string | null }>('SELECT cursor FROM gmail_accounts WHERE account = $1 FOR UPDATE', [account]);
+      const {
+        rows: [current],
+      } = await client.query<{ cursor: string | null }>(
+        'SELECT cursor FROM gmail_accounts WHERE account = $1 FOR UPDATE',
+        [account],
+      );
       // Checked again under the row lock: the seen() read before it may be stale.
       const ids = emails.map((e) => e.messageId);
-      const { rows: seenRows } = ids.length > 0
-        ? await client.query<{ message_id: string }>('SELECT message_id FROM gmail_seen WHERE account = $1 AND message_id = ANY($2::text[])', [account, ids])
-        : { rows: [] };
+      const { rows: seenRows } =
+        ids.length > 0
+          ? await client.query<{ message_id: string }>(
+              'SELECT message_id FROM gmail_seen WHERE account = $1 AND message_id = ANY($2::text[])',
+              [account, ids],
+            )
+          : { rows: [] };
       const seen = new Set(seenRows.map((r) => r.message_id));
       const fresh = emails.filter((e, i) => !seen.has(e.messageId) && ids.indexOf(e.messageId) === i);
       const results = await accept(fresh.map((e) => e.event));
@@ -92,34 +121,53 @@ export class PostgresGmailStore implements GmailStore {
           WHERE account = $1`,
         [account, next, now, enqueued],
       );
-      await client.query('DELETE FROM gmail_seen WHERE account = $1 AND seen_at < $2::bigint', [account, now - SEEN_RETENTION_MS]);
+      await client.query('DELETE FROM gmail_seen WHERE account = $1 AND seen_at < $2::bigint', [
+        account,
+        now - SEEN_RETENTION_MS,
+      ]);
       return enqueued;
     });
   }
 
   exclusively<T>(account: string, work: () => Promise<T>): Promise<T> {
     // This process's callers queue in memory; only the head of the queue holds a connection for the lock.
-    return this.queue.run(account, () => withClient(this.pool, async (client) => {
-      await client.query('SELECT pg_advisory_lock($1, hashtext($2))', [MAILBOX_LOCK_CLASS, account]);
-      try {
-        return await work();
-      } finally {
-        await client.query('SELECT pg_advisory_unlock($1, hashtext($2))', [MAILBOX_LOCK_CLASS, account]).catch((err: Error) => {
-          // Code-less, so withClient destroys the connection: one back in the pool must never still hold the lock.
-          throw new Error(`could not release the mailbox lock: ${err.message}`);
-        });
-      }
-    }));
+    return this.queue.run(account, () =>
+      withClient(this.pool, async (client) => {
+        await client.query('SELECT pg_advisory_lock($1, hashtext($2))', [MAILBOX_LOCK_CLASS, account]);
+        try {
+          return await work();
+        } finally {
+          await client
+            .query('SELECT pg_advisory_unlock($1, hashtext($2))', [MAILBOX_LOCK_CLASS, account])
+            .catch((err: Error) => {
+              // Code-less, so withClient destroys the connection: one back in the pool must never still hold the lock.
+              throw new Error(`could not release the mailbox lock: ${err.message}`);
+            });
+        }
+      }),
+    );
   }
 
   async sealedGrants(): Promise<{ account: string; sealed: string }[]> {
-    return (await this.pool.query<{ account: string; sealed: string }>('SELECT account, sealed_grant AS sealed FROM gmail_accounts ORDER BY account')).rows;
+    return (
+      await this.pool.query<{ account: string; sealed: string }>(
+        'SELECT account, sealed_grant AS sealed FROM gmail_accounts ORDER BY account',
+      )
+    ).rows;
   }
 
   async replaceSealedGrants(changes: SealedChange[]): Promise<number> {
     return this.store.atomically(async ({ client }) => {
       let replaced = 0;
-      for (const c of changes) replaced += (await client.query('UPDATE gmail_accounts SET sealed_grant = $2 WHERE account = $1 AND sealed_grant = $3', [c.key, c.to, c.from])).rowCount ?? 0;
+      for (const c of changes)
+        replaced +=
+          (
+            await client.query('UPDATE gmail_accounts SET sealed_grant = $2 WHERE account = $1 AND sealed_grant = $3', [
+              c.key,
+              c.to,
+              c.from,
+            ])
+          ).rowCount ?? 0;
       return replaced;
     });
   }
@@ -131,22 +179,42 @@ export class PostgresGmailStore implements GmailStore {
  */
 export async function importGmailState(client: pg.PoolClient, state: ExportedGmailState): Promise<void> {
   await client.query('LOCK TABLE gmail_accounts, gmail_seen IN EXCLUSIVE MODE');
-  const { rows: [n] } = await client.query<{ n: number }>('SELECT (SELECT count(*) FROM gmail_accounts) + (SELECT count(*) FROM gmail_seen) AS n');
+  const {
+    rows: [n],
+  } = await client.query<{ n: number }>(
+    'SELECT (SELECT count(*) FROM gmail_accounts) + (SELECT count(*) FROM gmail_seen) AS n',
+  );
   if (n!.n > 0) throw new NotEmpty(`${n!.n} Gmail row${n!.n === 1 ? '' : 's'}`);
   const { accounts: a, seen } = state;
   if (a.length) {
     await client.query(
       `INSERT INTO gmail_accounts (account, client_id, project, sealed_grant, cursor, cursor_at, watch_expiration, watch_renewed_at, last_notification_at, last_error, last_error_at, emails_enqueued)
        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::bigint[], $12::bigint[])`,
-      [a.map((r) => r.account), a.map((r) => r.client_id), a.map((r) => r.project), a.map((r) => r.sealed_grant), a.map((r) => r.cursor), a.map((r) => r.cursor_at),
-        a.map((r) => r.watch_expiration), a.map((r) => r.watch_renewed_at), a.map((r) => r.last_notification_at), a.map((r) => r.last_error), a.map((r) => r.last_error_at),
-        a.map((r) => r.emails_enqueued)],
+      [
+        a.map((r) => r.account),
+        a.map((r) => r.client_id),
+        a.map((r) => r.project),
+        a.map((r) => r.sealed_grant),
+        a.map((r) => r.cursor),
+        a.map((r) => r.cursor_at),
+        a.map((r) => r.watch_expiration),
+        a.map((r) => r.watch_renewed_at),
+        a.map((r) => r.last_notification_at),
+        a.map((r) => r.last_error),
+        a.map((r) => r.last_error_at),
+        a.map((r) => r.emails_enqueued),
+      ],
     );
   }
   if (seen.length) {
     await client.query(
       'INSERT INTO gmail_seen (account, message_id, event_id, seen_at) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])',
-      [seen.map((s) => s.account), seen.map((s) => s.message_id), seen.map((s) => s.event_id), seen.map((s) => s.seen_at)],
+      [
+        seen.map((s) => s.account),
+        seen.map((s) => s.message_id),
+        seen.map((s) => s.event_id),
+        seen.map((s) => s.seen_at),
+      ],
     );
   }
 }

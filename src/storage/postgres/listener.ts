@@ -38,7 +38,11 @@ export class PostgresListener {
       client.removeAllListeners('notification');
       void client.end().catch(() => {});
       if (this.closed) return;
-      if (this.failures++ === 0) this.logger?.warn({ err: err?.message }, 'postgres: the LISTEN connection was lost; reconnecting (polling meanwhile)');
+      if (this.failures++ === 0)
+        this.logger?.warn(
+          { err: err?.message },
+          'postgres: the LISTEN connection was lost; reconnecting (polling meanwhile)',
+        );
       this.retry();
     };
     client.on('error', onLost);

@@ -38,7 +38,12 @@ export type LockoutOp = { kind: 'failure'; reserved: boolean } | { kind: 'reserv
  * the count). A reservation is a place in the count for a check in flight: granted while the
  * failures in the window plus the places held stay under `max`. Pure: tested on its own.
  */
-export function applyLockoutOp(row: LockoutRow, op: LockoutOp, now: number, settings: LockoutSettings): { row: LockoutRow; reservation?: Reservation } {
+export function applyLockoutOp(
+  row: LockoutRow,
+  op: LockoutOp,
+  now: number,
+  settings: LockoutSettings,
+): { row: LockoutRow; reservation?: Reservation } {
   const windowMs = settings.windowSeconds * 1000;
   const failures = row.failures.filter((at) => at > now - windowMs);
   let reserved = row.reservedUntil > now ? row.reserved : 0;
@@ -70,7 +75,11 @@ export function applyLockoutOp(row: LockoutRow, op: LockoutOp, now: number, sett
       }
     }
   }
-  const expiresAt = Math.max(failures.length > 0 ? failures[failures.length - 1]! + windowMs : 0, lockedUntil, reserved > 0 ? reservedUntil : 0);
+  const expiresAt = Math.max(
+    failures.length > 0 ? failures[failures.length - 1]! + windowMs : 0,
+    lockedUntil,
+    reserved > 0 ? reservedUntil : 0,
+  );
   return { row: { failures, reserved, reservedUntil, lockedUntil, expiresAt }, reservation };
 }
 
@@ -117,7 +126,10 @@ export class PostgresLockoutStore implements LockoutStore {
   ) {}
 
   /** Connects and migrates (rejects when Postgres cannot be reached), learns the locks in force, LISTENs. */
-  static async open(storage: PostgresStorageConfig, options: PostgresLockoutStoreOptions = {}): Promise<PostgresLockoutStore> {
+  static async open(
+    storage: PostgresStorageConfig,
+    options: PostgresLockoutStoreOptions = {},
+  ): Promise<PostgresLockoutStore> {
     const pool = new pg.Pool({
       ...connectionOptions(storage.url),
       connectionTimeoutMillis: QUERY_TIMEOUT_MS,
@@ -134,7 +146,12 @@ export class PostgresLockoutStore implements LockoutStore {
     }
     const store = new PostgresLockoutStore(pool, options.logger);
     await store.refresh();
-    store.listener = new PostgresListener(storage.url, LOCK_CHANNEL, (payload) => store.onNotify(payload), options.logger);
+    store.listener = new PostgresListener(
+      storage.url,
+      LOCK_CHANNEL,
+      (payload) => store.onNotify(payload),
+      options.logger,
+    );
     store.timer = setInterval(() => void store.refresh(), REFRESH_MS);
     store.timer.unref();
     return store;
@@ -179,7 +196,8 @@ export class PostgresLockoutStore implements LockoutStore {
       for (let at = now; ; at = Date.now()) {
         const reservation = await this.apply(key, { kind: 'reserve' }, at, settings);
         if (reservation === undefined) return 'unreserved'; // Postgres went away: counted locally
-        if (reservation === 'reserved' || reservation === 'unreserved' || reservation.refusedFor > 0) return reservation;
+        if (reservation === 'reserved' || reservation === 'unreserved' || reservation.refusedFor > 0)
+          return reservation;
         if (Date.now() >= deadline) return { refusedFor: 1 };
         await new Promise((resolve) => setTimeout(resolve, RESERVE_RETRY_MS));
       }
@@ -209,12 +227,23 @@ export class PostgresLockoutStore implements LockoutStore {
     return done;
   }
 
-  private async transact(key: string, op: LockoutOp, now: number, settings: LockoutSettings): Promise<{ row: LockoutRow; reservation?: Reservation }> {
+  private async transact(
+    key: string,
+    op: LockoutOp,
+    now: number,
+    settings: LockoutSettings,
+  ): Promise<{ row: LockoutRow; reservation?: Reservation }> {
     return withClient(this.pool, async (client) => {
       await client.query('BEGIN');
       try {
         // The row is created if missing, then locked: concurrent instances take turns on it.
-        const { rows } = await client.query<{ failures: number[]; reserved: number; reserved_until: number; locked_until: number; expires_at: number }>(
+        const { rows } = await client.query<{
+          failures: number[];
+          reserved: number;
+          reserved_until: number;
+          locked_until: number;
+          expires_at: number;
+        }>(
           `INSERT INTO lockouts AS l (key, expires_at) VALUES ($1, $2::bigint)
            ON CONFLICT (key) DO UPDATE SET key = l.key
            RETURNING failures, reserved, reserved_until, locked_until, expires_at`,
@@ -235,7 +264,8 @@ export class PostgresLockoutStore implements LockoutStore {
           [key, row.failures, row.reserved, row.reservedUntil, row.lockedUntil, row.expiresAt],
         );
         // Delivered at COMMIT, to every instance (this one included; applying a lock twice is harmless).
-        if (row.lockedUntil > before.lockedUntil) await client.query('SELECT pg_notify($1, $2)', [LOCK_CHANNEL, JSON.stringify([key, row.lockedUntil])]);
+        if (row.lockedUntil > before.lockedUntil)
+          await client.query('SELECT pg_notify($1, $2)', [LOCK_CHANNEL, JSON.stringify([key, row.lockedUntil])]);
         await client.query('COMMIT');
         return result;
       } catch (err) {
@@ -252,7 +282,8 @@ export class PostgresLockoutStore implements LockoutStore {
     }
     try {
       const parsed: unknown = JSON.parse(payload);
-      if (Array.isArray(parsed) && typeof parsed[0] === 'string' && typeof parsed[1] === 'number') this.learn(parsed[0], parsed[1]);
+      if (Array.isArray(parsed) && typeof parsed[0] === 'string' && typeof parsed[1] === 'number')
+        this.learn(parsed[0], parsed[1]);
     } catch {
       // not ours: ignored
     }
@@ -293,7 +324,10 @@ export class PostgresLockoutStore implements LockoutStore {
   private unreachable(err: unknown): void {
     if (!this.reachable || this.closed) return;
     this.reachable = false;
-    this.logger?.warn({ err: (err as Error).message }, 'postgres unreachable: failures are counted by this instance alone until it is back (locks already learned still apply)');
+    this.logger?.warn(
+      { err: (err as Error).message },
+      'postgres unreachable: failures are counted by this instance alone until it is back (locks already learned still apply)',
+    );
   }
 
   private recovered(): void {

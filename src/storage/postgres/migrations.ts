@@ -2,7 +2,13 @@ import type pg from 'pg';
 import type { Logger } from 'pino';
 import type { PostgresStorageConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
-import { latestVersion, migratePostgres, newerSchemaMessage, type MigrationResult, type PostgresMigration } from '../migrate.js';
+import {
+  latestVersion,
+  migratePostgres,
+  newerSchemaMessage,
+  type MigrationResult,
+  type PostgresMigration,
+} from '../migrate.js';
 import { createPool, describeUrl, withClient } from './pool.js';
 
 /**
@@ -217,14 +223,19 @@ export async function migrate(pool: pg.Pool, logger?: Pick<Logger, 'warn'>): Pro
  * migrate`), or else checked, refusing with what to run when the schema is missing, behind (the
  * tables a part needs may not be there) or newer than this gatehouse. Closed again on refusal.
  */
-export async function openMigratedPool(storage: PostgresStorageConfig, options: { migrate?: boolean; logger?: Pick<Logger, 'warn'> } = {}): Promise<pg.Pool> {
+export async function openMigratedPool(
+  storage: PostgresStorageConfig,
+  options: { migrate?: boolean; logger?: Pick<Logger, 'warn'> } = {},
+): Promise<pg.Pool> {
   const pool = createPool(storage, options.logger);
   try {
     if (options.migrate) await migrate(pool, options.logger);
     else {
       const version = await schemaVersion(pool);
       if (version < POSTGRES_SCHEMA_VERSION) {
-        throw new UsageError(`the database at ${describeUrl(storage.url)} ${version === 0 ? 'has no gatehouse schema' : `has schema version ${version}, older than this gatehouse's ${POSTGRES_SCHEMA_VERSION}`}: run \`gatehouse storage migrate\` (the server also does at start)`);
+        throw new UsageError(
+          `the database at ${describeUrl(storage.url)} ${version === 0 ? 'has no gatehouse schema' : `has schema version ${version}, older than this gatehouse's ${POSTGRES_SCHEMA_VERSION}`}: run \`gatehouse storage migrate\` (the server also does at start)`,
+        );
       }
       if (version > POSTGRES_SCHEMA_VERSION) throw new UsageError(newerSchemaMessage(version, POSTGRES_SCHEMA_VERSION));
     }

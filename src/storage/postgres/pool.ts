@@ -6,7 +6,9 @@ import type { PostgresStorageConfig } from '../../config/schema.js';
 const INT8_OID = 20;
 const types = {
   getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
-    oid === INT8_OID ? (value: string) => Number(value) : pg.types.getTypeParser(oid, format as 'text')) as pg.CustomTypesConfig['getTypeParser'],
+    oid === INT8_OID
+      ? (value: string) => Number(value)
+      : pg.types.getTypeParser(oid, format as 'text')) as pg.CustomTypesConfig['getTypeParser'],
 };
 
 /** Connection settings every gatehouse connection shares (the pool's and the LISTEN client's). */
@@ -29,7 +31,9 @@ export function connectionOptions(url: string): pg.ClientConfig {
  */
 export function createPool(storage: PostgresStorageConfig, logger?: Pick<Logger, 'warn'>): pg.Pool {
   const pool = new pg.Pool({ ...connectionOptions(storage.url), max: storage.pool.max, idleTimeoutMillis: 30_000 });
-  pool.on('error', (err) => logger?.warn({ err: err.message }, 'postgres: an idle connection was lost; the pool opens a new one when needed'));
+  pool.on('error', (err) =>
+    logger?.warn({ err: err.message }, 'postgres: an idle connection was lost; the pool opens a new one when needed'),
+  );
   return pool;
 }
 
@@ -72,7 +76,14 @@ export async function inTransaction<T>(pool: pg.Pool, work: (client: pg.PoolClie
 /** Errors that say the connection itself is gone (not a statement's own failure). */
 function isConnectionError(err: unknown): boolean {
   const code = (err as { code?: string }).code;
-  return code === undefined || code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03' || /^E[A-Z]+$/.test(code);
+  return (
+    code === undefined ||
+    code.startsWith('08') ||
+    code === '57P01' ||
+    code === '57P02' ||
+    code === '57P03' ||
+    /^E[A-Z]+$/.test(code)
+  );
 }
 
 /** Deadlocks and serialization failures: the transaction did nothing and may simply run again. */

@@ -1,9 +1,28 @@
 import type Database from 'better-sqlite3';
 import { hasTable, openDatabase } from './database.js';
 import {
-  ActivityThrottle, looksLikeDeviceToken, MAX_PENDING_PAIRINGS, newDevice, newPairingCode, pairingCodeHash, pairingRefusal, secretHash, toDevice, toGrant,
-  type ChannelDeviceRow, type ChannelGrant, type ChannelGrantRow, type ChannelOAuthRequestRow, type ChannelOutboxRow, type ChannelPairingRow,
-  type ChannelStore, type Device, type ExportedChannelState, type NewChannelGrant, type OutboxMessage, type PairingOutcome,
+  ActivityThrottle,
+  looksLikeDeviceToken,
+  MAX_PENDING_PAIRINGS,
+  newDevice,
+  newPairingCode,
+  pairingCodeHash,
+  pairingRefusal,
+  secretHash,
+  toDevice,
+  toGrant,
+  type ChannelDeviceRow,
+  type ChannelGrant,
+  type ChannelGrantRow,
+  type ChannelOAuthRequestRow,
+  type ChannelOutboxRow,
+  type ChannelPairingRow,
+  type ChannelStore,
+  type Device,
+  type ExportedChannelState,
+  type NewChannelGrant,
+  type OutboxMessage,
+  type PairingOutcome,
 } from '../contracts/channels.js';
 import type { SealedChange } from '../contracts/sealed.js';
 
@@ -23,32 +42,56 @@ export class SqliteChannelStore implements ChannelStore {
     this.statements = {
       grant: db.prepare<[string], ChannelGrantRow>('SELECT * FROM channel_grants WHERE name = ?'),
       grants: db.prepare<[], ChannelGrantRow>('SELECT * FROM channel_grants ORDER BY name'),
-      saveGrant: db.prepare('INSERT INTO channel_grants (name, kind, sealed, details, connected_at, expires_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, sealed = excluded.sealed, details = excluded.details, connected_at = excluded.connected_at, expires_at = excluded.expires_at, last_error = NULL, last_error_at = NULL'),
+      saveGrant: db.prepare(
+        'INSERT INTO channel_grants (name, kind, sealed, details, connected_at, expires_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, sealed = excluded.sealed, details = excluded.details, connected_at = excluded.connected_at, expires_at = excluded.expires_at, last_error = NULL, last_error_at = NULL',
+      ),
       replaceSealed: db.prepare('UPDATE channel_grants SET sealed = ? WHERE name = ? AND sealed = ?'),
       // Only over the grant the refresh started from: a login stored meanwhile wins (it sets
       // connected_at). Not compared on `sealed`: a `storage reseal` meanwhile changes only that,
       // and the refresh's new tokens (Discord rotates the refresh token) must not be thrown away.
-      refreshGrant: db.prepare('UPDATE channel_grants SET sealed = ?, expires_at = ?, last_error = NULL, last_error_at = NULL WHERE name = ? AND connected_at = ? AND expires_at IS ?'),
+      refreshGrant: db.prepare(
+        'UPDATE channel_grants SET sealed = ?, expires_at = ?, last_error = NULL, last_error_at = NULL WHERE name = ? AND connected_at = ? AND expires_at IS ?',
+      ),
       deleteGrant: db.prepare('DELETE FROM channel_grants WHERE name = ?'),
       noteEvent: db.prepare('UPDATE channel_grants SET last_event_at = ? WHERE name = ?'),
       noteError: db.prepare('UPDATE channel_grants SET last_error = ?, last_error_at = ? WHERE name = ?'),
-      pendingPairings: db.prepare<[string, number], { n: number }>('SELECT count(*) AS n FROM channel_pairings WHERE channel = ? AND used_at IS NULL AND expires_at > ?'),
-      addPairing: db.prepare('INSERT INTO channel_pairings (code_hash, channel, created_at, expires_at) VALUES (?, ?, ?, ?)'),
+      pendingPairings: db.prepare<[string, number], { n: number }>(
+        'SELECT count(*) AS n FROM channel_pairings WHERE channel = ? AND used_at IS NULL AND expires_at > ?',
+      ),
+      addPairing: db.prepare(
+        'INSERT INTO channel_pairings (code_hash, channel, created_at, expires_at) VALUES (?, ?, ?, ?)',
+      ),
       pairing: db.prepare<[string], ChannelPairingRow>('SELECT * FROM channel_pairings WHERE code_hash = ?'),
-      usePairing: db.prepare('UPDATE channel_pairings SET used_at = ?, device_id = ? WHERE code_hash = ? AND used_at IS NULL'),
-      addDevice: db.prepare('INSERT INTO channel_devices (id, channel, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)'),
+      usePairing: db.prepare(
+        'UPDATE channel_pairings SET used_at = ?, device_id = ? WHERE code_hash = ? AND used_at IS NULL',
+      ),
+      addDevice: db.prepare(
+        'INSERT INTO channel_devices (id, channel, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)',
+      ),
       deviceByToken: db.prepare<[string], ChannelDeviceRow>('SELECT * FROM channel_devices WHERE token_hash = ?'),
       device: db.prepare<[string], ChannelDeviceRow>('SELECT * FROM channel_devices WHERE id = ?'),
-      devices: db.prepare<[string], ChannelDeviceRow>('SELECT * FROM channel_devices WHERE channel = ? ORDER BY created_at'),
+      devices: db.prepare<[string], ChannelDeviceRow>(
+        'SELECT * FROM channel_devices WHERE channel = ? ORDER BY created_at',
+      ),
       seen: db.prepare('UPDATE channel_devices SET last_seen_at = ? WHERE id = ?'),
-      revoke: db.prepare('UPDATE channel_devices SET revoked_at = ? WHERE channel = ? AND (id = ? OR name = ?) AND revoked_at IS NULL'),
+      revoke: db.prepare(
+        'UPDATE channel_devices SET revoked_at = ? WHERE channel = ? AND (id = ? OR name = ?) AND revoked_at IS NULL',
+      ),
       revokeAll: db.prepare('UPDATE channel_devices SET revoked_at = ? WHERE channel = ? AND revoked_at IS NULL'),
       enqueue: db.prepare('INSERT INTO channel_outbox (channel, device_id, text, created_at) VALUES (?, ?, ?, ?)'),
-      pending: db.prepare<[string, number], { id: number; text: string; created_at: number }>('SELECT id, text, created_at FROM channel_outbox WHERE device_id = ? AND fetched_at IS NULL ORDER BY id LIMIT ?'),
+      pending: db.prepare<[string, number], { id: number; text: string; created_at: number }>(
+        'SELECT id, text, created_at FROM channel_outbox WHERE device_id = ? AND fetched_at IS NULL ORDER BY id LIMIT ?',
+      ),
       fetched: db.prepare('UPDATE channel_outbox SET fetched_at = ? WHERE id = ?'),
-      addOAuthRequest: db.prepare('INSERT INTO channel_oauth_requests (state_hash, channel, expires_at) VALUES (?, ?, ?)'),
-      answerOAuthRequest: db.prepare('UPDATE channel_oauth_requests SET answer = ? WHERE state_hash = ? AND channel = ? AND answer IS NULL AND expires_at > ?'),
-      takeOAuthAnswer: db.prepare<[string], { answer: string }>('DELETE FROM channel_oauth_requests WHERE state_hash = ? AND answer IS NOT NULL RETURNING answer'),
+      addOAuthRequest: db.prepare(
+        'INSERT INTO channel_oauth_requests (state_hash, channel, expires_at) VALUES (?, ?, ?)',
+      ),
+      answerOAuthRequest: db.prepare(
+        'UPDATE channel_oauth_requests SET answer = ? WHERE state_hash = ? AND channel = ? AND answer IS NULL AND expires_at > ?',
+      ),
+      takeOAuthAnswer: db.prepare<[string], { answer: string }>(
+        'DELETE FROM channel_oauth_requests WHERE state_hash = ? AND answer IS NOT NULL RETURNING answer',
+      ),
       dropExpiredOAuthRequests: db.prepare('DELETE FROM channel_oauth_requests WHERE expires_at < ?'),
     };
   }
@@ -63,7 +106,14 @@ export class SqliteChannelStore implements ChannelStore {
   }
 
   async saveGrant(grant: NewChannelGrant, now: number): Promise<void> {
-    this.statements.saveGrant.run(grant.name, grant.kind, grant.sealed, JSON.stringify(grant.details), now, grant.expiresAt);
+    this.statements.saveGrant.run(
+      grant.name,
+      grant.kind,
+      grant.sealed,
+      JSON.stringify(grant.details),
+      now,
+      grant.expiresAt,
+    );
   }
 
   async refreshGrant(
@@ -76,7 +126,13 @@ export class SqliteChannelStore implements ChannelStore {
     const current = await this.grant(name);
     if (!current || !due(current)) return { refreshed: false, grant: current };
     const next = await refresh(current);
-    const { changes } = this.statements.refreshGrant.run(next.sealed, next.expiresAt, name, current.connectedAt, current.expiresAt);
+    const { changes } = this.statements.refreshGrant.run(
+      next.sealed,
+      next.expiresAt,
+      name,
+      current.connectedAt,
+      current.expiresAt,
+    );
     return { refreshed: changes === 1, grant: await this.grant(name) };
   }
 
@@ -95,16 +151,23 @@ export class SqliteChannelStore implements ChannelStore {
     this.statements.noteError.run(error, now, name);
   }
 
-  async createPairing(channel: string, ttlMs: number, now: number, max = MAX_PENDING_PAIRINGS): Promise<string | undefined> {
+  async createPairing(
+    channel: string,
+    ttlMs: number,
+    now: number,
+    max = MAX_PENDING_PAIRINGS,
+  ): Promise<string | undefined> {
     // IMMEDIATE (here and below: read, then write): the write lock is taken first. A deferred
     // transaction read under a snapshot another process's commit made stale, and its write then
     // failed "database is locked" at once (busy_timeout does not apply): concurrent logins crashed.
-    return this.db.transaction(() => {
-      if (this.statements.pendingPairings.get(channel, now)!.n >= max) return undefined;
-      const code = newPairingCode();
-      this.statements.addPairing.run(pairingCodeHash(code), channel, now, now + ttlMs);
-      return code;
-    }).immediate();
+    return this.db
+      .transaction(() => {
+        if (this.statements.pendingPairings.get(channel, now)!.n >= max) return undefined;
+        const code = newPairingCode();
+        this.statements.addPairing.run(pairingCodeHash(code), channel, now, now + ttlMs);
+        return code;
+      })
+      .immediate();
   }
 
   async pairingStatus(code: string): Promise<{ expiresAt: number; device?: Device } | undefined> {
@@ -115,15 +178,17 @@ export class SqliteChannelStore implements ChannelStore {
   }
 
   async pair(channel: string, code: string, deviceName: string, now: number): Promise<PairingOutcome> {
-    return this.db.transaction((): PairingOutcome => {
-      const codeHash = pairingCodeHash(code);
-      const refused = pairingRefusal(this.statements.pairing.get(codeHash), channel, now);
-      if (refused) return { ok: false, reason: refused };
-      const { device, token, tokenHash } = newDevice(channel, deviceName, now);
-      this.statements.addDevice.run(device.id, channel, deviceName, tokenHash, now);
-      this.statements.usePairing.run(now, device.id, codeHash);
-      return { ok: true, device, token };
-    }).immediate();
+    return this.db
+      .transaction((): PairingOutcome => {
+        const codeHash = pairingCodeHash(code);
+        const refused = pairingRefusal(this.statements.pairing.get(codeHash), channel, now);
+        if (refused) return { ok: false, reason: refused };
+        const { device, token, tokenHash } = newDevice(channel, deviceName, now);
+        this.statements.addDevice.run(device.id, channel, deviceName, tokenHash, now);
+        this.statements.usePairing.run(now, device.id, codeHash);
+        return { ok: true, device, token };
+      })
+      .immediate();
   }
 
   async deviceByToken(channel: string, token: string, now: number): Promise<Device | undefined> {
@@ -152,11 +217,13 @@ export class SqliteChannelStore implements ChannelStore {
   }
 
   async takeOutbox(deviceId: string, limit: number, now: number): Promise<OutboxMessage[]> {
-    return this.db.transaction(() => {
-      const rows = this.statements.pending.all(deviceId, limit);
-      for (const row of rows) this.statements.fetched.run(now, row.id);
-      return rows.map((r) => ({ id: r.id, text: r.text, createdAt: r.created_at }));
-    }).immediate();
+    return this.db
+      .transaction(() => {
+        const rows = this.statements.pending.all(deviceId, limit);
+        for (const row of rows) this.statements.fetched.run(now, row.id);
+        return rows.map((r) => ({ id: r.id, text: r.text, createdAt: r.created_at }));
+      })
+      .immediate();
   }
 
   async createOAuthRequest(channel: string, state: string, ttlMs: number, now: number): Promise<void> {
@@ -168,15 +235,21 @@ export class SqliteChannelStore implements ChannelStore {
   }
 
   async takeOAuthAnswer(state: string, now: number): Promise<string | undefined> {
-    return this.db.transaction(() => {
-      const taken = this.statements.takeOAuthAnswer.get(secretHash(state));
-      if (taken) this.statements.dropExpiredOAuthRequests.run(now);
-      return taken?.answer;
-    }).immediate();
+    return this.db
+      .transaction(() => {
+        const taken = this.statements.takeOAuthAnswer.get(secretHash(state));
+        if (taken) this.statements.dropExpiredOAuthRequests.run(now);
+        return taken?.answer;
+      })
+      .immediate();
   }
 
   async replaceSealedGrants(changes: SealedChange[]): Promise<number> {
-    return this.db.transaction(() => changes.reduce((n, c) => n + this.statements.replaceSealed.run(c.to, c.key, c.from).changes, 0)).immediate();
+    return this.db
+      .transaction(() =>
+        changes.reduce((n, c) => n + this.statements.replaceSealed.run(c.to, c.key, c.from).changes, 0),
+      )
+      .immediate();
   }
 
   async close(): Promise<void> {
@@ -184,7 +257,8 @@ export class SqliteChannelStore implements ChannelStore {
   }
 }
 
-type ChannelTable = 'channel_grants' | 'channel_devices' | 'channel_pairings' | 'channel_outbox' | 'channel_oauth_requests';
+type ChannelTable =
+  'channel_grants' | 'channel_devices' | 'channel_pairings' | 'channel_outbox' | 'channel_oauth_requests';
 
 /**
  * Every channel row an SQLite file holds (none for a table not there), for `gatehouse storage

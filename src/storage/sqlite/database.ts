@@ -32,7 +32,11 @@ export function openDatabase(file: string, options: { mustExist?: boolean } = {}
 
 /** Whether `db` has a table `name` (a part's tables exist only once that part has run on the file). */
 export function hasTable(db: Database.Database, name: string): boolean {
-  return db.prepare<[string], { n: number }>("SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?").get(name)!.n > 0;
+  return (
+    db
+      .prepare<[string], { n: number }>("SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' AND name = ?")
+      .get(name)!.n > 0
+  );
 }
 
 /**
@@ -71,7 +75,12 @@ let resolvedAddonPath: string | undefined | null = null;
 function sqliteAddonPath(): string | undefined {
   if (resolvedAddonPath !== null) return resolvedAddonPath;
   try {
-    resolvedAddonPath = path.join(path.dirname(createRequire(import.meta.url).resolve('better-sqlite3/package.json')), 'build', 'Release', 'better_sqlite3.node');
+    resolvedAddonPath = path.join(
+      path.dirname(createRequire(import.meta.url).resolve('better-sqlite3/package.json')),
+      'build',
+      'Release',
+      'better_sqlite3.node',
+    );
   } catch {
     resolvedAddonPath = undefined;
   }

@@ -6,9 +6,25 @@ import { openDatabase } from './database.js';
 import { acquireWriterLock, type WriterLock } from './writer-lock.js';
 import { HandOverQueue } from '../hand-over-queue.js';
 import { exportEvents } from './export.js';
+import { inChunks, prepareStatements, type Statements } from './statements.js';
 import {
-  DeliveredCounts, IDEMPOTENCY_WINDOW_MS, lastErrorOf, newEventId, toEvent,
-  type AcceptResult, type EventRow, type AttemptOutcome, type AttemptRecord, type ClaimedEvent, type DeliveryStatus, type EventStore, type ExportedEvent, type NewEvent, type QueueStats, type StoreStatus, type StoredEvent,
+  DeliveredCounts,
+  IDEMPOTENCY_WINDOW_MS,
+  lastErrorOf,
+  newEventId,
+  toEvent,
+  type AcceptResult,
+  type EventRow,
+  type AttemptOutcome,
+  type AttemptRecord,
+  type ClaimedEvent,
+  type DeliveryStatus,
+  type EventStore,
+  type ExportedEvent,
+  type NewEvent,
+  type QueueStats,
+  type StoreStatus,
+  type StoredEvent,
 } from '../contracts/events.js';
 
 /** The SQLite driver's tuning, in one place. */
@@ -34,38 +50,8 @@ export const DEFAULT_SQLITE_TUNING: Readonly<SqliteTuning> = Object.freeze({
   exportBatchBytes: 8 * 1024 * 1024,
 });
 
-/**
- * One chunk of purgeDelivered: its own short transaction, found through events_delivered (INDEXED
- * BY: without statistics the planner walks events_next, every delivered event, instead), an index
- * that covers it. Exported for the test that checks its plan.
- */
-export const PURGE_CHUNK_SQL = "DELETE FROM events WHERE rowid IN (SELECT rowid FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < ? LIMIT 500)";
-/**
- * Within the delivery-id window (`--older-than` under 24 h) events whose id is still remembered
- * stay: the rows delivered in that last day are walked once, a page at a time, from where the
- * last page ended (a cursor on the index, not a new scan per chunk that would read every row
- * kept so far again), and the page's rows that may go are deleted. Exported for the plan test.
- */
-export const PURGE_RECENT_PAGE_SQL = "SELECT rowid AS row, delivered_at AS at FROM events INDEXED BY events_delivered WHERE status = 'delivered' AND delivered_at < @before AND (delivered_at, rowid) > (@at, @row) ORDER BY delivered_at, rowid LIMIT 500";
-const PURGE_RECENT_DELETE_SQL = "DELETE FROM events WHERE rowid IN (SELECT value FROM json_each(@rows)) AND status = 'delivered' AND (idempotency_key IS NULL OR received_at <= @forgotten)";
-
-/**
- * Runs `chunk` (one short transaction that changes at most a few hundred rows, and fewer once
- * there are no more) until it changes nothing; returns how many it changed in all. The event loop
- * is free between chunks, and so is the write lock: the server's commits (in another process) get
- * in between, instead of waiting behind one long statement past their busy timeout.
- */
-async function inChunks(chunk: () => number): Promise<number> {
-  let total = 0;
-  for (;;) {
-    const changes = chunk();
-    if (changes === 0) return total;
-    total += changes;
-    await new Promise((r) => setImmediate(r));
-  }
-}
-
 export { SQLITE_SCHEMA_VERSION } from './migrations.js';
+export { PURGE_CHUNK_SQL, PURGE_RECENT_PAGE_SQL } from './statements.js';
 
 interface Lease {
   until: number;
@@ -100,7 +86,7 @@ export class SqliteEventStore implements EventStore {
    */
   private readonly fresh: HandOverQueue<StoredEvent>;
   private readonly tuning: Readonly<SqliteTuning>;
-  private readonly statements;
+  private readonly statements: Statements;
 
   private readonly writerLock: WriterLock | undefined;
   private readonly delivered: DeliveredCounts;
@@ -117,13 +103,28 @@ export class SqliteEventStore implements EventStore {
    */
   constructor(
     file: string,
-    options: { mustExist?: boolean; singleWriter?: boolean; deliveredCountStep?: number; tuning?: Partial<SqliteTuning>; logger?: Pick<Logger, 'warn'> } = {},
+    options: {
+      mustExist?: boolean;
+      singleWriter?: boolean;
+      deliveredCountStep?: number;
+      tuning?: Partial<SqliteTuning>;
+      logger?: Pick<Logger, 'warn'>;
+    } = {},
   ) {
-    this.tuning = { ...DEFAULT_SQLITE_TUNING, ...options.tuning, ...(options.deliveredCountStep !== undefined && { deliveredCountStep: options.deliveredCountStep }) };
+    this.tuning = {
+      ...DEFAULT_SQLITE_TUNING,
+      ...options.tuning,
+      ...(options.deliveredCountStep !== undefined && { deliveredCountStep: options.deliveredCountStep }),
+    };
     this.fresh = new HandOverQueue({ maxEvents: this.tuning.maxFreshEvents, maxBytes: this.tuning.maxFreshBytes });
     this.delivered = new DeliveredCounts(
       () => this.countDelivered(),
-      (err) => this.db.open && options.logger?.warn({ err: (err as Error).message }, 'metrics: could not count the delivered events; the last count stands'),
+      (err) =>
+        this.db.open &&
+        options.logger?.warn(
+          { err: (err as Error).message },
+          'metrics: could not count the delivered events; the last count stands',
+        ),
     );
     this.writerLock = options.singleWriter ? acquireWriterLock(file) : undefined;
     try {
@@ -132,41 +133,7 @@ export class SqliteEventStore implements EventStore {
       this.writerLock?.release();
       throw err;
     }
-    const db = this.db;
-    this.statements = {
-      findByKey: db.prepare<[string, string], { id: string; received_at: number }>('SELECT id, received_at FROM events WHERE endpoint = ? AND idempotency_key = ?'),
-      forgetKey: db.prepare<[string]>('UPDATE events SET idempotency_key = NULL WHERE id = ?'),
-      findByReplayKey: db.prepare<[string, string], { id: string }>('SELECT event_id AS id FROM event_replay_keys WHERE endpoint = ? AND replay_key = ?'),
-      insertReplayKey: db.prepare<[string, string, string]>('INSERT INTO event_replay_keys (endpoint, replay_key, event_id) VALUES (?, ?, ?)'),
-      insert: db.prepare('INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, \'queued\', ?)'),
-      // Ids only (a covering index): leased rows are skipped without reading their envelopes.
-      due: db.prepare<[string, number, number], { id: string }>('SELECT id FROM events WHERE status = \'queued\' AND action = ? AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?'),
-      insertAttempt: db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)'),
-      settle: db.prepare('UPDATE events SET status = ?, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = ?, last_error = ?, delivered_at = ? WHERE id = ?'),
-      nextDue: db.prepare<[number], { id: string; next_attempt_at: number }>('SELECT id, next_attempt_at FROM events WHERE status = \'queued\' ORDER BY next_attempt_at LIMIT ?'),
-      get: db.prepare<[string], EventRow>('SELECT * FROM events WHERE id = ?'),
-      attempts: db.prepare<[string], { attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
-      // A queued event waiting for a retry (next attempt later) is in no one's hands: the server leases only due ones.
-      requeue: db.prepare<{ now: number; id: string }>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = @now, delivered_at = NULL WHERE id = @id AND (status != \'queued\' OR next_attempt_at > @now)'),
-      // Both in chunks (see inChunks): a copied queue can hold a million, and one UPDATE of them all holds the write lock for seconds.
-      requeueDead: db.prepare<{ now: number }>('UPDATE events SET status = \'queued\', round_attempts = 0, next_attempt_at = @now WHERE rowid IN (SELECT rowid FROM events WHERE status = \'dead\' LIMIT 500)'),
-      requeueWaiting: db.prepare<{ now: number }>('UPDATE events SET round_attempts = 0, next_attempt_at = @now WHERE rowid IN (SELECT rowid FROM events WHERE status = \'queued\' AND next_attempt_at > @now LIMIT 500)'),
-      // In chunks, each its own short transaction: a large purge must not hold the write lock the server needs.
-      purge: db.prepare<[number]>(PURGE_CHUNK_SQL),
-      purgeRecentPage: db.prepare<[{ before: number; at: number; row: number }], { row: number; at: number }>(PURGE_RECENT_PAGE_SQL),
-      purgeRecentDelete: db.prepare<[{ rows: string; forgotten: number }]>(PURGE_RECENT_DELETE_SQL),
-      counts: db.prepare<[], { status: DeliveryStatus; n: number }>('SELECT status, COUNT(*) AS n FROM events GROUP BY status'),
-      // queueStats: queued and dead through events_due (as many entries as there are); delivered
-      // ones in deliveredCountStep steps along it (the key after a step, then what is left).
-      undeliveredCounts: db.prepare<[], { action: WebhookAction; status: DeliveryStatus; n: number }>('SELECT action, status, COUNT(*) AS n FROM events WHERE status IN (\'queued\', \'dead\') GROUP BY action, status'),
-      deliveredStep: db.prepare<[string, number, string, number], { at: number; id: string }>(
-        'SELECT next_attempt_at AS at, id FROM events WHERE status = \'delivered\' AND action = ? AND (next_attempt_at, id) > (?, ?) ORDER BY next_attempt_at, id LIMIT 1 OFFSET ?',
-      ),
-      deliveredRest: db.prepare<[string, number, string], { n: number }>('SELECT COUNT(*) AS n FROM events WHERE status = \'delivered\' AND action = ? AND (next_attempt_at, id) > (?, ?)'),
-      oldestDue: db.prepare<[number], { at: number | null }>('SELECT MIN(next_attempt_at) AS at FROM events WHERE status = \'queued\' AND next_attempt_at <= ?'),
-      // Takes the write lock and changes nothing (no row has an empty id).
-      probeWrite: db.prepare<[number]>('INSERT INTO store_probe (id, at) VALUES (1, ?) ON CONFLICT (id) DO UPDATE SET at = excluded.at'),
-    };
+    this.statements = prepareStatements(this.db);
   }
 
   async accept(event: NewEvent): Promise<AcceptResult> {
@@ -246,19 +213,41 @@ export class SqliteEventStore implements EventStore {
   }
 
   private insertOne(event: NewEvent): AcceptResult & { stored?: StoredEvent } {
-    const seen = event.idempotencyKey !== undefined ? this.statements.findByKey.get(event.endpoint, event.idempotencyKey) : undefined;
+    const seen =
+      event.idempotencyKey !== undefined
+        ? this.statements.findByKey.get(event.endpoint, event.idempotencyKey)
+        : undefined;
     if (seen && seen.received_at > event.receivedAt - IDEMPOTENCY_WINDOW_MS) return { id: seen.id, duplicate: true };
-    const replayed = event.replayKey !== undefined ? this.statements.findByReplayKey.get(event.endpoint, event.replayKey) : undefined;
+    const replayed =
+      event.replayKey !== undefined ? this.statements.findByReplayKey.get(event.endpoint, event.replayKey) : undefined;
     if (replayed) return { id: replayed.id, duplicate: true };
     const id = newEventId(event.receivedAt);
     const envelope = event.envelope(id); // before any write: a throw here leaves nothing behind
     // Both keys were looked up in this same transaction, so neither insert can meet a conflict.
     if (seen) this.statements.forgetKey.run(seen.id);
-    this.statements.insert.run(id, event.endpoint, event.action, event.idempotencyKey ?? null, event.receivedAt, envelope, event.receivedAt);
+    this.statements.insert.run(
+      id,
+      event.endpoint,
+      event.action,
+      event.idempotencyKey ?? null,
+      event.receivedAt,
+      envelope,
+      event.receivedAt,
+    );
     if (event.replayKey !== undefined) this.statements.insertReplayKey.run(event.endpoint, event.replayKey, id);
     const stored: StoredEvent = {
-      id, endpoint: event.endpoint, action: event.action, idempotencyKey: event.idempotencyKey ?? null, receivedAt: event.receivedAt,
-      envelope, status: 'queued', attempts: 0, roundAttempts: 0, nextAttemptAt: event.receivedAt, lastError: null, deliveredAt: null,
+      id,
+      endpoint: event.endpoint,
+      action: event.action,
+      idempotencyKey: event.idempotencyKey ?? null,
+      receivedAt: event.receivedAt,
+      envelope,
+      status: 'queued',
+      attempts: 0,
+      roundAttempts: 0,
+      nextAttemptAt: event.receivedAt,
+      lastError: null,
+      deliveredAt: null,
     };
     return { id, duplicate: false, stored };
   }
@@ -272,7 +261,11 @@ export class SqliteEventStore implements EventStore {
       if (claimed.length === limit) return this.lease(claimed, now + leaseMs);
     }
     const fromMemory = new Set(claimed.map((e) => e.id));
-    for (const { id } of this.statements.due.all(action, now, limit + this.leases.size + this.fresh.size + fromMemory.size)) {
+    for (const { id } of this.statements.due.all(
+      action,
+      now,
+      limit + this.leases.size + this.fresh.size + fromMemory.size,
+    )) {
       if ((this.leases.get(id)?.until ?? 0) > now || this.fresh.has(id) || fromMemory.has(id)) continue;
       const row = this.statements.get.get(id);
       if (!row) continue;
@@ -297,7 +290,14 @@ export class SqliteEventStore implements EventStore {
     if (!fenced()) this.fresh.forget(id);
     return this.write(() => {
       if (fenced()) return false; // the lease passed to another claim meanwhile: its holder settles the event
-      this.statements.insertAttempt.run(id, attempt.attempt, attempt.at, attempt.status, attempt.error, Math.round(attempt.durationMs));
+      this.statements.insertAttempt.run(
+        id,
+        attempt.attempt,
+        attempt.at,
+        attempt.status,
+        attempt.error,
+        Math.round(attempt.durationMs),
+      );
       this.statements.settle.run(
         outcome.status,
         outcome.status === 'queued' ? outcome.nextAttemptAt : 0,
@@ -331,14 +331,26 @@ export class SqliteEventStore implements EventStore {
     for (const row of this.statements.counts.all()) counts[row.status] = row.n;
     let leased = 0;
     for (const lease of this.leases.values()) if (lease.until > now) leased++;
-    return { driver: 'sqlite', location: this.db.name, schemaVersion: this.db.pragma('user_version', { simple: true }) as number, counts, leased };
+    return {
+      driver: 'sqlite',
+      location: this.db.name,
+      schemaVersion: this.db.pragma('user_version', { simple: true }) as number,
+      counts,
+      leased,
+    };
   }
 
   async queueStats(now: number): Promise<QueueStats> {
     const delivered = await this.delivered.get(now); // first: it may wait, and the rest is then read as of the same moment
-    const counts = this.statements.undeliveredCounts.all().map((row) => ({ action: row.action, status: row.status, events: row.n }));
+    const counts = this.statements.undeliveredCounts
+      .all()
+      .map((row) => ({ action: row.action, status: row.status, events: row.n }));
     for (const [action, events] of delivered ?? []) counts.push({ action, status: 'delivered', events });
-    return { counts, deliveredCounted: delivered !== undefined, oldestDueAt: this.statements.oldestDue.get(now)?.at ?? undefined };
+    return {
+      counts,
+      deliveredCounted: delivered !== undefined,
+      oldestDueAt: this.statements.oldestDue.get(now)?.at ?? undefined,
+    };
   }
 
   /**
@@ -373,13 +385,13 @@ export class SqliteEventStore implements EventStore {
     // A real write is a commit (an fsync): probes at once share one, and one that worked stands
     // for a second, so a flood of /readyz (it has no token) costs the disk one write a second.
     if (this.probedOkAt !== undefined && Date.now() - this.probedOkAt < this.tuning.probeReuseMs) return;
-    this.probing ??= this.write(() => this.statements.probeWrite.run(Date.now())).then(
-      () => {
+    this.probing ??= this.write(() => this.statements.probeWrite.run(Date.now()))
+      .then(() => {
         this.probedOkAt = Date.now();
-      },
-    ).finally(() => {
-      this.probing = undefined;
-    });
+      })
+      .finally(() => {
+        this.probing = undefined;
+      });
     return this.probing;
   }
 
@@ -424,7 +436,9 @@ export class SqliteEventStore implements EventStore {
   async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
     const row = this.statements.get.get(id);
     if (!row) return undefined;
-    const attempts = this.statements.attempts.all(id).map((a) => ({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms }));
+    const attempts = this.statements.attempts
+      .all(id)
+      .map((a) => ({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms }));
     return { event: toEvent(row), attempts };
   }
 
@@ -448,7 +462,10 @@ export class SqliteEventStore implements EventStore {
     while (olderThan > forgotten) {
       const page = this.statements.purgeRecentPage.all({ before: olderThan, ...cursor });
       if (page.length === 0) break;
-      purged += this.statements.purgeRecentDelete.run({ rows: JSON.stringify(page.map((p) => p.row)), forgotten }).changes;
+      purged += this.statements.purgeRecentDelete.run({
+        rows: JSON.stringify(page.map((p) => p.row)),
+        forgotten,
+      }).changes;
       cursor = page.at(-1)!;
       await new Promise((r) => setImmediate(r));
     }
@@ -461,7 +478,8 @@ export class SqliteEventStore implements EventStore {
    * server accepts meanwhile) and writes nothing through this store while iterating.
    */
   async *exportAll(): AsyncGenerator<ExportedEvent[]> {
-    if (this.db.inTransaction || this.pending.length > 0) throw new Error('exportAll needs a store with no write under way');
+    if (this.db.inTransaction || this.pending.length > 0)
+      throw new Error('exportAll needs a store with no write under way');
     yield* exportEvents(this.db, this.tuning);
   }
 
@@ -471,4 +489,3 @@ export class SqliteEventStore implements EventStore {
     this.writerLock?.release();
   }
 }
-

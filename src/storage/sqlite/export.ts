@@ -8,12 +8,16 @@ import { toEvent, type EventRow, type ExportedEvent } from '../contracts/events.
  * iteration ends, so a requeue another process commits meanwhile is either wholly in it or not
  * at all. The caller has no write under way on `db` (SqliteEventStore.exportAll checks).
  */
-export async function* exportEvents(db: Database.Database, limits: { exportBatchEvents: number; exportBatchBytes: number }): AsyncGenerator<ExportedEvent[]> {
+export async function* exportEvents(
+  db: Database.Database,
+  limits: { exportBatchEvents: number; exportBatchBytes: number },
+): AsyncGenerator<ExportedEvent[]> {
   // Pages in id order, and the attempts and replay keys of a page's id range (both indexed by event_id).
   const page = db.prepare<[string, number], EventRow>('SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?');
-  const attempts = db.prepare<[string, string], { event_id: string; attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>(
-    'SELECT * FROM attempts WHERE event_id > ? AND event_id <= ? ORDER BY event_id, attempt',
-  );
+  const attempts = db.prepare<
+    [string, string],
+    { event_id: string; attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }
+  >('SELECT * FROM attempts WHERE event_id > ? AND event_id <= ? ORDER BY event_id, attempt');
   const replayKeys = db.prepare<[string, string], { endpoint: string; replay_key: string; event_id: string }>(
     'SELECT endpoint, replay_key, event_id FROM event_replay_keys WHERE event_id > ? AND event_id <= ? ORDER BY event_id, endpoint, replay_key',
   );
@@ -24,11 +28,22 @@ export async function* exportEvents(db: Database.Database, limits: { exportBatch
       const rows = page.all(after, limits.exportBatchEvents);
       if (rows.length === 0) return;
       const last = rows[rows.length - 1]!.id;
-      const byId = new Map<string, ExportedEvent>(rows.map((row) => [row.id, { event: toEvent(row), attempts: [], replayKeys: [] }]));
+      const byId = new Map<string, ExportedEvent>(
+        rows.map((row) => [row.id, { event: toEvent(row), attempts: [], replayKeys: [] }]),
+      );
       for (const a of attempts.all(after, last)) {
-        byId.get(a.event_id)?.attempts.push({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms });
+        byId
+          .get(a.event_id)
+          ?.attempts.push({
+            attempt: a.attempt,
+            at: a.at,
+            status: a.status,
+            error: a.error,
+            durationMs: a.duration_ms,
+          });
       }
-      for (const r of replayKeys.all(after, last)) byId.get(r.event_id)?.replayKeys.push({ endpoint: r.endpoint, replayKey: r.replay_key });
+      for (const r of replayKeys.all(after, last))
+        byId.get(r.event_id)?.replayKeys.push({ endpoint: r.endpoint, replayKey: r.replay_key });
       after = last;
       let batch: ExportedEvent[] = [];
       let bytes = 0;

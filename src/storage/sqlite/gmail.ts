@@ -3,8 +3,15 @@ import Database from 'better-sqlite3';
 import { hasTable } from './database.js';
 import type { AcceptResult, NewEvent } from '../contracts/events.js';
 import {
-  historyIdAfter, KeyedQueue, SEEN_RETENTION_MS, toAccountState,
-  type ExportedGmailState, type GmailAccountRow, type GmailAccountState, type GmailSeenRow, type GmailStore,
+  historyIdAfter,
+  KeyedQueue,
+  SEEN_RETENTION_MS,
+  toAccountState,
+  type ExportedGmailState,
+  type GmailAccountRow,
+  type GmailAccountState,
+  type GmailSeenRow,
+  type GmailStore,
 } from '../contracts/gmail.js';
 import type { SealedChange } from '../contracts/sealed.js';
 import type { SqliteEventStore } from './events.js';
@@ -22,17 +29,27 @@ export class SqliteGmailStore implements GmailStore {
     const db: Database.Database = store.database; // migrated when the event store opened it (src/storage/sqlite/migrations.ts)
     this.statements = {
       get: db.prepare<[string], GmailAccountRow>('SELECT * FROM gmail_accounts WHERE account = ?'),
-      saveGrant: db.prepare('INSERT INTO gmail_accounts (account, client_id, sealed_grant, project) VALUES (?, ?, ?, ?) ON CONFLICT (account) DO UPDATE SET client_id = excluded.client_id, sealed_grant = excluded.sealed_grant, project = excluded.project'),
+      saveGrant: db.prepare(
+        'INSERT INTO gmail_accounts (account, client_id, sealed_grant, project) VALUES (?, ?, ?, ?) ON CONFLICT (account) DO UPDATE SET client_id = excluded.client_id, sealed_grant = excluded.sealed_grant, project = excluded.project',
+      ),
       saveProject: db.prepare('UPDATE gmail_accounts SET project = ? WHERE account = ?'),
       // A renewal that works clears the last error (as a handled notification does).
-      watch: db.prepare('UPDATE gmail_accounts SET watch_expiration = ?, watch_renewed_at = ?, cursor = coalesce(cursor, ?), cursor_at = coalesce(cursor_at, ?), last_error = NULL, last_error_at = NULL WHERE account = ?'),
+      watch: db.prepare(
+        'UPDATE gmail_accounts SET watch_expiration = ?, watch_renewed_at = ?, cursor = coalesce(cursor, ?), cursor_at = coalesce(cursor_at, ?), last_error = NULL, last_error_at = NULL WHERE account = ?',
+      ),
       error: db.prepare('UPDATE gmail_accounts SET last_error = ?, last_error_at = ? WHERE account = ?'),
-      seen: db.prepare<[string, string], { message_id: string }>('SELECT message_id FROM gmail_seen WHERE account = ? AND message_id = ?'),
+      seen: db.prepare<[string, string], { message_id: string }>(
+        'SELECT message_id FROM gmail_seen WHERE account = ? AND message_id = ?',
+      ),
       remember: db.prepare('INSERT INTO gmail_seen (account, message_id, event_id, seen_at) VALUES (?, ?, ?, ?)'),
       forgetOld: db.prepare('DELETE FROM gmail_seen WHERE account = ? AND seen_at < ?'),
-      sealedGrants: db.prepare<[], { account: string; sealed: string }>('SELECT account, sealed_grant AS sealed FROM gmail_accounts ORDER BY account'),
+      sealedGrants: db.prepare<[], { account: string; sealed: string }>(
+        'SELECT account, sealed_grant AS sealed FROM gmail_accounts ORDER BY account',
+      ),
       replaceSealed: db.prepare('UPDATE gmail_accounts SET sealed_grant = ? WHERE account = ? AND sealed_grant = ?'),
-      advance: db.prepare('UPDATE gmail_accounts SET cursor = ?, cursor_at = ?, last_notification_at = ?, last_error = NULL, emails_enqueued = emails_enqueued + ? WHERE account = ?'),
+      advance: db.prepare(
+        'UPDATE gmail_accounts SET cursor = ?, cursor_at = ?, last_notification_at = ?, last_error = NULL, emails_enqueued = emails_enqueued + ? WHERE account = ?',
+      ),
     };
   }
 
@@ -61,7 +78,12 @@ export class SqliteGmailStore implements GmailStore {
     return new Set(ids.filter((id) => this.statements.seen.get(account, id) !== undefined));
   }
 
-  async commitEmails(account: string, emails: { messageId: string; event: NewEvent }[], cursor: string, now: number): Promise<number> {
+  async commitEmails(
+    account: string,
+    emails: { messageId: string; event: NewEvent }[],
+    cursor: string,
+    now: number,
+  ): Promise<number> {
     return this.store.atomically(({ accept }) => {
       let enqueued = 0;
       for (const { messageId, event } of emails) {
@@ -88,7 +110,9 @@ export class SqliteGmailStore implements GmailStore {
   }
 
   async replaceSealedGrants(changes: SealedChange[]): Promise<number> {
-    return this.store.atomically(() => changes.reduce((n, c) => n + this.statements.replaceSealed.run(c.to, c.key, c.from).changes, 0));
+    return this.store.atomically(() =>
+      changes.reduce((n, c) => n + this.statements.replaceSealed.run(c.to, c.key, c.from).changes, 0),
+    );
   }
 }
 
@@ -104,7 +128,11 @@ export function peekSqliteStoredProject(file: string, account: string): string |
     db = new Database(file, { readonly: true, fileMustExist: true });
     const columns = db.prepare<[], { name: string }>('PRAGMA table_info(gmail_accounts)').all();
     if (!columns.some((c) => c.name === 'project')) return undefined;
-    return db.prepare<[string], { project: string | null }>('SELECT project FROM gmail_accounts WHERE account = ?').get(account)?.project ?? undefined;
+    return (
+      db
+        .prepare<[string], { project: string | null }>('SELECT project FROM gmail_accounts WHERE account = ?')
+        .get(account)?.project ?? undefined
+    );
   } catch {
     return undefined; // not a store this can read: as if nothing were kept (opening it for real says why)
   } finally {
@@ -118,8 +146,17 @@ export function peekSqliteStoredProject(file: string, account: string): string |
  */
 export function exportGmailState(db: Database.Database): ExportedGmailState {
   if (!hasTable(db, 'gmail_accounts')) return { accounts: [], seen: [] };
-  const hasProject = db.prepare<[], { name: string }>('PRAGMA table_info(gmail_accounts)').all().some((c) => c.name === 'project');
-  const accounts = db.prepare<[], GmailAccountRow>(`SELECT *${hasProject ? '' : ', NULL AS project'} FROM gmail_accounts ORDER BY account`).all();
-  const seen = hasTable(db, 'gmail_seen') ? db.prepare<[], GmailSeenRow>('SELECT * FROM gmail_seen ORDER BY account, message_id').all() : [];
+  const hasProject = db
+    .prepare<[], { name: string }>('PRAGMA table_info(gmail_accounts)')
+    .all()
+    .some((c) => c.name === 'project');
+  const accounts = db
+    .prepare<[], GmailAccountRow>(
+      `SELECT *${hasProject ? '' : ', NULL AS project'} FROM gmail_accounts ORDER BY account`,
+    )
+    .all();
+  const seen = hasTable(db, 'gmail_seen')
+    ? db.prepare<[], GmailSeenRow>('SELECT * FROM gmail_seen ORDER BY account, message_id').all()
+    : [];
   return { accounts, seen };
 }

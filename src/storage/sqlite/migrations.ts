@@ -19,7 +19,12 @@ export const SQLITE_MIGRATIONS: readonly SqliteMigration[] = [
       db.exec(CHANNELS_V1);
       db.exec(GMAIL_V1);
       // Files written before the project was kept with the grant.
-      if (!db.prepare<[], { name: string }>('PRAGMA table_info(gmail_accounts)').all().some((c) => c.name === 'project')) {
+      if (
+        !db
+          .prepare<[], { name: string }>('PRAGMA table_info(gmail_accounts)')
+          .all()
+          .some((c) => c.name === 'project')
+      ) {
         db.exec('ALTER TABLE gmail_accounts ADD COLUMN project TEXT');
       }
     },

@@ -6,10 +6,13 @@ import { assertSafeSqliteBuild } from './database.js';
 
 /** The file's writer lock is held by another process (a server, or a `storage copy` under way): `holder` is its pid, when known. */
 export class WriterLockBusyError extends UsageError {
-  constructor(readonly file: string, readonly holder: number | undefined) {
+  constructor(
+    readonly file: string,
+    readonly holder: number | undefined,
+  ) {
     super(
       `storage.path ${file} is in use by another gatehouse server (${holder ? `pid ${holder}` : 'pid unknown'}): one server per SQLite file. ` +
-      'Stop that one first, or run several instances on storage.driver "postgres".',
+        'Stop that one first, or run several instances on storage.driver "postgres".',
     );
   }
 }

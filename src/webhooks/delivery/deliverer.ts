@@ -61,7 +61,8 @@ export function afterFailure(
   if (policy.maxAttempts !== undefined && roundAttempt >= policy.maxAttempts) return { status: 'dead' };
   const nextAttemptAt = now + retryDelayMs(roundAttempt, policy, result.retryAfterMs, random);
   const requeued = event.attempts > event.roundAttempts;
-  if (requeued) return roundAttempt >= attemptsInBudget(policy) ? { status: 'dead' } : { status: 'queued', nextAttemptAt };
+  if (requeued)
+    return roundAttempt >= attemptsInBudget(policy) ? { status: 'dead' } : { status: 'queued', nextAttemptAt };
   // The budget's end is always tried: a backoff drawn past it is cut to the deadline (else an event
   // could die up to maxBackoffMs before retryFor is over, and a target back in time would miss it).
   const deadline = event.receivedAt + policy.retryFor;
@@ -238,18 +239,26 @@ export class Deliverer {
           if (events.length === free) this.pumpAgain = true;
         }
       } while (this.pumpAgain && !this.stopped && this.hasFreeSlot());
-      if (this.storeFailures > 0) this.logger.info({ after: this.storeFailures }, 'event store reachable again: delivering');
+      if (this.storeFailures > 0)
+        this.logger.info({ after: this.storeFailures }, 'event store reachable again: delivering');
       this.storeFailures = 0;
     } catch (err) {
       // Paused: said once, then retried with backoff until the store answers (no log line per retry).
-      if (this.storeFailures++ === 0) this.logger.error({ err: (err as Error).message }, 'deliverer could not read the event store; paused, retrying');
+      if (this.storeFailures++ === 0)
+        this.logger.error(
+          { err: (err as Error).message },
+          'deliverer could not read the event store; paused, retrying',
+        );
     } finally {
       this.pumping = false;
     }
     if (this.stopped) return;
     if (this.storeFailures > 0) {
       clearTimeout(this.timer);
-      this.timer = setTimeout(() => this.notify(), Math.min(POLL_MS * 2 ** (this.storeFailures - 1), MAX_STORE_RETRY_MS));
+      this.timer = setTimeout(
+        () => this.notify(),
+        Math.min(POLL_MS * 2 ** (this.storeFailures - 1), MAX_STORE_RETRY_MS),
+      );
       this.timer.unref();
       return;
     }
@@ -263,7 +272,9 @@ export class Deliverer {
   }
 
   private hasFreeSlot(): boolean {
-    return webhookActions.some((a) => this.config.targets[a] && this.inFlight.get(a)! < this.config.delivery.concurrency);
+    return webhookActions.some(
+      (a) => this.config.targets[a] && this.inFlight.get(a)! < this.config.delivery.concurrency,
+    );
   }
 
   private async scheduleNext(claimedAny: boolean): Promise<void> {
@@ -308,12 +319,23 @@ export class Deliverer {
     }
     const durationMs = performance.now() - started;
     const delivered = result.status !== null && result.status >= 200 && result.status < 300;
-    const outcome: AttemptOutcome = delivered ? { status: 'delivered' } : afterFailure(event, result, this.now(), this.config.delivery);
+    const outcome: AttemptOutcome = delivered
+      ? { status: 'delivered' }
+      : afterFailure(event, result, this.now(), this.config.delivery);
 
     try {
-      const recorded = await this.store.recordAttempt(event.id, { attempt: event.attempts + 1, at: startedAt, status: result.status, error: result.error, durationMs }, outcome, event.claimId);
+      const recorded = await this.store.recordAttempt(
+        event.id,
+        { attempt: event.attempts + 1, at: startedAt, status: result.status, error: result.error, durationMs },
+        outcome,
+        event.claimId,
+      );
       // Fenced off: the lease ran out and another claim (maybe another instance) owns the event now.
-      if (!recorded) this.logger.warn({ id: event.id, outcome: outcome.status }, 'lease lost before the attempt was recorded: its outcome is left to the new holder');
+      if (!recorded)
+        this.logger.warn(
+          { id: event.id, outcome: outcome.status },
+          'lease lost before the attempt was recorded: its outcome is left to the new holder',
+        );
       else countDelivery(action, outcome.status);
     } catch (err) {
       // Not settled: the lease runs out and the event is tried again (at least once, never lost).
@@ -321,7 +343,15 @@ export class Deliverer {
     } finally {
       stopRenewing();
     }
-    const log = { id: event.id, action, attempt: event.attempts + 1, status: result.status, error: result.error ?? undefined, ms: Math.round(durationMs), outcome: outcome.status };
+    const log = {
+      id: event.id,
+      action,
+      attempt: event.attempts + 1,
+      status: result.status,
+      error: result.error ?? undefined,
+      ms: Math.round(durationMs),
+      outcome: outcome.status,
+    };
     // Every attempt is in the store (deliveries show); the log keeps what needs a human: failures.
     if (outcome.status === 'dead') this.attemptLog.warn(log, 'delivery failed for good (dead)');
     else if (outcome.status === 'queued') this.attemptLog.info(log, 'delivery attempt failed; will retry');
@@ -337,17 +367,23 @@ export class Deliverer {
    */
   private renewWhileRunning(event: ClaimedEvent): () => void {
     const leaseMs = this.leaseMs(event.action);
-    const timer = setInterval(() => {
-      this.store.renewLease(event.id, event.claimId, this.now() + this.leaseMs(event.action)).then(
-        (held) => {
-          if (!held) {
-            clearInterval(timer);
-            this.logger.warn({ id: event.id }, 'lease lost during a delivery attempt: another claim owns the event now');
-          }
-        },
-        (err: Error) => this.logger.warn({ id: event.id, err: err.message }, 'could not renew a delivery lease'),
-      );
-    }, Math.max(leaseMs / 2, 10));
+    const timer = setInterval(
+      () => {
+        this.store.renewLease(event.id, event.claimId, this.now() + this.leaseMs(event.action)).then(
+          (held) => {
+            if (!held) {
+              clearInterval(timer);
+              this.logger.warn(
+                { id: event.id },
+                'lease lost during a delivery attempt: another claim owns the event now',
+              );
+            }
+          },
+          (err: Error) => this.logger.warn({ id: event.id, err: err.message }, 'could not renew a delivery lease'),
+        );
+      },
+      Math.max(leaseMs / 2, 10),
+    );
     timer.unref();
     return () => clearInterval(timer);
   }
@@ -370,14 +406,25 @@ export class Deliverer {
     return new Promise((resolve) => {
       const req = client.request(url, { method: 'POST', headers, agent, timeout: timeoutMs }, (res) => {
         res.resume(); // the answer's body is not needed; draining it frees the connection
-        res.on('end', () => resolve({ status: res.statusCode ?? null, error: null, retryAfterMs: parseRetryAfter(res.headers['retry-after'], this.now()) }));
+        res.on('end', () =>
+          resolve({
+            status: res.statusCode ?? null,
+            error: null,
+            retryAfterMs: parseRetryAfter(res.headers['retry-after'], this.now()),
+          }),
+        );
         res.on('error', (err) => resolve({ status: null, error: err.message }));
       });
       req.on('timeout', () => req.destroy(new Error(`timeout after ${timeoutMs} ms`)));
       // `timeout` above is per idle socket; a target trickling its answer must not outlive the lease either.
-      const deadline = setTimeout(() => req.destroy(new Error(`timeout: no complete answer within ${timeoutMs} ms`)), timeoutMs);
+      const deadline = setTimeout(
+        () => req.destroy(new Error(`timeout: no complete answer within ${timeoutMs} ms`)),
+        timeoutMs,
+      );
       req.on('close', () => clearTimeout(deadline));
-      req.on('error', (err: NodeJS.ErrnoException) => resolve({ status: null, error: err.code ? `${err.code}: ${err.message}` : err.message }));
+      req.on('error', (err: NodeJS.ErrnoException) =>
+        resolve({ status: null, error: err.code ? `${err.code}: ${err.message}` : err.message }),
+      );
       req.end(event.envelope);
     });
   }

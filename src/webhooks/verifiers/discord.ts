@@ -4,7 +4,10 @@ import { headerValue, saneId, withinTolerance, type WebhookVerifier } from './ty
 
 /** A raw 32-byte Ed25519 public key (Discord gives it as hex) as a KeyObject. */
 function ed25519PublicKey(hex: string): KeyObject {
-  return createPublicKey({ key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(hex, 'hex').toString('base64url') }, format: 'jwk' });
+  return createPublicKey({
+    key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(hex, 'hex').toString('base64url') },
+    format: 'jwk',
+  });
 }
 
 /** Deferred responses by interaction type: components and modals update, autocomplete offers nothing, commands think. */
@@ -23,13 +26,16 @@ export function discordVerifier(config: { publicKey: string; toleranceSeconds: n
   const key = ed25519PublicKey(config.publicKey);
   return {
     checkHeaders(headers, now) {
-      if (!fromHex(headerValue(headers, 'x-signature-ed25519'), 64)) return { ok: false, reason: 'missing or malformed X-Signature-Ed25519' };
+      if (!fromHex(headerValue(headers, 'x-signature-ed25519'), 64))
+        return { ok: false, reason: 'missing or malformed X-Signature-Ed25519' };
       return withinTolerance(headerValue(headers, 'x-signature-timestamp'), now, config.toleranceSeconds);
     },
     verifyBody(headers, rawBody) {
       const signature = fromHex(headerValue(headers, 'x-signature-ed25519'), 64)!;
       const signed = Buffer.concat([Buffer.from(headerValue(headers, 'x-signature-timestamp')!, 'utf8'), rawBody]);
-      return verify(null, signed, key, signature) ? { ok: true } : { ok: false, reason: 'X-Signature-Ed25519 does not verify' };
+      return verify(null, signed, key, signature)
+        ? { ok: true }
+        : { ok: false, reason: 'X-Signature-Ed25519 does not verify' };
     },
     deliveryId: (_headers, body) => saneId(body.id),
     handshake(body) {

@@ -9,18 +9,23 @@ import { headerValue, type WebhookVerifier } from './types.js';
  * the signature's bytes (decoded, so the same signature in other-case hex is the same key; hashed,
  * so the file never holds a signature anyone could send again).
  */
-export function hubSignature(secrets: readonly string[]): Pick<WebhookVerifier, 'checkHeaders' | 'verifyBody' | 'replayKey'> {
+export function hubSignature(
+  secrets: readonly string[],
+): Pick<WebhookVerifier, 'checkHeaders' | 'verifyBody' | 'replayKey'> {
   return {
     checkHeaders(headers) {
       const signature = headerValue(headers, 'x-hub-signature-256');
       if (signature === undefined) return { ok: false, reason: 'no X-Hub-Signature-256' };
-      if (!signature.startsWith('sha256=') || !fromHex(signature.slice(7), 32)) return { ok: false, reason: 'malformed X-Hub-Signature-256' };
+      if (!signature.startsWith('sha256=') || !fromHex(signature.slice(7), 32))
+        return { ok: false, reason: 'malformed X-Hub-Signature-256' };
       return { ok: true };
     },
     verifyBody(headers, rawBody) {
       const presented = fromHex(headerValue(headers, 'x-hub-signature-256')!.slice(7), 32)!;
       const matches = secrets.map((secret) => digestEquals(presented, hmacSha256(secret, rawBody)));
-      return matches.includes(true) ? { ok: true } : { ok: false, reason: 'X-Hub-Signature-256 does not match the body' };
+      return matches.includes(true)
+        ? { ok: true }
+        : { ok: false, reason: 'X-Hub-Signature-256 does not match the body' };
     },
     replayKey(headers) {
       const signature = fromHex(headerValue(headers, 'x-hub-signature-256')!.slice(7), 32)!;

@@ -24,5 +24,7 @@ export function sha256(value: string): Buffer {
 
 /** Hex (either case) for exactly `bytes` bytes, decoded; undefined otherwise. */
 export function fromHex(value: string | undefined, bytes: number): Buffer | undefined {
-  return value !== undefined && value.length === bytes * 2 && /^[0-9a-fA-F]+$/.test(value) ? Buffer.from(value, 'hex') : undefined;
+  return value !== undefined && value.length === bytes * 2 && /^[0-9a-fA-F]+$/.test(value)
+    ? Buffer.from(value, 'hex')
+    : undefined;
 }

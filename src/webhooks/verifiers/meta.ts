@@ -20,7 +20,8 @@ export function metaVerifier(config: { appSecret: string; verifyToken: string })
     // WhatsApp or Messenger message id; a WhatsApp status update's id and status; else the entry's id and time.
     deliveryId(_headers, body) {
       const entry = dig(body, 'entry', 0);
-      const messageId = dig(entry, 'changes', 0, 'value', 'messages', 0, 'id') ?? dig(entry, 'messaging', 0, 'message', 'mid');
+      const messageId =
+        dig(entry, 'changes', 0, 'value', 'messages', 0, 'id') ?? dig(entry, 'messaging', 0, 'message', 'mid');
       if (messageId !== undefined) return saneId(messageId);
       // Status updates (sent, delivered, read) share the message's id: the status tells them apart.
       const status = dig(entry, 'changes', 0, 'value', 'statuses', 0);
@@ -31,7 +32,11 @@ export function metaVerifier(config: { appSecret: string; verifyToken: string })
     },
     answerGet(query) {
       const challenge = query.get('hub.challenge') ?? '';
-      if (query.get('hub.mode') === 'subscribe' && secretEquals(query.get('hub.verify_token') ?? undefined, verifyToken) && /^[\x21-\x7e]{1,512}$/.test(challenge)) {
+      if (
+        query.get('hub.mode') === 'subscribe' &&
+        secretEquals(query.get('hub.verify_token') ?? undefined, verifyToken) &&
+        /^[\x21-\x7e]{1,512}$/.test(challenge)
+      ) {
         return { answer: { status: 200, contentType: 'text/plain; charset=utf-8', body: challenge } };
       }
       return { failed: 'Meta subscription check with a wrong or missing hub.verify_token' };

@@ -10,19 +10,36 @@ const GOOGLE_ISSUERS = ['https://accounts.google.com', 'accounts.google.com'];
  * against Google's JWKS: iss Google, aud = `audience`, `email` = the push service account,
  * `email_verified` true, not expired. https://cloud.google.com/pubsub/docs/authenticate-push-subscriptions
  */
-export function pubsubOidcVerifier(config: { audience: string; serviceAccountEmail: string; jwksUri: string }): WebhookVerifier {
-  const jwks = createRemoteJWKSet(new URL(config.jwksUri), { cooldownDuration: 30_000, cacheMaxAge: 600_000, timeoutDuration: 5_000 });
+export function pubsubOidcVerifier(config: {
+  audience: string;
+  serviceAccountEmail: string;
+  jwksUri: string;
+}): WebhookVerifier {
+  const jwks = createRemoteJWKSet(new URL(config.jwksUri), {
+    cooldownDuration: 30_000,
+    cacheMaxAge: 600_000,
+    timeoutDuration: 5_000,
+  });
   return {
     async checkHeaders(headers) {
       const match = /^bearer +([A-Za-z0-9\-._~+/]+=*) *$/i.exec(headerValue(headers, 'authorization') ?? '');
       if (!match) return { ok: false, reason: 'no bearer token' };
       try {
-        const { payload } = await jwtVerify(match[1]!, jwks, { issuer: GOOGLE_ISSUERS, audience: config.audience, algorithms: ['RS256'], requiredClaims: ['exp'] });
-        if (payload.email !== config.serviceAccountEmail) return { ok: false, reason: 'token email is not the push service account' };
+        const { payload } = await jwtVerify(match[1]!, jwks, {
+          issuer: GOOGLE_ISSUERS,
+          audience: config.audience,
+          algorithms: ['RS256'],
+          requiredClaims: ['exp'],
+        });
+        if (payload.email !== config.serviceAccountEmail)
+          return { ok: false, reason: 'token email is not the push service account' };
         if (payload.email_verified !== true) return { ok: false, reason: 'token email is not verified' };
         return { ok: true };
       } catch (err) {
-        const reason = err instanceof errors.JOSEError ? `${err.code}: ${err.message}` : `key set unreachable: ${(err as Error).message}`;
+        const reason =
+          err instanceof errors.JOSEError
+            ? `${err.code}: ${err.message}`
+            : `key set unreachable: ${(err as Error).message}`;
         return { ok: false, reason, unavailable: isKeySetOutage(err) };
       }
     },

@@ -11,18 +11,29 @@ export function slackVerifier(config: { signingSecret: string; toleranceSeconds:
     checkHeaders(headers, now) {
       const signature = headerValue(headers, 'x-slack-signature');
       if (signature === undefined) return { ok: false, reason: 'no X-Slack-Signature' };
-      if (!signature.startsWith('v0=') || !fromHex(signature.slice(3), 32)) return { ok: false, reason: 'malformed X-Slack-Signature' };
+      if (!signature.startsWith('v0=') || !fromHex(signature.slice(3), 32))
+        return { ok: false, reason: 'malformed X-Slack-Signature' };
       return withinTolerance(headerValue(headers, 'x-slack-request-timestamp'), now, config.toleranceSeconds);
     },
     verifyBody(headers, rawBody) {
       const presented = fromHex(headerValue(headers, 'x-slack-signature')!.slice(3), 32)!;
-      const expected = hmacSha256(config.signingSecret, `v0:${headerValue(headers, 'x-slack-request-timestamp')}:`, rawBody);
-      return digestEquals(presented, expected) ? { ok: true } : { ok: false, reason: 'X-Slack-Signature does not match the body' };
+      const expected = hmacSha256(
+        config.signingSecret,
+        `v0:${headerValue(headers, 'x-slack-request-timestamp')}:`,
+        rawBody,
+      );
+      return digestEquals(presented, expected)
+        ? { ok: true }
+        : { ok: false, reason: 'X-Slack-Signature does not match the body' };
     },
     deliveryId: (_headers, body) => saneId(body.event_id),
     handshake(body) {
       if (body.type !== 'url_verification' || typeof body.challenge !== 'string') return undefined;
-      return { status: 200, contentType: 'application/json; charset=utf-8', body: JSON.stringify({ challenge: body.challenge }) };
+      return {
+        status: 200,
+        contentType: 'application/json; charset=utf-8',
+        body: JSON.stringify({ challenge: body.challenge }),
+      };
     },
   };
 }

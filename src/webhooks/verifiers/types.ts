@@ -1,7 +1,13 @@
 import type { IncomingHttpHeaders } from 'node:http';
 
 /** A verifier's answer: pass, or fail with a reason for the log (never a secret). */
-export type Verdict = { ok: true } | { ok: false; reason: string; /** the sender's keys could not be fetched: 503, not the sender's fault */ unavailable?: boolean };
+export type Verdict =
+  | { ok: true }
+  | {
+      ok: false;
+      reason: string;
+      /** the sender's keys could not be fetched: 503, not the sender's fault */ unavailable?: boolean;
+    };
 
 /** A response the sender's own handshake expects, answered directly and never queued. */
 export interface DirectAnswer {
@@ -66,7 +72,10 @@ export function dig(value: unknown, ...path: (string | number)[]): unknown {
 
 /** Unix seconds within `toleranceSeconds` of now (replay window). */
 export function withinTolerance(timestamp: string | undefined, now: number, toleranceSeconds: number): Verdict {
-  if (timestamp === undefined || !/^\d{1,12}$/.test(timestamp)) return { ok: false, reason: 'missing or malformed timestamp' };
+  if (timestamp === undefined || !/^\d{1,12}$/.test(timestamp))
+    return { ok: false, reason: 'missing or malformed timestamp' };
   const skew = Math.abs(now / 1000 - Number(timestamp));
-  return skew <= toleranceSeconds ? { ok: true } : { ok: false, reason: `timestamp ${Math.round(skew)}s from now (tolerance ${toleranceSeconds}s)` };
+  return skew <= toleranceSeconds
+    ? { ok: true }
+    : { ok: false, reason: `timestamp ${Math.round(skew)}s from now (tolerance ${toleranceSeconds}s)` };
 }

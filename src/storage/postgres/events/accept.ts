@@ -11,7 +11,11 @@ interface PendingAccept extends LeasableAccept {
   reject: (err: unknown) => void;
 }
 
-type Decision = { kind: 'duplicate'; id: string } | { kind: 'failed'; err: unknown } | { kind: 'insert'; forget?: string } | { kind: 'same-as'; index: number };
+type Decision =
+  | { kind: 'duplicate'; id: string }
+  | { kind: 'failed'; err: unknown }
+  | { kind: 'insert'; forget?: string }
+  | { kind: 'same-as'; index: number };
 
 /**
  * Accepts, group-committed. The accepts waiting when a batch starts share one transaction: one
@@ -111,21 +115,30 @@ export class AcceptBatcher {
    * commit together, or not at all. Run again from the start after a deadlock; resolves after
    * COMMIT, and wakes the other instances' deliverers when an event was stored.
    */
-  async atomically<T>(work: (tx: { client: pg.PoolClient; accept(events: NewEvent[]): Promise<AcceptResult[]> }) => Promise<T>): Promise<T> {
+  async atomically<T>(
+    work: (tx: { client: pg.PoolClient; accept(events: NewEvent[]): Promise<AcceptResult[]> }) => Promise<T>,
+  ): Promise<T> {
     for (let attempt = 1; ; attempt++) {
       const stored = new Set<WebhookAction>();
       try {
-        const result = await inTransaction(this.pool, (client) => work({
-          client,
-          accept: async (events) => {
-            const pending = events.map((event) => ({ event, id: newEventId(event.receivedAt), resolve: () => {}, reject: () => {} }));
-            return (await this.acceptInTransaction(client, pending)).map((outcome, i) => {
-              if ('err' in outcome) throw outcome.err;
-              if (!outcome.duplicate) stored.add(events[i]!.action);
-              return outcome;
-            });
-          },
-        }));
+        const result = await inTransaction(this.pool, (client) =>
+          work({
+            client,
+            accept: async (events) => {
+              const pending = events.map((event) => ({
+                event,
+                id: newEventId(event.receivedAt),
+                resolve: () => {},
+                reject: () => {},
+              }));
+              return (await this.acceptInTransaction(client, pending)).map((outcome, i) => {
+                if ('err' in outcome) throw outcome.err;
+                if (!outcome.duplicate) stored.add(events[i]!.action);
+                return outcome;
+              });
+            },
+          }),
+        );
         if (stored.size > 0) {
           for (const action of stored) this.claims.mayHaveDue(action); // stored unleased: claimed from the database
           this.notifier.notifyDue();
@@ -139,10 +152,17 @@ export class AcceptBatcher {
   }
 
   /** The batch's statements, on `client` in a transaction (or on the pool when the batch needs only the insert). */
-  private async acceptInTransaction(client: pg.PoolClient | pg.Pool, batch: PendingAccept[]): Promise<(AcceptResult | { err: unknown })[]> {
+  private async acceptInTransaction(
+    client: pg.PoolClient | pg.Pool,
+    batch: PendingAccept[],
+  ): Promise<(AcceptResult | { err: unknown })[]> {
     // 1. What is already on file: delivery ids and replay keys of the batch, in one round trip.
-    const keyed = batch.flatMap((p, i) => (p.event.idempotencyKey !== undefined ? [{ i, endpoint: p.event.endpoint, key: p.event.idempotencyKey }] : []));
-    const replays = batch.flatMap((p, i) => (p.event.replayKey !== undefined ? [{ i, endpoint: p.event.endpoint, key: p.event.replayKey }] : []));
+    const keyed = batch.flatMap((p, i) =>
+      p.event.idempotencyKey !== undefined ? [{ i, endpoint: p.event.endpoint, key: p.event.idempotencyKey }] : [],
+    );
+    const replays = batch.flatMap((p, i) =>
+      p.event.replayKey !== undefined ? [{ i, endpoint: p.event.endpoint, key: p.event.replayKey }] : [],
+    );
     const seenKey = new Map<number, { id: string; receivedAt: number }>();
     const seenReplay = new Map<number, string>();
     if (keyed.length + replays.length > 0) {
@@ -154,7 +174,14 @@ export class AcceptBatcher {
          SELECT 'replay', b.i, r.event_id, 0
            FROM unnest($4::int[], $5::text[], $6::text[]) AS b(i, endpoint, key)
            JOIN event_replay_keys r ON r.endpoint = b.endpoint AND r.replay_key = b.key`,
-        [keyed.map((k) => k.i), keyed.map((k) => k.endpoint), keyed.map((k) => k.key), replays.map((k) => k.i), replays.map((k) => k.endpoint), replays.map((k) => k.key)],
+        [
+          keyed.map((k) => k.i),
+          keyed.map((k) => k.endpoint),
+          keyed.map((k) => k.key),
+          replays.map((k) => k.i),
+          replays.map((k) => k.endpoint),
+          replays.map((k) => k.key),
+        ],
       );
       for (const row of rows) {
         if (row.kind === 'key') seenKey.set(row.i, { id: row.id, receivedAt: row.received_at });
@@ -171,9 +198,12 @@ export class AcceptBatcher {
       if (seen && seen.receivedAt > event.receivedAt - IDEMPOTENCY_WINDOW_MS) return { kind: 'duplicate', id: seen.id };
       const replayed = seenReplay.get(i);
       if (replayed !== undefined) return { kind: 'duplicate', id: replayed };
-      const keyId = event.idempotencyKey !== undefined ? JSON.stringify([event.endpoint, event.idempotencyKey]) : undefined;
+      const keyId =
+        event.idempotencyKey !== undefined ? JSON.stringify([event.endpoint, event.idempotencyKey]) : undefined;
       const replayId = event.replayKey !== undefined ? JSON.stringify([event.endpoint, event.replayKey]) : undefined;
-      const earlier = (keyId !== undefined ? firstWithKey.get(keyId) : undefined) ?? (replayId !== undefined ? firstWithReplay.get(replayId) : undefined);
+      const earlier =
+        (keyId !== undefined ? firstWithKey.get(keyId) : undefined) ??
+        (replayId !== undefined ? firstWithReplay.get(replayId) : undefined);
       if (earlier !== undefined) return { kind: 'same-as', index: earlier };
       try {
         p.envelope ??= event.envelope(p.id); // only for an event to be stored; a throw fails it alone
@@ -187,10 +217,13 @@ export class AcceptBatcher {
 
     // 3. Delivery ids past their window are forgotten by the event that reuses them.
     const forget = decisions.flatMap((d) => (d.kind === 'insert' && d.forget !== undefined ? [d.forget] : []));
-    if (forget.length > 0) await client.query('UPDATE events SET idempotency_key = NULL WHERE id = ANY($1::text[])', [forget]);
+    if (forget.length > 0)
+      await client.query('UPDATE events SET idempotency_key = NULL WHERE id = ANY($1::text[])', [forget]);
 
     // 4. One multi-row insert. Sorted by key, so two instances' batches lock keys in one order.
-    const inserts = batch.map((p, i) => ({ p, i })).filter(({ i }) => decisions[i]!.kind === 'insert')
+    const inserts = batch
+      .map((p, i) => ({ p, i }))
+      .filter(({ i }) => decisions[i]!.kind === 'insert')
       .sort((a, b) => compareKeys(a.p.event, b.p.event));
     const inserted = new Set<string>();
     if (inserts.length > 0) {
@@ -202,9 +235,15 @@ export class AcceptBatcher {
          ON CONFLICT (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id`,
         [
-          inserts.map(({ p }) => p.id), inserts.map(({ p }) => p.event.endpoint), inserts.map(({ p }) => p.event.action),
-          inserts.map(({ p }) => p.event.idempotencyKey ?? null), inserts.map(({ p }) => p.event.receivedAt), inserts.map(({ p }) => p.envelope!),
-          inserts.map(({ p }) => p.lease?.until ?? null), inserts.map(({ p }) => p.lease?.claimId ?? null), this.owner,
+          inserts.map(({ p }) => p.id),
+          inserts.map(({ p }) => p.event.endpoint),
+          inserts.map(({ p }) => p.event.action),
+          inserts.map(({ p }) => p.event.idempotencyKey ?? null),
+          inserts.map(({ p }) => p.event.receivedAt),
+          inserts.map(({ p }) => p.envelope!),
+          inserts.map(({ p }) => p.lease?.until ?? null),
+          inserts.map(({ p }) => p.lease?.claimId ?? null),
+          this.owner,
         ],
       );
       for (const row of rows) inserted.add(row.id);
@@ -219,7 +258,11 @@ export class AcceptBatcher {
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
          ON CONFLICT (endpoint, replay_key) DO NOTHING
          RETURNING event_id`,
-        [withReplay.map(({ p }) => p.event.endpoint), withReplay.map(({ p }) => p.event.replayKey!), withReplay.map(({ p }) => p.id)],
+        [
+          withReplay.map(({ p }) => p.event.endpoint),
+          withReplay.map(({ p }) => p.event.replayKey!),
+          withReplay.map(({ p }) => p.id),
+        ],
       );
       for (const row of rows) replayStored.add(row.event_id);
       const beaten = withReplay.filter(({ p }) => !replayStored.has(p.id)).map(({ p }) => p.id);
@@ -238,11 +281,17 @@ export class AcceptBatcher {
            FROM unnest($1::int[], $2::text[], $3::text[], $4::text[]) AS b(i, endpoint, key, replay)
            LEFT JOIN event_replay_keys r ON r.endpoint = b.endpoint AND r.replay_key = b.replay
            LEFT JOIN events e ON e.endpoint = b.endpoint AND e.idempotency_key = b.key`,
-        [lost.map(({ i }) => i), lost.map(({ p }) => p.event.endpoint), lost.map(({ p }) => p.event.idempotencyKey ?? null), lost.map(({ p }) => p.event.replayKey ?? null)],
+        [
+          lost.map(({ i }) => i),
+          lost.map(({ p }) => p.event.endpoint),
+          lost.map(({ p }) => p.event.idempotencyKey ?? null),
+          lost.map(({ p }) => p.event.replayKey ?? null),
+        ],
       );
       for (const row of rows) if (row.id !== null) winners.set(row.i, row.id);
       // Not found: the winner vanished in between (purged). Running the batch again decides afresh.
-      if (winners.size < lost.length) throw Object.assign(new Error('a concurrent duplicate vanished; retrying the batch'), { code: '40001' });
+      if (winners.size < lost.length)
+        throw Object.assign(new Error('a concurrent duplicate vanished; retrying the batch'), { code: '40001' });
     }
 
     const results: (AcceptResult | { err: unknown })[] = [];
@@ -262,4 +311,3 @@ function compareKeys(a: NewEvent, b: NewEvent): number {
   const kb = `${b.endpoint}\u0000${b.idempotencyKey ?? ''}`;
   return ka < kb ? -1 : ka > kb ? 1 : 0;
 }
-

@@ -1,8 +1,14 @@
 import type pg from 'pg';
 import { webhookActions, type PostgresStorageConfig, type WebhookAction } from '../../../config/schema.js';
 import {
-  IDEMPOTENCY_WINDOW_MS, toEvent,
-  type AttemptRecord, type DeliveredCounts, type DeliveryStatus, type QueueStats, type StoreStatus, type StoredEvent,
+  IDEMPOTENCY_WINDOW_MS,
+  toEvent,
+  type AttemptRecord,
+  type DeliveredCounts,
+  type DeliveryStatus,
+  type QueueStats,
+  type StoreStatus,
+  type StoredEvent,
 } from '../../contracts/events.js';
 import { schemaVersion } from '../migrations.js';
 import { describeUrl, withClient } from '../pool.js';
@@ -53,11 +59,23 @@ export class EventAdmin {
   async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
     const { rows } = await this.pool.query<EventRow>('SELECT * FROM events WHERE id = $1', [id]);
     if (rows.length === 0) return undefined;
-    const attempts = await this.pool.query<{ attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }>(
-      'SELECT attempt, at, status, error, duration_ms FROM attempts WHERE event_id = $1 ORDER BY attempt',
-      [id],
-    );
-    return { event: toEvent(rows[0]!), attempts: attempts.rows.map((a) => ({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms })) };
+    const attempts = await this.pool.query<{
+      attempt: number;
+      at: number;
+      status: number | null;
+      error: string | null;
+      duration_ms: number;
+    }>('SELECT attempt, at, status, error, duration_ms FROM attempts WHERE event_id = $1 ORDER BY attempt', [id]);
+    return {
+      event: toEvent(rows[0]!),
+      attempts: attempts.rows.map((a) => ({
+        attempt: a.attempt,
+        at: a.at,
+        status: a.status,
+        error: a.error,
+        durationMs: a.duration_ms,
+      })),
+    };
   }
 
   async requeue(id: string, now: number): Promise<boolean> {
@@ -74,11 +92,17 @@ export class EventAdmin {
   }
 
   async requeueDead(now: number): Promise<number> {
-    return this.requeueAll("UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'dead'", now);
+    return this.requeueAll(
+      "UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'dead'",
+      now,
+    );
   }
 
   async requeueWaiting(now: number): Promise<number> {
-    return this.requeueAll("UPDATE events SET round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'queued' AND lease_until IS NULL AND next_attempt_at > $1::bigint", now);
+    return this.requeueAll(
+      "UPDATE events SET round_attempts = 0, next_attempt_at = $1::bigint WHERE status = 'queued' AND lease_until IS NULL AND next_attempt_at > $1::bigint",
+      now,
+    );
   }
 
   /** One UPDATE (row locks only: the instances keep accepting and claiming the rest) making events due at `now` ($1); wakes the deliverers. */
@@ -124,15 +148,28 @@ export class EventAdmin {
 
   async status(now: number): Promise<StoreStatus> {
     const counts: Record<DeliveryStatus, number> = { queued: 0, delivered: 0, dead: 0 };
-    const { rows } = await this.pool.query<{ status: DeliveryStatus; n: number }>('SELECT status, count(*) AS n FROM events GROUP BY status');
+    const { rows } = await this.pool.query<{ status: DeliveryStatus; n: number }>(
+      'SELECT status, count(*) AS n FROM events GROUP BY status',
+    );
     for (const row of rows) counts[row.status] = row.n;
-    const leased = await this.pool.query<{ n: number }>("SELECT count(*) AS n FROM events WHERE status = 'queued' AND lease_until > $1::bigint", [now]);
-    return { driver: 'postgres', location: describeUrl(this.storage.url), schemaVersion: await schemaVersion(this.pool), counts, leased: leased.rows[0]!.n };
+    const leased = await this.pool.query<{ n: number }>(
+      "SELECT count(*) AS n FROM events WHERE status = 'queued' AND lease_until > $1::bigint",
+      [now],
+    );
+    return {
+      driver: 'postgres',
+      location: describeUrl(this.storage.url),
+      schemaVersion: await schemaVersion(this.pool),
+      counts,
+      leased: leased.rows[0]!.n,
+    };
   }
 
   async queueStats(now: number): Promise<QueueStats> {
     const delivered = await this.delivered.get(now); // first: it may wait, and the rest is then read as of the same moment
-    const { rows } = await this.pool.query<{ action: WebhookAction; status: DeliveryStatus; n: number }>(UNDELIVERED_COUNTS_SQL);
+    const { rows } = await this.pool.query<{ action: WebhookAction; status: DeliveryStatus; n: number }>(
+      UNDELIVERED_COUNTS_SQL,
+    );
     const counts = rows.map((row) => ({ action: row.action, status: row.status, events: row.n }));
     for (const [action, events] of delivered ?? []) counts.push({ action, status: 'delivered', events });
     const due = await this.pool.query<{ at: number | null }>(
@@ -141,7 +178,11 @@ export class EventAdmin {
       [webhookActions],
     );
     const oldest = due.rows[0]?.at ?? null;
-    return { counts, deliveredCounted: delivered !== undefined, oldestDueAt: oldest !== null && oldest <= now ? oldest : undefined };
+    return {
+      counts,
+      deliveredCounted: delivered !== undefined,
+      oldestDueAt: oldest !== null && oldest <= now ? oldest : undefined,
+    };
   }
 
   /**
@@ -171,6 +212,7 @@ export class EventAdmin {
 
   /** Cancels a recount under way: it would hold its connection, and so pool.end(), for as long as it takes (minutes on a big store). */
   async cancelCount(): Promise<void> {
-    if (this.countingBackend !== undefined) await this.pool.query('SELECT pg_cancel_backend($1)', [this.countingBackend]).catch(() => {});
+    if (this.countingBackend !== undefined)
+      await this.pool.query('SELECT pg_cancel_backend($1)', [this.countingBackend]).catch(() => {});
   }
 }

@@ -110,7 +110,8 @@ export class Claims {
 
   /** A retry recorded here comes due in the database at `at`: each claiming action looks then (the retry's action is not at hand). */
   retryDueAt(at: number): void {
-    for (const action of this.leaseMsByAction.keys()) this.nextDbLookAt.set(action, Math.min(this.nextDbLookAt.get(action) ?? Infinity, at));
+    for (const action of this.leaseMsByAction.keys())
+      this.nextDbLookAt.set(action, Math.min(this.nextDbLookAt.get(action) ?? Infinity, at));
   }
 
   /**
@@ -172,9 +173,20 @@ export class Claims {
   handOver(p: LeasableAccept, lease: { claimId: string; until: number }): void {
     const { event } = p;
     this.fresh.push({
-      id: p.id, endpoint: event.endpoint, action: event.action, idempotencyKey: event.idempotencyKey ?? null, receivedAt: event.receivedAt,
-      envelope: p.envelope!, status: 'queued', attempts: 0, roundAttempts: 0, nextAttemptAt: event.receivedAt, lastError: null, deliveredAt: null,
-      claimId: lease.claimId, leaseUntil: lease.until,
+      id: p.id,
+      endpoint: event.endpoint,
+      action: event.action,
+      idempotencyKey: event.idempotencyKey ?? null,
+      receivedAt: event.receivedAt,
+      envelope: p.envelope!,
+      status: 'queued',
+      attempts: 0,
+      roundAttempts: 0,
+      nextAttemptAt: event.receivedAt,
+      lastError: null,
+      deliveredAt: null,
+      claimId: lease.claimId,
+      leaseUntil: lease.until,
     });
   }
 
@@ -224,26 +236,46 @@ export class Claims {
    * `limit` due events already: only what goes ahead of those is claimed, so all of it is handed
    * out at once, never held here under this instance's lease while others could deliver it.
    */
-  private async lookInDb(now: number, limit: number, leaseMs: number, action: WebhookAction, dueBy: number): Promise<void> {
+  private async lookInDb(
+    now: number,
+    limit: number,
+    leaseMs: number,
+    action: WebhookAction,
+    dueBy: number,
+  ): Promise<void> {
     // Cleared before the query: whatever says "look again" while it runs stays said.
     this.dbMayHaveDue.delete(action);
     this.lastDbLookAt.set(action, now);
     const knownBefore = this.nextDbLookAt.get(action);
-    const { rows } = await this.pool.query<EventRow & { next_look: number | null }>(CLAIM_DUE_SQL, [now, leaseMs, this.owner, action, limit, dueBy]);
+    const { rows } = await this.pool.query<EventRow & { next_look: number | null }>(CLAIM_DUE_SQL, [
+      now,
+      leaseMs,
+      this.owner,
+      action,
+      limit,
+      dueBy,
+    ]);
     const fromDb = rows.filter((row) => row.id !== null);
-    if (fromDb.length === limit) this.dbMayHaveDue.add(action); // a full answer may have left more behind
+    if (fromDb.length === limit)
+      this.dbMayHaveDue.add(action); // a full answer may have left more behind
     else if (dueBy < now) {
       // Short within the bound: what is due after it waits its turn behind the fresh events (looked for once they are not enough, or in dbLookMs).
       this.dbMayHaveDue.add(action);
       this.nextDbLookAt.delete(action);
     } else {
       // The statement's answer, its own new leases, and a retry recorded while it ran (its snapshot missed that one).
-      const setMeanwhile = this.nextDbLookAt.get(action) !== knownBefore ? (this.nextDbLookAt.get(action) ?? Infinity) : Infinity;
-      const nextLook = Math.min(rows[0]?.next_look ?? Infinity, fromDb.length > 0 ? now + leaseMs : Infinity, setMeanwhile);
+      const setMeanwhile =
+        this.nextDbLookAt.get(action) !== knownBefore ? (this.nextDbLookAt.get(action) ?? Infinity) : Infinity;
+      const nextLook = Math.min(
+        rows[0]?.next_look ?? Infinity,
+        fromDb.length > 0 ? now + leaseMs : Infinity,
+        setMeanwhile,
+      );
       if (nextLook === Infinity) this.nextDbLookAt.delete(action);
       else this.nextDbLookAt.set(action, nextLook);
     }
-    for (const row of fromDb) this.fresh.insertInDueOrder({ ...toEvent(row), claimId: row.claim_id!, leaseUntil: row.lease_until! });
+    for (const row of fromDb)
+      this.fresh.insertInDueOrder({ ...toEvent(row), claimId: row.claim_id!, leaseUntil: row.lease_until! });
   }
 
   /**
@@ -293,7 +325,10 @@ export class Claims {
   async releaseLeases(): Promise<number> {
     // The fresh events' leases go too: they are claimed from the database like any other.
     this.fresh.clear();
-    const { rowCount } = await this.pool.query('UPDATE events SET lease_until = NULL, claim_id = NULL, lease_owner = NULL WHERE lease_owner = $1', [this.owner]);
+    const { rowCount } = await this.pool.query(
+      'UPDATE events SET lease_until = NULL, claim_id = NULL, lease_owner = NULL WHERE lease_owner = $1',
+      [this.owner],
+    );
     this.mayAllHaveDue();
     if (rowCount) this.notifier.notifyDue(); // claimable now: the other instances need not wait for their next look
     return rowCount ?? 0;
@@ -305,7 +340,12 @@ export class Claims {
     const claiming = [...this.leaseMsByAction.keys()];
     if (claiming.some((action) => this.fresh.lane(action)?.some((e) => e.nextAttemptAt <= now))) return now;
     if (claiming.length > 0 && claiming.every((action) => !this.dbMayHaveDue.has(action))) {
-      const known = Math.min(...claiming.flatMap((action) => [this.nextDbLookAt.get(action) ?? Infinity, ...(this.fresh.lane(action) ?? []).map((e) => e.nextAttemptAt)]));
+      const known = Math.min(
+        ...claiming.flatMap((action) => [
+          this.nextDbLookAt.get(action) ?? Infinity,
+          ...(this.fresh.lane(action) ?? []).map((e) => e.nextAttemptAt),
+        ]),
+      );
       return known === Infinity ? undefined : known;
     }
     const { rows } = await this.pool.query<{ at: number | null }>(
@@ -331,11 +371,14 @@ export class Claims {
    */
   private async freeLeases(events: ClaimedEvent[]): Promise<void> {
     if (events.length === 0) return;
-    await this.pool.query(
-      `UPDATE events e SET lease_until = NULL, claim_id = NULL, lease_owner = NULL
+    await this.pool
+      .query(
+        `UPDATE events e SET lease_until = NULL, claim_id = NULL, lease_owner = NULL
          FROM unnest($1::text[], $2::uuid[]) AS f(id, claim_id)
         WHERE e.id = f.id AND e.claim_id = f.claim_id`,
-      [events.map((e) => e.id), events.map((e) => e.claimId)],
-    ).then(() => this.notifier.announce()).catch(() => {});
+        [events.map((e) => e.id), events.map((e) => e.claimId)],
+      )
+      .then(() => this.notifier.announce())
+      .catch(() => {});
   }
 }

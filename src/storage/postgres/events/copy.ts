@@ -23,15 +23,30 @@ export async function importEvents(
 ): Promise<CopyCounts> {
   const counts = await inTransaction(pool, async (client) => {
     await client.query('LOCK TABLE events, attempts, event_replay_keys IN EXCLUSIVE MODE');
-    const { rows: [there] } = await client.query<{ events: number; attempts: number; replay_keys: number }>(
+    const {
+      rows: [there],
+    } = await client.query<{ events: number; attempts: number; replay_keys: number }>(
       'SELECT (SELECT count(*) FROM events) AS events, (SELECT count(*) FROM attempts) AS attempts, (SELECT count(*) FROM event_replay_keys) AS replay_keys',
     );
-    const found = [[there!.events, 'event'], [there!.attempts, 'attempt record'], [there!.replay_keys, 'replay key']]
-      .filter(([n]) => (n as number) > 0).map(([n, what]) => `${n} ${what}${n === 1 ? '' : 's'}`);
+    const found = [
+      [there!.events, 'event'],
+      [there!.attempts, 'attempt record'],
+      [there!.replay_keys, 'replay key'],
+    ]
+      .filter(([n]) => (n as number) > 0)
+      .map(([n, what]) => `${n} ${what}${n === 1 ? '' : 's'}`);
     if (found.length > 0) {
-      throw new UsageError(`the target ${describeUrl(storage.url)} is not empty (it holds ${found.join(', ')}): storage copy only writes into an empty schema`);
+      throw new UsageError(
+        `the target ${describeUrl(storage.url)} is not empty (it holds ${found.join(', ')}): storage copy only writes into an empty schema`,
+      );
     }
-    const counts: CopyCounts = { events: 0, byStatus: { queued: 0, delivered: 0, dead: 0 }, attempts: 0, idempotencyKeys: 0, replayKeys: 0 };
+    const counts: CopyCounts = {
+      events: 0,
+      byStatus: { queued: 0, delivered: 0, dead: 0 },
+      attempts: 0,
+      idempotencyKeys: 0,
+      replayKeys: 0,
+    };
     for await (const batch of batches) {
       if (batch.length === 0) continue;
       const events = batch.map((b) => b.event);
@@ -39,9 +54,18 @@ export async function importEvents(
         `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, attempts, round_attempts, next_attempt_at, last_error, delivered_at)
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bigint[], $11::text[], $12::bigint[])`,
         [
-          events.map((e) => e.id), events.map((e) => e.endpoint), events.map((e) => e.action), events.map((e) => e.idempotencyKey), events.map((e) => e.receivedAt),
-          events.map((e) => e.envelope), events.map((e) => e.status), events.map((e) => e.attempts), events.map((e) => e.roundAttempts),
-          events.map((e) => e.nextAttemptAt), events.map((e) => e.lastError), events.map((e) => e.deliveredAt),
+          events.map((e) => e.id),
+          events.map((e) => e.endpoint),
+          events.map((e) => e.action),
+          events.map((e) => e.idempotencyKey),
+          events.map((e) => e.receivedAt),
+          events.map((e) => e.envelope),
+          events.map((e) => e.status),
+          events.map((e) => e.attempts),
+          events.map((e) => e.roundAttempts),
+          events.map((e) => e.nextAttemptAt),
+          events.map((e) => e.lastError),
+          events.map((e) => e.deliveredAt),
         ],
       );
       const attempts = batch.flatMap((b) => b.attempts.map((a) => ({ id: b.event.id, ...a })));
@@ -49,7 +73,14 @@ export async function importEvents(
         await client.query(
           `INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms)
            SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::int[], $5::text[], $6::int[])`,
-          [attempts.map((a) => a.id), attempts.map((a) => a.attempt), attempts.map((a) => a.at), attempts.map((a) => a.status), attempts.map((a) => a.error), attempts.map((a) => Math.round(a.durationMs))],
+          [
+            attempts.map((a) => a.id),
+            attempts.map((a) => a.attempt),
+            attempts.map((a) => a.at),
+            attempts.map((a) => a.status),
+            attempts.map((a) => a.error),
+            attempts.map((a) => Math.round(a.durationMs)),
+          ],
         );
       }
       const replayKeys = batch.flatMap((b) => b.replayKeys.map((r) => ({ id: b.event.id, ...r })));

@@ -54,18 +54,21 @@ export class DueNotifier {
       return;
     }
     this.notifying = true;
-    void this.pool.query('SELECT pg_notify($1, $2)', [DUE_CHANNEL, this.owner]).catch(() => {}).finally(() => {
-      this.notifying = false;
-      if (this.notifyAgain && !this.isClosed()) {
-        this.notifyAgain = false;
-        this.notifyDue();
-      }
-    });
+    void this.pool
+      .query('SELECT pg_notify($1, $2)', [DUE_CHANNEL, this.owner])
+      .catch(() => {})
+      .finally(() => {
+        this.notifying = false;
+        if (this.notifyAgain && !this.isClosed()) {
+          this.notifyAgain = false;
+          this.notifyDue();
+        }
+      });
   }
 
   /** One notification with no sender, so every listener wakes, this process's included; rejects as the query does. */
   announce(): Promise<unknown> {
-    return this.pool.query('SELECT pg_notify($1, \'\')', [DUE_CHANNEL]);
+    return this.pool.query("SELECT pg_notify($1, '')", [DUE_CHANNEL]);
   }
 
   async close(): Promise<void> {

@@ -58,7 +58,10 @@ export class SettleBatcher {
         for (const p of batch) p.resolve(settled.has(p.id));
       } catch (err) {
         if (batch.length === 1) batch[0]!.reject(err);
-        else await Promise.all(batch.map((p) => this.settle([p]).then((settled) => p.resolve(settled.has(p.id)), p.reject)));
+        else
+          await Promise.all(
+            batch.map((p) => this.settle([p]).then((settled) => p.resolve(settled.has(p.id)), p.reject)),
+          );
       }
     }
     this.settling = undefined;
@@ -83,10 +86,17 @@ export class SettleBatcher {
        SELECT i.id, i.attempt, i.at, i.http_status, i.error, i.duration_ms FROM input i JOIN settled s ON s.id = i.id
        RETURNING event_id`,
       [
-        rows.map((r) => r.id), rows.map((r) => r.outcome.status), rows.map((r) => (r.outcome.status === 'queued' ? r.outcome.nextAttemptAt : 0)),
-        rows.map((r) => lastErrorOf(r.attempt, r.outcome)), rows.map((r) => (r.outcome.status === 'delivered' ? r.attempt.at + Math.round(r.attempt.durationMs) : null)),
-        rows.map((r) => r.claimId ?? null), rows.map((r) => r.attempt.attempt), rows.map((r) => r.attempt.at), rows.map((r) => r.attempt.status),
-        rows.map((r) => r.attempt.error), rows.map((r) => Math.round(r.attempt.durationMs)),
+        rows.map((r) => r.id),
+        rows.map((r) => r.outcome.status),
+        rows.map((r) => (r.outcome.status === 'queued' ? r.outcome.nextAttemptAt : 0)),
+        rows.map((r) => lastErrorOf(r.attempt, r.outcome)),
+        rows.map((r) => (r.outcome.status === 'delivered' ? r.attempt.at + Math.round(r.attempt.durationMs) : null)),
+        rows.map((r) => r.claimId ?? null),
+        rows.map((r) => r.attempt.attempt),
+        rows.map((r) => r.attempt.at),
+        rows.map((r) => r.attempt.status),
+        rows.map((r) => r.attempt.error),
+        rows.map((r) => Math.round(r.attempt.durationMs)),
       ],
     );
     return new Set(settled.map((r) => r.event_id));
