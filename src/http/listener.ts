@@ -132,6 +132,7 @@ export async function listen(
       if (head.length > 0) upgradeHeads.set(req, head);
       // Its answer is made only in its turn: a request before it on this connection may still hold the socket.
       const start = () => {
+        if (isClosing(socket)) return; // the answer before it closed the connection
         const res = new http.ServerResponse(req);
         res.assignSocket(socket);
         res.shouldKeepAlive = false; // the parser has let go of this socket: nothing more is read as HTTP
@@ -143,7 +144,7 @@ export async function listen(
         waiting.set(socket, []);
         start();
       } else if (queue.length >= MAX_PIPELINED) {
-        socket.destroy();
+        tooManyWaiting(socket, queue);
       } else {
         queue.push(start);
       }
@@ -264,16 +265,21 @@ function oneAtATime(handler: http.RequestListener): http.RequestListener {
       waiting.set(req.socket, []);
       return run(req, res);
     }
-    if (queue.length >= MAX_PIPELINED) {
-      // Too many waiting: the one being served still gets its answer, nothing behind it does.
-      queue.length = 0;
-      const inFlight = answering.get(req.socket);
-      if (inFlight) closeAfterAnswer(inFlight);
-      else req.socket.destroy();
-      return;
-    }
-    queue.push(() => run(req, res));
+    if (queue.length >= MAX_PIPELINED) return tooManyWaiting(req.socket, queue);
+    // Checked again in its turn: the answer before it may have closed the connection meanwhile
+    // (an early answer to a request with a body), and then this one is never handled.
+    queue.push(() => {
+      if (!isClosing(req.socket)) run(req, res);
+    });
   };
+}
+
+/** Too many waiting: the one being served still gets its answer, nothing behind it does. */
+function tooManyWaiting(socket: Socket, queue: (() => void)[]): void {
+  queue.length = 0;
+  const inFlight = answering.get(socket);
+  if (inFlight) closeAfterAnswer(inFlight);
+  else socket.destroy();
 }
 
 /** Runs `handler` as the request its connection is answering now; the next one waiting goes once this answer closes. */
@@ -325,7 +331,9 @@ export function closeAfterAnswer(res: http.ServerResponse): void {
 
 /** The connection was told to close: a request parsed from it after that is not handled. */
 export function isClosing(socket: Socket): boolean {
-  return closing.has(socket);
+  // Node's own decision counts too: an answer it ended with `Connection: close` (a request body
+  // never read) ends the socket's writing side, and what was parsed behind it must not run.
+  return closing.has(socket) || socket.writableEnded || socket.destroyed;
 }
 
 /** The request has body bytes that have not all arrived yet. */

@@ -34,7 +34,12 @@ interface Handshake {
 /** A real WebSocket upstream (ws): echoes text, records every handshake; `/api/refuse…` paths get 403 instead of 101. */
 async function startWsUpstream(options: { selectProtocol?: (offered: Set<string>) => string | false } = {}) {
   const handshakes: Handshake[] = [];
-  const server = http.createServer((_req, res) => res.end('plain'));
+  /** Ordinary requests (not handshakes) that reached it. */
+  const plain: Handshake[] = [];
+  const server = http.createServer((req, res) => {
+    plain.push({ url: req.url!, headers: req.headers });
+    res.end('plain');
+  });
   const wss = new WebSocketServer({ noServer: true, handleProtocols: options.selectProtocol ?? (() => false) });
   server.on('upgrade', (req, socket, head) => {
     handshakes.push({ url: req.url!, headers: req.headers });
@@ -48,6 +53,7 @@ async function startWsUpstream(options: { selectProtocol?: (offered: Set<string>
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
     handshakes,
+    plain,
     close: () => new Promise<void>((resolve) => {
       for (const client of wss.clients) client.terminate();
       server.closeAllConnections();
@@ -206,6 +212,27 @@ describe('WebSockets through /api/', () => {
     assert.match(accepted.raw, /\r\n\r\nHTTP\/1\.1 101 Switching Protocols\r\n/);
     assert.equal(upstream.handshakes.length, seen + 1);
     assert.equal((await request(gatehouse.url, '/healthz')).status, 200, 'the process is still serving');
+  });
+
+  it('behind an answer that closes the connection nothing pipelined is handled, and past 16 waiting an upgrade too leaves the first answered', async () => {
+    await reload({ cors: { origins: ['https://app.example.com'] } });
+    const seen = upstream.handshakes.length;
+    const preflight = 'OPTIONS /api/x HTTP/1.1\r\nHost: gatehouse.test\r\nOrigin: https://app.example.com\r\nAccess-Control-Request-Method: PUT\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n';
+    const hidden = `POST /api/chat/hidden HTTP/1.1\r\nHost: gatehouse.test\r\nX-API-Key: ${KEY_A}\r\nContent-Length: 4\r\n\r\nDATA`;
+    for (const behind of [hidden, handshake('/api/chat/hidden-ws', `X-API-Key: ${KEY_A}\r\n`)]) {
+      const exchange = await rawExchange(gatehouse.url, preflight + behind, { idleMs: 1500 });
+      assert.equal(exchange.responses[0]?.status, 204, exchange.raw);
+      assert.equal(exchange.responses.length, 1, exchange.raw);
+    }
+    assert.equal(upstream.handshakes.length, seen, 'a handshake behind the closing answer reached the upstream');
+    assert.ok(!upstream.plain.some((r) => r.url.includes('hidden')), 'a request behind the closing answer reached the upstream');
+    await reload();
+
+    const gets = Array.from({ length: 17 }, (_, i) => `GET /healthz?n=${i} HTTP/1.1\r\nHost: gatehouse.test\r\n\r\n`).join('');
+    const flood = await rawExchange(gatehouse.url, gets + handshake('/api/chat/late', `X-API-Key: ${KEY_A}\r\n`), { idleMs: 1500 });
+    assert.equal(flood.responses[0]?.status, 200, flood.raw);
+    assert.ok(flood.closedByServer);
+    assert.doesNotMatch(flood.raw, /101 Switching Protocols/);
   });
 
   it('another upgrade with a body is 400 (the parser stopped at its headers), and a 101 that is no WebSocket answer is 502', async () => {
