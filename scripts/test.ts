@@ -18,7 +18,13 @@ import { spawn } from 'node:child_process';
 import { readdirSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { findPostgresBin, initTemplate, startPostgres, TEST_PG_ENV, type PostgresCluster } from '../test/helpers/postgres.js';
+import {
+  findPostgresBin,
+  initTemplate,
+  startPostgres,
+  TEST_PG_ENV,
+  type PostgresCluster,
+} from '../test/helpers/postgres.js';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const args = process.argv.slice(2);
@@ -31,7 +37,11 @@ function defaultFiles(): string[] {
   const test = path.join(root, 'test');
   return readdirSync(test, { withFileTypes: true })
     .filter((d) => d.isDirectory())
-    .flatMap((d) => readdirSync(path.join(test, d.name)).filter((f) => f.endsWith('.test.ts')).map((f) => path.join(test, d.name, f)))
+    .flatMap((d) =>
+      readdirSync(path.join(test, d.name))
+        .filter((f) => f.endsWith('.test.ts'))
+        .map((f) => path.join(test, d.name, f)),
+    )
     .sort()
     .map((f) => path.relative(process.cwd(), f));
 }
@@ -39,9 +49,13 @@ function defaultFiles(): string[] {
 const cleanups: (() => Promise<void> | void)[] = [];
 let cleaned: Promise<void> | undefined;
 /** Stops the cluster, then removes the template; once, whichever way the run ends. */
-const cleanUp = () => (cleaned ??= (async () => {
-  for (const step of cleanups.reverse()) await Promise.resolve().then(step).catch((err) => console.error('test runner: cleanup:', err));
-})());
+const cleanUp = () =>
+  (cleaned ??= (async () => {
+    for (const step of cleanups.reverse())
+      await Promise.resolve()
+        .then(step)
+        .catch((err) => console.error('test runner: cleanup:', err));
+  })());
 
 let child: ReturnType<typeof spawn> | undefined;
 let stopping = false;
@@ -62,7 +76,11 @@ if (findPostgresBin()) {
     cleanups.push(() => template.remove());
     env[TEST_PG_ENV.template] = template.data;
     // More connections than a file's own cluster: two files at a time, each with several instances' pools.
-    const cluster = await startPostgres({ template: template.data, purpose: 'the PostgreSQL tests', maxConnections: 400 });
+    const cluster = await startPostgres({
+      template: template.data,
+      purpose: 'the PostgreSQL tests',
+      maxConnections: 400,
+    });
     if (!('skip' in cluster)) {
       cleanups.push(() => (cluster as PostgresCluster).destroy());
       env[TEST_PG_ENV.url] = `postgres://postgres@127.0.0.1:${cluster.port}/postgres`;
@@ -75,8 +93,13 @@ if (findPostgresBin()) {
 if (stopping) {
   await cleanUp();
 } else {
-  child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-concurrency=2', ...options, ...files], { env, stdio: 'inherit' });
-  const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) => child!.on('exit', (c, s) => resolve([c, s])));
+  child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-concurrency=2', ...options, ...files], {
+    env,
+    stdio: 'inherit',
+  });
+  const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) =>
+    child!.on('exit', (c, s) => resolve([c, s])),
+  );
   await cleanUp();
   process.exitCode = code ?? (signal ? 128 + (signal === 'SIGINT' ? 2 : 15) : 1);
 }

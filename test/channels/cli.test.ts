@@ -6,8 +6,26 @@
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
-import { DISCORD_CLIENT, SLACK_CLIENT, startFakeDiscord, startFakeSlack, startFakeTelegram, type FakeDiscord, type FakeSlack, type FakeTelegram } from '../helpers/fake-chat.js';
-import { channelsCli, startLogin, storedGrant, withDatabase, removeWorkspace, workspace, writeConfig, type Workspace } from './helpers.js';
+import {
+  DISCORD_CLIENT,
+  SLACK_CLIENT,
+  startFakeDiscord,
+  startFakeSlack,
+  startFakeTelegram,
+  type FakeDiscord,
+  type FakeSlack,
+  type FakeTelegram,
+} from '../helpers/fake-chat.js';
+import {
+  channelsCli,
+  startLogin,
+  storedGrant,
+  withDatabase,
+  removeWorkspace,
+  workspace,
+  writeConfig,
+  type Workspace,
+} from './helpers.js';
 
 describe('channels CLI', () => {
   let ws: Workspace;
@@ -17,22 +35,49 @@ describe('channels CLI', () => {
   const allCalls = () => telegram.calls.length + discord.calls.length + slack.calls.length;
 
   before(async () => {
-    [telegram, discord, slack, ws] = await Promise.all([startFakeTelegram(), startFakeDiscord(), startFakeSlack(), workspace('channels-cli')]);
+    [telegram, discord, slack, ws] = await Promise.all([
+      startFakeTelegram(),
+      startFakeDiscord(),
+      startFakeSlack(),
+      workspace('channels-cli'),
+    ]);
     writeConfig(ws, {
       channels: {
         phone: { kind: 'qr', action: 'message' },
-        tg: { kind: 'bot-token', platform: 'telegram', botToken: telegram.token, publicUrl: ws.webhookUrl, apiBaseUrl: telegram.url },
+        tg: {
+          kind: 'bot-token',
+          platform: 'telegram',
+          botToken: telegram.token,
+          publicUrl: ws.webhookUrl,
+          apiBaseUrl: telegram.url,
+        },
         discord: {
-          kind: 'oauth-bot', platform: 'discord', clientId: DISCORD_CLIENT.clientId, clientSecret: DISCORD_CLIENT.clientSecret, botToken: discord.botToken,
-          publicKey: discord.publicKeyHex, permissions: '2048', apiBaseUrl: `${discord.url}/api/v10`, authorizeUrl: `${discord.url}/oauth2/authorize`, tokenUrl: `${discord.url}/api/oauth2/token`,
+          kind: 'oauth-bot',
+          platform: 'discord',
+          clientId: DISCORD_CLIENT.clientId,
+          clientSecret: DISCORD_CLIENT.clientSecret,
+          botToken: discord.botToken,
+          publicKey: discord.publicKeyHex,
+          permissions: '2048',
+          apiBaseUrl: `${discord.url}/api/v10`,
+          authorizeUrl: `${discord.url}/oauth2/authorize`,
+          tokenUrl: `${discord.url}/api/oauth2/token`,
         },
         slack: {
-          kind: 'oauth', platform: 'slack', clientId: SLACK_CLIENT.clientId, clientSecret: SLACK_CLIENT.clientSecret, signingSecret: SLACK_CLIENT.signingSecret,
-          scopes: ['chat:write', 'channels:history'], apiBaseUrl: `${slack.url}/api`, authorizeUrl: `${slack.url}/oauth/v2/authorize`, tokenUrl: `${slack.url}/api/oauth.v2.access`,
+          kind: 'oauth',
+          platform: 'slack',
+          clientId: SLACK_CLIENT.clientId,
+          clientSecret: SLACK_CLIENT.clientSecret,
+          signingSecret: SLACK_CLIENT.signingSecret,
+          scopes: ['chat:write', 'channels:history'],
+          apiBaseUrl: `${slack.url}/api`,
+          authorizeUrl: `${slack.url}/oauth/v2/authorize`,
+          tokenUrl: `${slack.url}/api/oauth.v2.access`,
         },
       },
       // Nothing listens there: these tests need no server.
-      targetUrl: 'http://127.0.0.1:9', upstreamUrl: 'http://127.0.0.1:9',
+      targetUrl: 'http://127.0.0.1:9',
+      upstreamUrl: 'http://127.0.0.1:9',
     });
   });
   after(async () => {
@@ -47,16 +92,21 @@ describe('channels CLI', () => {
     ]);
     for (const [i, run] of runs.entries()) {
       assert.equal(run.code, 1, run.stdout);
-      assert.match(run.stderr, i < 3 ? /GATEHOUSE_SECRET_KEY is not set\./ : /GATEHOUSE_SECRET_KEY is not 32 bytes of base64 \(got 16 bytes\)/);
+      assert.match(
+        run.stderr,
+        i < 3 ? /GATEHOUSE_SECRET_KEY is not set\./ : /GATEHOUSE_SECRET_KEY is not 32 bytes of base64 \(got 16 bytes\)/,
+      );
       assert.match(run.stderr, /Make one with `openssl rand -base64 32`/);
       assert.doesNotMatch(run.stdout, /oauth|pairing code|http:/, 'a ceremony started');
     }
     assert.equal(allCalls(), 0, 'a platform was called');
     // Nothing stored, not even a pairing code.
-    const pairings = !existsSync(ws.db) ? 0 : withDatabase(ws, (db) => {
-      const table = db.prepare("SELECT name FROM sqlite_master WHERE name = 'channel_pairings'").get();
-      return table ? (db.prepare('SELECT count(*) AS n FROM channel_pairings').get() as { n: number }).n : 0;
-    });
+    const pairings = !existsSync(ws.db)
+      ? 0
+      : withDatabase(ws, (db) => {
+          const table = db.prepare("SELECT name FROM sqlite_master WHERE name = 'channel_pairings'").get();
+          return table ? (db.prepare('SELECT count(*) AS n FROM channel_pairings').get() as { n: number }).n : 0;
+        });
     assert.equal(pairings, 0);
   });
 
@@ -66,15 +116,28 @@ describe('channels CLI', () => {
     const since = Date.now();
 
     const [list, listJson, status, statusJson] = await Promise.all([
-      channelsCli(ws, ['list']), channelsCli(ws, ['list', '--json']), channelsCli(ws, ['status']), channelsCli(ws, ['status', '--json']),
+      channelsCli(ws, ['list']),
+      channelsCli(ws, ['list', '--json']),
+      channelsCli(ws, ['status']),
+      channelsCli(ws, ['status', '--json']),
     ]);
     for (const run of [list, listJson, status, statusJson]) assert.equal(run.code, 0, run.stderr);
 
     const lines = list.stdout.trimEnd().split('\n');
     assert.equal(lines.length, 4);
-    assert.match(lines.find((l) => l.startsWith('tg '))!, /^tg\s+bot-token\s+telegram\s+connected since \d{4}-\d\d-\d\dT[\d:.]+Z$/);
-    for (const [name, kind, platform] of [['phone', 'qr', 'device'], ['discord', 'oauth-bot', 'discord'], ['slack', 'oauth', 'slack']]) {
-      assert.match(lines.find((l) => l.startsWith(`${name} `))!, new RegExp(`^${name}\\s+${kind}\\s+${platform}\\s+NOT CONNECTED$`));
+    assert.match(
+      lines.find((l) => l.startsWith('tg '))!,
+      /^tg\s+bot-token\s+telegram\s+connected since \d{4}-\d\d-\d\dT[\d:.]+Z$/,
+    );
+    for (const [name, kind, platform] of [
+      ['phone', 'qr', 'device'],
+      ['discord', 'oauth-bot', 'discord'],
+      ['slack', 'oauth', 'slack'],
+    ]) {
+      assert.match(
+        lines.find((l) => l.startsWith(`${name} `))!,
+        new RegExp(`^${name}\\s+${kind}\\s+${platform}\\s+NOT CONNECTED$`),
+      );
     }
 
     const rows = new Map<string, any>(JSON.parse(listJson.stdout).map((r: any) => [r.name, r]));
@@ -87,13 +150,26 @@ describe('channels CLI', () => {
 
     assert.match(status.stdout, /^✓ tg \(bot-token, telegram\): connected since \d{4}-.*\(\d+ s ago\)$/m);
     assert.match(status.stdout, /^ {4}last error {5}none$/m);
-    for (const [name, kind, platform] of [['phone', 'qr', 'device'], ['discord', 'oauth-bot', 'discord'], ['slack', 'oauth', 'slack']]) {
-      assert.match(status.stdout, new RegExp(`^✗ ${name} \\(${kind}, ${platform}\\): not connected: run \`gatehouse channels login ${name}\`$`, 'm'));
+    for (const [name, kind, platform] of [
+      ['phone', 'qr', 'device'],
+      ['discord', 'oauth-bot', 'discord'],
+      ['slack', 'oauth', 'slack'],
+    ]) {
+      assert.match(
+        status.stdout,
+        new RegExp(
+          `^✗ ${name} \\(${kind}, ${platform}\\): not connected: run \`gatehouse channels login ${name}\`$`,
+          'm',
+        ),
+      );
     }
   });
 
   it('an unknown channel name, or devices of a non-qr channel: exit 1 with the fix', async () => {
-    const [unknown, devices] = await Promise.all([channelsCli(ws, ['status', 'nope']), channelsCli(ws, ['devices', 'tg'])]);
+    const [unknown, devices] = await Promise.all([
+      channelsCli(ws, ['status', 'nope']),
+      channelsCli(ws, ['devices', 'tg']),
+    ]);
     assert.equal(unknown.code, 1);
     assert.match(unknown.stderr, /no channel "nope" in .*gatehouse\.json5 \(configured: phone, tg, discord, slack\)/);
     assert.equal(devices.code, 1);

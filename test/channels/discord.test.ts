@@ -12,8 +12,27 @@ import { DISCORD_CLIENT, startFakeDiscord, type FakeDiscord } from '../helpers/f
 import { request } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertCallsDocumented, assertNotInStorage, channelsCli, consent, envelopes, loginThroughBrowser, nthEnvelope, printedAuthorizeUrl, settledEnvelopeCount, sqliteQueued, startGatehouse,
-  startLogin, statusJson, storedGrant, visit, removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
+  API_KEY,
+  assertCallsDocumented,
+  assertNotInStorage,
+  channelsCli,
+  consent,
+  envelopes,
+  loginThroughBrowser,
+  nthEnvelope,
+  printedAuthorizeUrl,
+  settledEnvelopeCount,
+  sqliteQueued,
+  startGatehouse,
+  startLogin,
+  statusJson,
+  storedGrant,
+  visit,
+  removeWorkspace,
+  workspace,
+  writeConfig,
+  type RunningGatehouse,
+  type Workspace,
 } from './helpers.js';
 
 const json = { 'content-type': 'application/json' };
@@ -37,16 +56,32 @@ describe('oauth-bot channel (Discord)', () => {
 
   before(async () => {
     [fake, target, upstream, ws] = await Promise.all([
-      startFakeDiscord({ accessTokenTtlSeconds: ACCESS_TOKEN_TTL_SECONDS, guild: GUILD }), startRecordingUpstream(), startRecordingUpstream(), workspace('discord'),
+      startFakeDiscord({ accessTokenTtlSeconds: ACCESS_TOKEN_TTL_SECONDS, guild: GUILD }),
+      startRecordingUpstream(),
+      startRecordingUpstream(),
+      workspace('discord'),
     ]);
     const channel = {
-      kind: 'oauth-bot', platform: 'discord', clientId: DISCORD_CLIENT.clientId, clientSecret: DISCORD_CLIENT.clientSecret,
-      botToken: fake.botToken, publicKey: fake.publicKeyHex, permissions: '2048',
-      apiBaseUrl: `${fake.url}/api/v10`, authorizeUrl: `${fake.url}/oauth2/authorize`, tokenUrl: `${fake.url}/api/oauth2/token`,
+      kind: 'oauth-bot',
+      platform: 'discord',
+      clientId: DISCORD_CLIENT.clientId,
+      clientSecret: DISCORD_CLIENT.clientSecret,
+      botToken: fake.botToken,
+      publicKey: fake.publicKeyHex,
+      permissions: '2048',
+      apiBaseUrl: `${fake.url}/api/v10`,
+      authorizeUrl: `${fake.url}/oauth2/authorize`,
+      tokenUrl: `${fake.url}/api/oauth2/token`,
     };
     writeConfig(ws, {
-      channels: { dc: channel, dcfail: channel, dcbadbot: { ...channel, botToken: 'not-the-bot-token-0123456789' }, dcpub: { ...channel, publicUrl: ws.webhookUrl } },
-      targetUrl: target.url, upstreamUrl: upstream.url,
+      channels: {
+        dc: channel,
+        dcfail: channel,
+        dcbadbot: { ...channel, botToken: 'not-the-bot-token-0123456789' },
+        dcpub: { ...channel, publicUrl: ws.webhookUrl },
+      },
+      targetUrl: target.url,
+      upstreamUrl: upstream.url,
       failuresMax: 100, // the forged interactions and callbacks below must not lock the test client out
     });
     gatehouse = await startGatehouse(ws);
@@ -57,12 +92,23 @@ describe('oauth-bot channel (Discord)', () => {
     removeWorkspace(ws);
   });
 
-  const tokenCalls = (grantType?: string) => fake.calls.filter((c) => c.path === '/api/oauth2/token' && (grantType === undefined || (c.body as any)?.grant_type === grantType));
+  const tokenCalls = (grantType?: string) =>
+    fake.calls.filter(
+      (c) => c.path === '/api/oauth2/token' && (grantType === undefined || (c.body as any)?.grant_type === grantType),
+    );
   const interactions = '/webhook/channels/dc';
   const postSigned = (signed: { headers: Record<string, string>; body: string }) =>
-    request(gatehouse.webhookUrl, interactions, { method: 'POST', headers: { ...json, ...signed.headers }, body: signed.body });
+    request(gatehouse.webhookUrl, interactions, {
+      method: 'POST',
+      headers: { ...json, ...signed.headers },
+      body: signed.body,
+    });
   const send = (body: Record<string, unknown>, headers: Record<string, string> = { 'x-api-key': API_KEY }) =>
-    request(gatehouse.gatewayUrl, '/_gatehouse/channels/dc/messages', { method: 'POST', headers: { ...json, ...headers }, body: JSON.stringify(body) });
+    request(gatehouse.gatewayUrl, '/_gatehouse/channels/dc/messages', {
+      method: 'POST',
+      headers: { ...json, ...headers },
+      body: JSON.stringify(body),
+    });
 
   describe('login', () => {
     let run: Awaited<ReturnType<typeof loginThroughBrowser>>;
@@ -115,13 +161,20 @@ describe('oauth-bot channel (Discord)', () => {
       assert.equal(status!.connected, true);
       assert.equal(status!.details.guildId, GUILD.id);
       assert.equal(status!.details.guildName, GUILD.name);
-      assert.ok(Math.abs(status!.expiresAt - (status!.connectedAt + ACCESS_TOKEN_TTL_SECONDS * 1000)) < 5_000, `expiresAt ${status!.expiresAt}`);
+      assert.ok(
+        Math.abs(status!.expiresAt - (status!.connectedAt + ACCESS_TOKEN_TTL_SECONDS * 1000)) < 5_000,
+        `expiresAt ${status!.expiresAt}`,
+      );
 
       assert.equal(tokens.access.length, 1);
       assert.equal(tokens.refresh.length, 1);
       assertNotInStorage(ws, tokens.access[0]!, 'the Discord access token');
       assertNotInStorage(ws, tokens.refresh[0]!, 'the Discord refresh token');
-      assert.equal(run.stdout.includes(tokens.access[0]!) || run.stdout.includes(tokens.refresh[0]!), false, 'a token was printed');
+      assert.equal(
+        run.stdout.includes(tokens.access[0]!) || run.stdout.includes(tokens.refresh[0]!),
+        false,
+        'a token was printed',
+      );
     });
   });
 
@@ -130,7 +183,10 @@ describe('oauth-bot channel (Discord)', () => {
       const before = tokenCalls().length;
       const run = await startLogin(ws, 'dcbadbot').exited;
       assert.equal(run.code, 1);
-      assert.match(run.stderr, /channel dcbadbot: step "bot token" failed: discord: bot token check: 401: Unauthorized\. Check channels\.dcbadbot\.botToken/);
+      assert.match(
+        run.stderr,
+        /channel dcbadbot: step "bot token" failed: discord: bot token check: 401: Unauthorized\. Check channels\.dcbadbot\.botToken/,
+      );
       assert.doesNotMatch(run.stdout, /oauth2\/authorize/);
       assert.equal(tokenCalls().length, before);
     });
@@ -147,27 +203,45 @@ describe('oauth-bot channel (Discord)', () => {
       }
       assert.equal(run.code, 1);
       assert.match(page!.page, /authorisation refused \(access_denied\)/);
-      assert.match(run.stderr, /channel dcfail: step "authorise" failed: the platform answered "access_denied".*consent was not given/);
+      assert.match(
+        run.stderr,
+        /channel dcfail: step "authorise" failed: the platform answered "access_denied".*consent was not given/,
+      );
       assert.equal(tokenCalls().length, before);
       assert.equal(storedGrant(ws, 'dcfail'), undefined);
     });
 
     for (const [kind, spoil] of [
-      ['an expired code', (back: URL) => {
-        // Ten minutes have passed at the platform (the fake's clock for this one code).
-        (fake as unknown as { codes: Map<string, { expiresAt: number }> }).codes.get(back.searchParams.get('code')!)!.expiresAt = Date.now() - 1;
-        return back;
-      }],
-      ['an invalid code', (back: URL) => {
-        back.searchParams.set('code', 'not-a-code-the-platform-issued');
-        return back;
-      }],
+      [
+        'an expired code',
+        (back: URL) => {
+          // Ten minutes have passed at the platform (the fake's clock for this one code).
+          (fake as unknown as { codes: Map<string, { expiresAt: number }> }).codes.get(
+            back.searchParams.get('code')!,
+          )!.expiresAt = Date.now() - 1;
+          return back;
+        },
+      ],
+      [
+        'an invalid code',
+        (back: URL) => {
+          back.searchParams.set('code', 'not-a-code-the-platform-issued');
+          return back;
+        },
+      ],
     ] as const) {
       it(`${kind}: exit 1 at step "token" with the platform's invalid_grant and the fix; nothing stored`, async () => {
-        const run = await loginThroughBrowser(ws, 'dcfail', async (url) => void (await visit(spoil(await consent(url)))));
+        const run = await loginThroughBrowser(
+          ws,
+          'dcfail',
+          async (url) => void (await visit(spoil(await consent(url)))),
+        );
         assert.equal(run.code, 1);
         assert.match(run.stdout, /✗ token\s+discord: token exchange: invalid_grant/);
-        assert.match(run.stderr, /channel dcfail: step "token" failed: discord: token exchange: invalid_grant \(Invalid "code" in request\.\)\. Check channels\.dcfail\.clientId\/clientSecret/);
+        assert.match(
+          run.stderr,
+          /channel dcfail: step "token" failed: discord: token exchange: invalid_grant \(Invalid "code" in request\.\)\. Check channels\.dcfail\.clientId\/clientSecret/,
+        );
         assert.equal(tokenCalls('authorization_code').at(-1)?.status, 400);
         assert.equal(storedGrant(ws, 'dcfail'), undefined);
       });
@@ -176,15 +250,31 @@ describe('oauth-bot channel (Discord)', () => {
 
   describe('interactions (inbound)', () => {
     const command = {
-      id: '1300000000000000003', application_id: DISCORD_CLIENT.clientId, type: 2, token: 'interaction-token', version: 1,
-      guild_id: GUILD.id, channel_id: CHANNEL_ID,
+      id: '1300000000000000003',
+      application_id: DISCORD_CLIENT.clientId,
+      type: 2,
+      token: 'interaction-token',
+      version: 1,
+      guild_id: GUILD.id,
+      channel_id: CHANNEL_ID,
       member: { user: { id: '1000000000000000001', username: 'alice' }, roles: [] },
-      data: { id: '1400000000000000004', name: 'ask', type: 1, options: [{ name: 'question', type: 3, value: 'is it up?' }] },
+      data: {
+        id: '1400000000000000004',
+        name: 'ask',
+        type: 1,
+        options: [{ name: 'question', type: 3, value: 'is it up?' }],
+      },
     };
 
     it('PING is answered with {"type":1} and delivered nowhere', async () => {
       const seen = envelopes(target).length;
-      const ping = await fake.deliverInteraction(`${gatehouse.webhookUrl}${interactions}`, { id: '1300000000000000009', type: 1, application_id: DISCORD_CLIENT.clientId, token: 't', version: 1 });
+      const ping = await fake.deliverInteraction(`${gatehouse.webhookUrl}${interactions}`, {
+        id: '1300000000000000009',
+        type: 1,
+        application_id: DISCORD_CLIENT.clientId,
+        token: 't',
+        version: 1,
+      });
       assert.equal(ping.status, 200);
       assert.deepEqual(JSON.parse(ping.body), { type: 1 });
       assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
@@ -202,7 +292,7 @@ describe('oauth-bot channel (Discord)', () => {
       assert.deepEqual(envelope.payload, command);
     });
 
-    it('a bad signature, another key\'s signature or a stale timestamp gets 401 and nothing reaches the target', async () => {
+    it("a bad signature, another key's signature or a stale timestamp gets 401 and nothing reaches the target", async () => {
       const seen = envelopes(target).length;
       const forgedBody = { ...command, id: '1300000000000000005', data: { ...command.data, name: 'forged' } };
       // Signed body A, sent body B.
@@ -210,10 +300,21 @@ describe('oauth-bot channel (Discord)', () => {
       // Someone else's key.
       const { privateKey } = generateKeyPairSync('ed25519');
       const ts = String(Math.floor(Date.now() / 1000));
-      const otherKey = { headers: { 'X-Signature-Ed25519': sign(null, Buffer.from(ts + JSON.stringify(forgedBody)), privateKey).toString('hex'), 'X-Signature-Timestamp': ts }, body: JSON.stringify(forgedBody) };
+      const otherKey = {
+        headers: {
+          'X-Signature-Ed25519': sign(null, Buffer.from(ts + JSON.stringify(forgedBody)), privateKey).toString('hex'),
+          'X-Signature-Timestamp': ts,
+        },
+        body: JSON.stringify(forgedBody),
+      };
       // A real signature, replayed ten minutes later.
       const stale = fake.signInteraction(forgedBody, Math.floor(Date.now() / 1000) - 600);
-      for (const [what, signed] of [['swapped body', swapped], ['other key', otherKey], ['stale', stale], ['unsigned', { headers: {}, body: JSON.stringify(forgedBody) }]] as const) {
+      for (const [what, signed] of [
+        ['swapped body', swapped],
+        ['other key', otherKey],
+        ['stale', stale],
+        ['unsigned', { headers: {}, body: JSON.stringify(forgedBody) }],
+      ] as const) {
         const reply = await postSigned(signed);
         assert.equal(reply.status, 401, what);
         assert.equal(reply.json().error.code, 'invalid_webhook_signature', what);
@@ -230,7 +331,7 @@ describe('oauth-bot channel (Discord)', () => {
       }
     });
 
-    it('a message goes to the channel with `Bot <token>`; 200 with Discord\'s message id; without the API key 401 and Discord gets nothing', async () => {
+    it("a message goes to the channel with `Bot <token>`; 200 with Discord's message id; without the API key 401 and Discord gets nothing", async () => {
       const creates = () => fake.calls.filter((c) => c.method === 'POST' && c.path.startsWith('/api/v10/channels/'));
       const before = creates().length;
       assert.equal((await send({ to: CHANNEL_ID, text: 'unauthorised' }, {})).status, 401);
@@ -245,7 +346,7 @@ describe('oauth-bot channel (Discord)', () => {
       assert.equal(creates().at(-1)!.headers.authorization, `Bot ${fake.botToken}`);
     });
 
-    it('an unknown channel: 502 with Discord\'s error', async () => {
+    it("an unknown channel: 502 with Discord's error", async () => {
       fake.setKnownChannels([CHANNEL_ID]);
       try {
         const reply = await send({ to: '1100000000000000099', text: 'anyone?' });
@@ -287,14 +388,17 @@ describe('oauth-bot channel (Discord)', () => {
       assert.equal(line.level, 50);
       assert.match(line.msg, /run `gatehouse channels login dc`/);
       const status = await channelsCli(ws, ['status', 'dc']);
-      assert.match(status.stdout, /^ {4}last error {5}grant refresh failed: discord: token exchange: invalid_grant \(Invalid "refresh_token" in request\.\) \(\d{4}-.* ago\)\)$/m);
+      assert.match(
+        status.stdout,
+        /^ {4}last error {5}grant refresh failed: discord: token exchange: invalid_grant \(Invalid "refresh_token" in request\.\) \(\d{4}-.* ago\)\)$/m,
+      );
       assert.match(status.stdout, /^✓ dc \(oauth-bot, discord\): connected since/m);
       assert.match(status.stdout, /^ {4}expires {8}\d{4}-.*\(in \d+ min\)$/m);
     });
   });
 
   // Last: its grant and token exchange would change the counts the tests above assert.
-  it('login --public: the answer lands on the running server\'s callback route (a forged state is 400), the CLI takes it from storage', async () => {
+  it("login --public: the answer lands on the running server's callback route (a forged state is 400), the CLI takes it from storage", async () => {
     const login = startLogin(ws, 'dcpub', { args: ['--public'] });
     try {
       const authorizeUrl = await printedAuthorizeUrl(login);
@@ -315,7 +419,10 @@ describe('oauth-bot channel (Discord)', () => {
     const run = await login.exited;
     assert.equal(run.code, 0, run.stderr);
     assert.match(run.stdout, /channel dcpub connected/);
-    assert.ok(!tokenCalls('authorization_code').some((c) => (c.body as any)?.code === 'forged-code'), 'the forged code is never exchanged');
+    assert.ok(
+      !tokenCalls('authorization_code').some((c) => (c.body as any)?.code === 'forged-code'),
+      'the forged code is never exchanged',
+    );
     assert.equal(storedGrant(ws, 'dcpub')?.name, 'dcpub');
   });
 

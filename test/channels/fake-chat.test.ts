@@ -7,8 +7,14 @@ import assert from 'node:assert/strict';
 import { createHash, createHmac, createPublicKey, randomBytes, verify } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
 import {
-  DISCORD_CLIENT, SLACK_CLIENT, startFakeDiscord, startFakeSlack, startFakeTelegram,
-  type FakeDiscord, type FakeSlack, type FakeTelegram,
+  DISCORD_CLIENT,
+  SLACK_CLIENT,
+  startFakeDiscord,
+  startFakeSlack,
+  startFakeTelegram,
+  type FakeDiscord,
+  type FakeSlack,
+  type FakeTelegram,
 } from '../helpers/fake-chat.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 
@@ -30,11 +36,19 @@ async function answer(res: Response): Promise<Answer> {
 }
 
 function postJson(url: string, body: unknown, headers: Record<string, string> = {}): Promise<Answer> {
-  return fetch(url, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) }).then(answer);
+  return fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify(body),
+  }).then(answer);
 }
 
 function postForm(url: string, form: Record<string, string>, headers: Record<string, string> = {}): Promise<Answer> {
-  return fetch(url, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded', ...headers }, body: new URLSearchParams(form) }).then(answer);
+  return fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', ...headers },
+    body: new URLSearchParams(form),
+  }).then(answer);
 }
 
 /** The browser's part of a consent screen: open it, return where the 302 sends the user back to. */
@@ -78,9 +92,16 @@ describe('fake Telegram Bot API', () => {
     assert.equal(typeof me.body.result.first_name, 'string');
 
     const unknown = await answer(await fetch(api('getMe', '123456:AAunknown')));
-    assert.deepEqual([unknown.status, unknown.body], [401, { ok: false, error_code: 401, description: 'Unauthorized' }]);
+    assert.deepEqual(
+      [unknown.status, unknown.body],
+      [401, { ok: false, error_code: 401, description: 'Unauthorized' }],
+    );
     assert.equal((await answer(await fetch(api('getMe', 'not-a-token')))).status, 404);
-    assert.deepEqual((await answer(await fetch(api('noSuchMethod')))).body, { ok: false, error_code: 404, description: 'Not Found' });
+    assert.deepEqual((await answer(await fetch(api('noSuchMethod')))).body, {
+      ok: false,
+      error_code: 404,
+      description: 'Not Found',
+    });
     assert.equal((await answer(await fetch(api('GETME')))).status, 200, 'method names are case-insensitive');
   });
 
@@ -93,7 +114,12 @@ describe('fake Telegram Bot API', () => {
   });
 
   it('setWebhook records url and secret_token; getWebhookInfo shows the url but never the secret', async () => {
-    const set = await postJson(api('setWebhook'), { url: `${hooks.url}/tg`, secret_token: 'Sec_ret-123', allowed_updates: ['message'], drop_pending_updates: true });
+    const set = await postJson(api('setWebhook'), {
+      url: `${hooks.url}/tg`,
+      secret_token: 'Sec_ret-123',
+      allowed_updates: ['message'],
+      drop_pending_updates: true,
+    });
     assert.deepEqual([set.status, set.body], [200, { ok: true, result: true, description: 'Webhook was set' }]);
     const hook = fake.registeredWebhook(fake.token)!;
     assert.equal(hook.url, `${hooks.url}/tg`);
@@ -101,7 +127,11 @@ describe('fake Telegram Bot API', () => {
     assert.deepEqual(hook.allowedUpdates, ['message']);
 
     const again = await postJson(api('setWebhook'), { url: `${hooks.url}/tg`, secret_token: 'Sec_ret-123' });
-    assert.equal(again.body.description, 'Webhook is already set', 'allowed_updates omitted keeps the previous setting');
+    assert.equal(
+      again.body.description,
+      'Webhook is already set',
+      'allowed_updates omitted keeps the previous setting',
+    );
 
     const info = await answer(await fetch(api('getWebhookInfo')));
     assert.equal(info.body.result.url, `${hooks.url}/tg`);
@@ -115,7 +145,11 @@ describe('fake Telegram Bot API', () => {
   });
 
   it('setWebhook takes a form body too, with allowed_updates as a JSON string', async () => {
-    const set = await postForm(api('setWebhook'), { url: `${hooks.url}/form`, secret_token: 'form_secret', allowed_updates: '["message","callback_query"]' });
+    const set = await postForm(api('setWebhook'), {
+      url: `${hooks.url}/form`,
+      secret_token: 'form_secret',
+      allowed_updates: '["message","callback_query"]',
+    });
     assert.equal(set.body.ok, true);
     assert.deepEqual(fake.registeredWebhook()!.allowedUpdates, ['message', 'callback_query']);
     assert.equal(fake.registeredWebhook()!.secretToken, 'form_secret');
@@ -128,16 +162,26 @@ describe('fake Telegram Bot API', () => {
       [{ url: `${hooks.url}/x`, secret_token: 'a:b' }, 'Bad Request: secret token contains unallowed characters'],
       [{ url: `${hooks.url}/x`, secret_token: 'a'.repeat(257) }, 'Bad Request: secret token is too long'],
       [{ url: 'http://example.com/hook' }, 'Bad Request: bad webhook: An HTTPS URL must be provided for webhook'],
-      [{ url: 'https://example.com:9443/hook' }, 'Bad Request: bad webhook: Webhook can be set up only on ports 80, 88, 443 or 8443'],
+      [
+        { url: 'https://example.com:9443/hook' },
+        'Bad Request: bad webhook: Webhook can be set up only on ports 80, 88, 443 or 8443',
+      ],
     ];
     for (const [params, description] of cases) {
       const res = await postJson(api('setWebhook'), params);
-      assert.deepEqual([res.status, res.body], [400, { ok: false, error_code: 400, description }], JSON.stringify(params).slice(0, 60));
+      assert.deepEqual(
+        [res.status, res.body],
+        [400, { ok: false, error_code: 400, description }],
+        JSON.stringify(params).slice(0, 60),
+      );
     }
     assert.equal(fake.registeredWebhook()!.secretToken, 'good');
     assert.equal(fake.registeredWebhook()!.url, `${hooks.url}/tg`);
 
-    const ok = await postJson(api('setWebhook'), { url: 'https://example.com:8443/hook', secret_token: 'A'.repeat(256) });
+    const ok = await postJson(api('setWebhook'), {
+      url: 'https://example.com:8443/hook',
+      secret_token: 'A'.repeat(256),
+    });
     assert.equal(ok.body.ok, true, 'https on 8443 and a 256-character secret are fine');
   });
 
@@ -147,7 +191,11 @@ describe('fake Telegram Bot API', () => {
     assert.deepEqual(del.body, { ok: true, result: true, description: 'Webhook was deleted' });
     assert.equal(fake.registeredWebhook(), undefined);
     assert.equal((await answer(await fetch(api('deleteWebhook')))).body.description, 'Webhook is already deleted');
-    assert.deepEqual((await answer(await fetch(api('getWebhookInfo')))).body.result, { url: '', has_custom_certificate: false, pending_update_count: 0 });
+    assert.deepEqual((await answer(await fetch(api('getWebhookInfo')))).body.result, {
+      url: '',
+      has_custom_certificate: false,
+      pending_update_count: 0,
+    });
     assert.deepEqual((await answer(await fetch(api('getUpdates')))).body, { ok: true, result: [] });
 
     await postJson(api('setWebhook'), { url: `${hooks.url}/tg` });
@@ -179,11 +227,23 @@ describe('fake Telegram Bot API', () => {
     try {
       const before = fake.sent.length;
       const unknown = await postJson(api('sendMessage'), { chat_id: 777, text: 'x' });
-      assert.deepEqual([unknown.status, unknown.body], [400, { ok: false, error_code: 400, description: 'Bad Request: chat not found' }]);
+      assert.deepEqual(
+        [unknown.status, unknown.body],
+        [400, { ok: false, error_code: 400, description: 'Bad Request: chat not found' }],
+      );
       assert.equal((await postJson(api('sendMessage'), { chat_id: 4242, text: 'known' })).status, 200);
-      assert.equal((await postJson(api('sendMessage'), { chat_id: 4242, text: '  ' })).body.description, 'Bad Request: message text is empty');
-      assert.equal((await postJson(api('sendMessage'), { text: 'x' })).body.description, 'Bad Request: chat_id is empty');
-      assert.equal((await postJson(api('sendMessage'), { chat_id: 4242, text: 'x'.repeat(4097) })).body.description, 'Bad Request: message is too long');
+      assert.equal(
+        (await postJson(api('sendMessage'), { chat_id: 4242, text: '  ' })).body.description,
+        'Bad Request: message text is empty',
+      );
+      assert.equal(
+        (await postJson(api('sendMessage'), { text: 'x' })).body.description,
+        'Bad Request: chat_id is empty',
+      );
+      assert.equal(
+        (await postJson(api('sendMessage'), { chat_id: 4242, text: 'x'.repeat(4097) })).body.description,
+        'Bad Request: message is too long',
+      );
       assert.equal(fake.sent.length, before + 1, 'only the good message was sent');
     } finally {
       fake.setKnownChats('any');
@@ -193,7 +253,9 @@ describe('fake Telegram Bot API', () => {
   it('deliverUpdate POSTs the update with X-Telegram-Bot-Api-Secret-Token and returns the status', async () => {
     await postJson(api('setWebhook'), { url: `${hooks.url}/tg-hook`, secret_token: 'deliver_me' });
     const before = hooks.received.length;
-    const status = await fake.deliverUpdate(fake.token, { message: { message_id: 1, chat: { id: 4242, type: 'private' }, date: 1, text: 'hi' } });
+    const status = await fake.deliverUpdate(fake.token, {
+      message: { message_id: 1, chat: { id: 4242, type: 'private' }, date: 1, text: 'hi' },
+    });
     assert.equal(status, 200);
     const got = hooks.received[before]!;
     assert.equal(got.method, 'POST');
@@ -209,7 +271,11 @@ describe('fake Telegram Bot API', () => {
 
     await postJson(api('setWebhook'), { url: `${hooks.url}/no-secret` });
     await fake.deliverUpdate(fake.token, { message: { text: 'x' } });
-    assert.equal(hooks.received.at(-1)!.headers['x-telegram-bot-api-secret-token'], undefined, 'no secret_token, no header');
+    assert.equal(
+      hooks.received.at(-1)!.headers['x-telegram-bot-api-secret-token'],
+      undefined,
+      'no secret_token, no header',
+    );
   });
 
   it('deliverUpdate reports a refusing webhook in getWebhookInfo, and fails without a webhook', async () => {
@@ -232,11 +298,22 @@ describe('fake Telegram Bot API', () => {
     fake.failNext({ path: /\/sendMessage$/ }, { status: 429 });
     const limited = await postJson(api('sendMessage'), { chat_id: 1, text: 'x' }, { 'x-test': 'yes' });
     assert.equal(limited.status, 429);
-    assert.deepEqual(limited.body, { ok: false, error_code: 429, description: 'Too Many Requests: retry after 1', parameters: { retry_after: 1 } });
+    assert.deepEqual(limited.body, {
+      ok: false,
+      error_code: 429,
+      description: 'Too Many Requests: retry after 1',
+      parameters: { retry_after: 1 },
+    });
     assert.equal((await postJson(api('sendMessage'), { chat_id: 1, text: 'x' })).status, 200);
 
-    fake.failNext({ method: 'POST', path: `/bot${fake.token}/sendMessage` }, { status: 403, body: { ok: false, error_code: 403, description: 'Forbidden: bot was blocked by the user' } });
-    assert.equal((await postJson(api('sendMessage'), { chat_id: 1, text: 'x' })).body.description, 'Forbidden: bot was blocked by the user');
+    fake.failNext(
+      { method: 'POST', path: `/bot${fake.token}/sendMessage` },
+      { status: 403, body: { ok: false, error_code: 403, description: 'Forbidden: bot was blocked by the user' } },
+    );
+    assert.equal(
+      (await postJson(api('sendMessage'), { chat_id: 1, text: 'x' })).body.description,
+      'Forbidden: bot was blocked by the user',
+    );
 
     const call = fake.calls.find((c) => c.headers['x-test'] === 'yes')!;
     assert.equal(call.method, 'POST');
@@ -256,28 +333,63 @@ describe('fake Telegram Bot API', () => {
     assert.equal((await answer(await fetch(`${fake.url}/sendMessage`))).status, 404);
 
     const badUrl = await postJson(api('setWebhook'), { url: 'https://exa mple.com/hook' });
-    assert.deepEqual(badUrl.body, { ok: false, error_code: 400, description: 'Bad Request: invalid webhook URL specified' });
+    assert.deepEqual(badUrl.body, {
+      ok: false,
+      error_code: 400,
+      description: 'Bad Request: invalid webhook URL specified',
+    });
     const parseMode = await postJson(api('sendMessage'), { chat_id: 4242, text: 'x', parse_mode: 'markdown_v2' });
-    assert.deepEqual(parseMode.body, { ok: false, error_code: 400, description: 'Bad Request: unsupported parse_mode' });
+    assert.deepEqual(parseMode.body, {
+      ok: false,
+      error_code: 400,
+      description: 'Bad Request: unsupported parse_mode',
+    });
     assert.match(fake.calls.at(-1)!.violations[0]!, /#formatting-options/);
-    assert.equal((await postJson(api('sendMessage'), { chat_id: 4242, text: 'x', parse_mode: 'html' })).status, 200, 'parse_mode is compared lower-cased');
+    assert.equal(
+      (await postJson(api('sendMessage'), { chat_id: 4242, text: 'x', parse_mode: 'html' })).status,
+      200,
+      'parse_mode is compared lower-cased',
+    );
   });
 
   it('notes what the Bot API silently ignores: unknown update types, a malformed allowed_updates, setWebhook without url, a body it cannot read', async () => {
-    const set = await postJson(api('setWebhook'), { url: `${hooks.url}/tg`, allowed_updates: ['message', 'Edited_Message', 'messages'] });
+    const set = await postJson(api('setWebhook'), {
+      url: `${hooks.url}/tg`,
+      allowed_updates: ['message', 'Edited_Message', 'messages'],
+    });
     assert.equal(set.body.ok, true, 'Telegram accepts the call');
-    assert.deepEqual(fake.registeredWebhook()!.allowedUpdates, ['message', 'edited_message'], 'names compare lower-cased; an unknown one is dropped');
-    assert.deepEqual(fake.calls.at(-1)!.violations.map((v) => v.replace(/ \(.*/, '')), ['telegram: allowed_updates names no such update type: messages']);
+    assert.deepEqual(
+      fake.registeredWebhook()!.allowedUpdates,
+      ['message', 'edited_message'],
+      'names compare lower-cased; an unknown one is dropped',
+    );
+    assert.deepEqual(
+      fake.calls.at(-1)!.violations.map((v) => v.replace(/ \(.*/, '')),
+      ['telegram: allowed_updates names no such update type: messages'],
+    );
 
-    assert.equal((await postJson(api('setWebhook'), { url: `${hooks.url}/tg`, allowed_updates: 'message' })).body.ok, true);
-    assert.deepEqual(fake.registeredWebhook()!.allowedUpdates, ['message', 'edited_message'], 'a malformed list keeps the previous one');
+    assert.equal(
+      (await postJson(api('setWebhook'), { url: `${hooks.url}/tg`, allowed_updates: 'message' })).body.ok,
+      true,
+    );
+    assert.deepEqual(
+      fake.registeredWebhook()!.allowedUpdates,
+      ['message', 'edited_message'],
+      'a malformed list keeps the previous one',
+    );
     assert.match(fake.calls.at(-1)!.violations[0]!, /JSON-serialized list/);
 
     const noUrl = await postJson(api('setWebhook'), { secret_token: 'abc' });
     assert.equal(noUrl.body.description, 'Webhook was deleted', 'the server reads a missing url as ""');
     assert.match(fake.calls.at(-1)!.violations[0]!, /without its required "url"/);
 
-    const text = await answer(await fetch(api('sendMessage'), { method: 'POST', headers: { 'content-type': 'text/plain' }, body: 'chat_id=1&text=x' }));
+    const text = await answer(
+      await fetch(api('sendMessage'), {
+        method: 'POST',
+        headers: { 'content-type': 'text/plain' },
+        body: 'chat_id=1&text=x',
+      }),
+    );
     assert.equal(text.body.description, 'Bad Request: chat_id is empty', 'a text/plain body carries no parameters');
     assert.equal(fake.calls.at(-1)!.violations.length, 2);
   });
@@ -313,8 +425,13 @@ describe('fake Discord', () => {
 
   function authorizeUrl(params: Record<string, string> = {}): string {
     const q = new URLSearchParams({
-      client_id: DISCORD_CLIENT.clientId, redirect_uri: redirectUri, response_type: 'code',
-      scope: 'bot applications.commands', permissions: '2048', state: 'st-1', ...params,
+      client_id: DISCORD_CLIENT.clientId,
+      redirect_uri: redirectUri,
+      response_type: 'code',
+      scope: 'bot applications.commands',
+      permissions: '2048',
+      state: 'st-1',
+      ...params,
     });
     return `${fake.url}/oauth2/authorize?${q}`;
   }
@@ -326,7 +443,8 @@ describe('fake Discord', () => {
   }
 
   const tokenUrl = () => `${fake.url}/api/oauth2/token`;
-  const exchange = (form: Record<string, string>, headers?: Record<string, string>) => postForm(tokenUrl(), form, { ...ua, ...headers });
+  const exchange = (form: Record<string, string>, headers?: Record<string, string>) =>
+    postForm(tokenUrl(), form, { ...ua, ...headers });
 
   it('the install page approves: 302 to redirect_uri with code, state, guild_id and permissions', async () => {
     fake.setConsent({ guildId: '1300000000000000001', guildName: 'Ops' });
@@ -341,7 +459,14 @@ describe('fake Discord', () => {
   it('exchanges the code (PKCE S256, secret in the form) for tokens and the guild', async () => {
     fake.setConsent({ guildId: '1300000000000000002', guildName: 'Ops' });
     const { code, verifier } = await install();
-    const res = await exchange({ client_id: DISCORD_CLIENT.clientId, client_secret: DISCORD_CLIENT.clientSecret, grant_type: 'authorization_code', code, redirect_uri: redirectUri, code_verifier: verifier });
+    const res = await exchange({
+      client_id: DISCORD_CLIENT.clientId,
+      client_secret: DISCORD_CLIENT.clientSecret,
+      grant_type: 'authorization_code',
+      code,
+      redirect_uri: redirectUri,
+      code_verifier: verifier,
+    });
     assert.equal(res.status, 200);
     assert.equal(res.body.token_type, 'Bearer');
     assert.equal(res.body.expires_in, 604800);
@@ -350,34 +475,75 @@ describe('fake Discord', () => {
     assert.equal(res.body.guild.id, '1300000000000000002');
     assert.equal(res.body.guild.name, 'Ops');
 
-    const me = await answer(await fetch(`${fake.url}/api/v10/oauth2/@me`, { headers: { ...ua, authorization: `Bearer ${res.body.access_token}` } }));
+    const me = await answer(
+      await fetch(`${fake.url}/api/v10/oauth2/@me`, {
+        headers: { ...ua, authorization: `Bearer ${res.body.access_token}` },
+      }),
+    );
     assert.deepEqual(me.body.scopes, ['bot', 'applications.commands']);
     assert.equal(me.body.application.id, DISCORD_CLIENT.clientId);
   });
 
   it('takes the client by HTTP Basic, and refuses a wrong secret with 401 invalid_client', async () => {
     const first = await install();
-    const ok = await exchange({ grant_type: 'authorization_code', code: first.code, redirect_uri: redirectUri, code_verifier: first.verifier }, basic(DISCORD_CLIENT.clientId, DISCORD_CLIENT.clientSecret));
+    const ok = await exchange(
+      { grant_type: 'authorization_code', code: first.code, redirect_uri: redirectUri, code_verifier: first.verifier },
+      basic(DISCORD_CLIENT.clientId, DISCORD_CLIENT.clientSecret),
+    );
     assert.equal(ok.status, 200);
     const second = await install();
-    const bad = await exchange({ grant_type: 'authorization_code', code: second.code, redirect_uri: redirectUri, code_verifier: second.verifier }, basic(DISCORD_CLIENT.clientId, 'wrong'));
+    const bad = await exchange(
+      {
+        grant_type: 'authorization_code',
+        code: second.code,
+        redirect_uri: redirectUri,
+        code_verifier: second.verifier,
+      },
+      basic(DISCORD_CLIENT.clientId, 'wrong'),
+    );
     assert.deepEqual([bad.status, bad.body], [401, { error: 'invalid_client' }]);
   });
 
   it('refuses a wrong code_verifier, then the spent code; a wrong redirect_uri; an unknown grant type', async () => {
     const creds = { client_id: DISCORD_CLIENT.clientId, client_secret: DISCORD_CLIENT.clientSecret };
     const { code, verifier } = await install();
-    const wrong = await exchange({ ...creds, grant_type: 'authorization_code', code, redirect_uri: redirectUri, code_verifier: pkce().verifier });
+    const wrong = await exchange({
+      ...creds,
+      grant_type: 'authorization_code',
+      code,
+      redirect_uri: redirectUri,
+      code_verifier: pkce().verifier,
+    });
     assert.deepEqual([wrong.status, wrong.body.error], [400, 'invalid_grant']);
-    const reused = await exchange({ ...creds, grant_type: 'authorization_code', code, redirect_uri: redirectUri, code_verifier: verifier });
+    const reused = await exchange({
+      ...creds,
+      grant_type: 'authorization_code',
+      code,
+      redirect_uri: redirectUri,
+      code_verifier: verifier,
+    });
     assert.deepEqual(reused.body, { error: 'invalid_grant', error_description: 'Invalid "code" in request.' });
 
     const other = await install();
-    const elsewhere = await exchange({ ...creds, grant_type: 'authorization_code', code: other.code, redirect_uri: 'http://127.0.0.1:9/elsewhere', code_verifier: other.verifier });
-    assert.deepEqual(elsewhere.body, { error: 'invalid_grant', error_description: 'Invalid "redirect_uri" in request.' });
+    const elsewhere = await exchange({
+      ...creds,
+      grant_type: 'authorization_code',
+      code: other.code,
+      redirect_uri: 'http://127.0.0.1:9/elsewhere',
+      code_verifier: other.verifier,
+    });
+    assert.deepEqual(elsewhere.body, {
+      error: 'invalid_grant',
+      error_description: 'Invalid "redirect_uri" in request.',
+    });
 
     const third = await install();
-    const missing = await exchange({ ...creds, grant_type: 'authorization_code', code: third.code, redirect_uri: redirectUri });
+    const missing = await exchange({
+      ...creds,
+      grant_type: 'authorization_code',
+      code: third.code,
+      redirect_uri: redirectUri,
+    });
     assert.deepEqual(missing.body, { error: 'invalid_request', error_description: 'Missing "code_verifier"' });
 
     assert.deepEqual((await exchange({ ...creds, grant_type: 'password' })).body, { error: 'unsupported_grant_type' });
@@ -385,7 +551,13 @@ describe('fake Discord', () => {
 
   it('a code without a challenge needs no verifier', async () => {
     const back = await consent(authorizeUrl());
-    const res = await exchange({ client_id: DISCORD_CLIENT.clientId, client_secret: DISCORD_CLIENT.clientSecret, grant_type: 'authorization_code', code: back.searchParams.get('code')!, redirect_uri: redirectUri });
+    const res = await exchange({
+      client_id: DISCORD_CLIENT.clientId,
+      client_secret: DISCORD_CLIENT.clientSecret,
+      grant_type: 'authorization_code',
+      code: back.searchParams.get('code')!,
+      redirect_uri: redirectUri,
+    });
     assert.equal(res.status, 200);
   });
 
@@ -405,8 +577,17 @@ describe('fake Discord', () => {
   it('an unknown client or unregistered redirect_uri gets an error page, never a redirect', async () => {
     const strict = await startFakeDiscord({ clients: [{ ...DISCORD_CLIENT, redirectUris: [redirectUri] }] });
     try {
-      const q = (extra: Record<string, string>) => new URLSearchParams({ client_id: DISCORD_CLIENT.clientId, redirect_uri: redirectUri, response_type: 'code', scope: 'bot', ...extra });
-      const evil = await fetch(`${strict.url}/oauth2/authorize?${q({ redirect_uri: 'https://evil.example/cb' })}`, { redirect: 'manual' });
+      const q = (extra: Record<string, string>) =>
+        new URLSearchParams({
+          client_id: DISCORD_CLIENT.clientId,
+          redirect_uri: redirectUri,
+          response_type: 'code',
+          scope: 'bot',
+          ...extra,
+        });
+      const evil = await fetch(`${strict.url}/oauth2/authorize?${q({ redirect_uri: 'https://evil.example/cb' })}`, {
+        redirect: 'manual',
+      });
       assert.equal(evil.status, 400);
       assert.equal(evil.headers.get('location'), null);
       const unknown = await fetch(`${strict.url}/oauth2/authorize?${q({ client_id: '1' })}`, { redirect: 'manual' });
@@ -420,7 +601,15 @@ describe('fake Discord', () => {
   it('refreshes (the old refresh token is then spent); expired access and revoked refresh tokens fail', async () => {
     const creds = { client_id: DISCORD_CLIENT.clientId, client_secret: DISCORD_CLIENT.clientSecret };
     const { code, verifier } = await install();
-    const tokens = (await exchange({ ...creds, grant_type: 'authorization_code', code, redirect_uri: redirectUri, code_verifier: verifier })).body;
+    const tokens = (
+      await exchange({
+        ...creds,
+        grant_type: 'authorization_code',
+        code,
+        redirect_uri: redirectUri,
+        code_verifier: verifier,
+      })
+    ).body;
     const refreshed = await exchange({ ...creds, grant_type: 'refresh_token', refresh_token: tokens.refresh_token });
     assert.equal(refreshed.status, 200);
     assert.notEqual(refreshed.body.access_token, tokens.access_token);
@@ -429,29 +618,48 @@ describe('fake Discord', () => {
     const spent = await exchange({ ...creds, grant_type: 'refresh_token', refresh_token: tokens.refresh_token });
     assert.deepEqual([spent.status, spent.body.error], [400, 'invalid_grant']);
 
-    const authMe = (token: string) => fetch(`${fake.url}/api/v10/oauth2/@me`, { headers: { ...ua, authorization: `Bearer ${token}` } }).then(answer);
+    const authMe = (token: string) =>
+      fetch(`${fake.url}/api/v10/oauth2/@me`, { headers: { ...ua, authorization: `Bearer ${token}` } }).then(answer);
     assert.equal((await authMe(refreshed.body.access_token)).status, 200);
     fake.expireAccessTokens();
-    assert.deepEqual(await authMe(refreshed.body.access_token).then((a) => [a.status, a.body]), [401, { message: '401: Unauthorized', code: 0 }]);
+    assert.deepEqual(await authMe(refreshed.body.access_token).then((a) => [a.status, a.body]), [
+      401,
+      { message: '401: Unauthorized', code: 0 },
+    ]);
 
     fake.revokeRefreshTokens();
-    const revoked = await exchange({ ...creds, grant_type: 'refresh_token', refresh_token: refreshed.body.refresh_token });
-    assert.deepEqual(revoked.body, { error: 'invalid_grant', error_description: 'Invalid "refresh_token" in request.' });
+    const revoked = await exchange({
+      ...creds,
+      grant_type: 'refresh_token',
+      refresh_token: refreshed.body.refresh_token,
+    });
+    assert.deepEqual(revoked.body, {
+      error: 'invalid_grant',
+      error_description: 'Invalid "refresh_token" in request.',
+    });
   });
 
   it('GET /users/@me validates the bot token', async () => {
-    const me = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: `Bot ${fake.botToken}` } }));
+    const me = await answer(
+      await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: `Bot ${fake.botToken}` } }),
+    );
     assert.equal(me.status, 200);
     assert.equal(me.body.id, fake.botUser.id);
     assert.equal(me.body.bot, true);
-    const bad = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: 'Bot nope' } }));
+    const bad = await answer(
+      await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: 'Bot nope' } }),
+    );
     assert.deepEqual([bad.status, bad.body], [401, { message: '401: Unauthorized', code: 0 }]);
     const none = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: ua }));
     assert.equal(none.status, 401);
   });
 
   it('creates a message with a bot token and records it', async () => {
-    const res = await postJson(`${fake.url}/api/v10/channels/${channelId}/messages`, { content: 'deploy finished', nonce: 'n-1' }, { ...ua, authorization: `Bot ${fake.botToken}` });
+    const res = await postJson(
+      `${fake.url}/api/v10/channels/${channelId}/messages`,
+      { content: 'deploy finished', nonce: 'n-1' },
+      { ...ua, authorization: `Bot ${fake.botToken}` },
+    );
     assert.equal(res.status, 200);
     assert.match(res.body.id, /^\d{17,20}$/);
     assert.equal(res.body.channel_id, channelId);
@@ -459,7 +667,11 @@ describe('fake Discord', () => {
     assert.equal(res.body.author.id, fake.botUser.id);
     assert.equal(res.body.nonce, 'n-1');
     assert.ok(!Number.isNaN(Date.parse(res.body.timestamp)));
-    const next = await postJson(`${fake.url}/api/v10/channels/${channelId}/messages`, { content: 'again' }, { ...ua, authorization: `Bot ${fake.botToken}` });
+    const next = await postJson(
+      `${fake.url}/api/v10/channels/${channelId}/messages`,
+      { content: 'again' },
+      { ...ua, authorization: `Bot ${fake.botToken}` },
+    );
     assert.ok(BigInt(next.body.id) > BigInt(res.body.id), 'snowflakes increase');
     assert.deepEqual(fake.sent.at(-1)!.content, 'again');
     assert.equal(fake.sent.at(-1)!.channelId, channelId);
@@ -469,19 +681,34 @@ describe('fake Discord', () => {
     const before = fake.sent.length;
     const post = (channel: string, body: unknown, token = fake.botToken) =>
       postJson(`${fake.url}/api/v10/channels/${channel}/messages`, body, { ...ua, authorization: `Bot ${token}` });
-    assert.deepEqual(await post(channelId, { content: 'x' }, 'stolen').then((a) => [a.status, a.body]), [401, { message: '401: Unauthorized', code: 0 }]);
+    assert.deepEqual(await post(channelId, { content: 'x' }, 'stolen').then((a) => [a.status, a.body]), [
+      401,
+      { message: '401: Unauthorized', code: 0 },
+    ]);
     fake.setKnownChannels([channelId]);
     try {
-      assert.deepEqual(await post('1200000000000000999', { content: 'x' }).then((a) => [a.status, a.body]), [404, { message: 'Unknown Channel', code: 10003 }]);
+      assert.deepEqual(await post('1200000000000000999', { content: 'x' }).then((a) => [a.status, a.body]), [
+        404,
+        { message: 'Unknown Channel', code: 10003 },
+      ]);
     } finally {
       fake.setKnownChannels('any');
     }
     const notSnowflake = await post('general', { content: 'x' });
     assert.deepEqual([notSnowflake.status, notSnowflake.body.code], [400, 50035]);
-    assert.deepEqual(await post(channelId, { content: '' }).then((a) => [a.status, a.body]), [400, { message: 'Cannot send an empty message', code: 50006 }]);
+    assert.deepEqual(await post(channelId, { content: '' }).then((a) => [a.status, a.body]), [
+      400,
+      { message: 'Cannot send an empty message', code: 50006 },
+    ]);
     const long = await post(channelId, { content: 'x'.repeat(2001) });
     assert.equal(long.body.errors.content._errors[0].code, 'BASE_TYPE_MAX_LENGTH');
-    const badJson = await answer(await fetch(`${fake.url}/api/v10/channels/${channelId}/messages`, { method: 'POST', headers: { ...ua, authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' }, body: '{' }));
+    const badJson = await answer(
+      await fetch(`${fake.url}/api/v10/channels/${channelId}/messages`, {
+        method: 'POST',
+        headers: { ...ua, authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' },
+        body: '{',
+      }),
+    );
     assert.deepEqual([badJson.status, badJson.body.code], [400, 50109]);
     assert.equal(fake.sent.length, before, 'nothing was sent');
   });
@@ -490,16 +717,27 @@ describe('fake Discord', () => {
     const old = fake.botToken;
     fake.setBotToken('MTE4NzY1NDMyMTA5ODc2NTQzMg.rotated.new-secret');
     try {
-      assert.equal((await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: `Bot ${old}` } })).status, 401);
-      assert.equal((await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: `Bot ${fake.botToken}` } })).status, 200);
+      assert.equal(
+        (await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: `Bot ${old}` } })).status,
+        401,
+      );
+      assert.equal(
+        (await fetch(`${fake.url}/api/v10/users/@me`, { headers: { ...ua, authorization: `Bot ${fake.botToken}` } }))
+          .status,
+        200,
+      );
     } finally {
       fake.setBotToken(old);
     }
   });
 
-  it('failNext injects a 429 with Discord\'s rate-limit body and Retry-After', async () => {
+  it("failNext injects a 429 with Discord's rate-limit body and Retry-After", async () => {
     fake.failNext({ method: 'POST', path: `/api/v10/channels/${channelId}/messages` }, { status: 429 });
-    const limited = await postJson(`${fake.url}/api/v10/channels/${channelId}/messages`, { content: 'x' }, { ...ua, authorization: `Bot ${fake.botToken}` });
+    const limited = await postJson(
+      `${fake.url}/api/v10/channels/${channelId}/messages`,
+      { content: 'x' },
+      { ...ua, authorization: `Bot ${fake.botToken}` },
+    );
     assert.equal(limited.status, 429);
     assert.equal(limited.headers.get('retry-after'), '1');
     assert.deepEqual(limited.body, { message: 'You are being rate limited.', retry_after: 1, global: false });
@@ -507,14 +745,23 @@ describe('fake Discord', () => {
 
   it('signInteraction signs timestamp+body with Ed25519; the public key is 64 hex chars', async () => {
     assert.match(fake.publicKeyHex, /^[0-9a-f]{64}$/);
-    const publicKey = createPublicKey({ key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(fake.publicKeyHex, 'hex').toString('base64url') }, format: 'jwk' });
+    const publicKey = createPublicKey({
+      key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(fake.publicKeyHex, 'hex').toString('base64url') },
+      format: 'jwk',
+    });
     const signed = fake.signInteraction({ type: 1, id: '1', application_id: DISCORD_CLIENT.clientId }, 1_700_000_000);
     assert.equal(signed.headers['X-Signature-Timestamp'], '1700000000');
     const signature = Buffer.from(signed.headers['X-Signature-Ed25519']!, 'hex');
     assert.equal(signature.length, 64);
     assert.ok(verify(null, Buffer.from(`1700000000${signed.body}`), publicKey, signature));
-    assert.ok(!verify(null, Buffer.from(`1700000000${signed.body} `), publicKey, signature), 'a changed body does not verify');
-    assert.ok(!verify(null, Buffer.from(`1700000001${signed.body}`), publicKey, signature), 'a changed timestamp does not verify');
+    assert.ok(
+      !verify(null, Buffer.from(`1700000000${signed.body} `), publicKey, signature),
+      'a changed body does not verify',
+    );
+    assert.ok(
+      !verify(null, Buffer.from(`1700000001${signed.body}`), publicKey, signature),
+      'a changed timestamp does not verify',
+    );
   });
 
   it('deliverInteraction POSTs a signed interaction and returns the answer', async () => {
@@ -534,13 +781,27 @@ describe('fake Discord', () => {
     }
   });
 
-  it('refuses an API call without Discord\'s User-Agent (403, code 40333), but not the browser\'s consent page', async () => {
+  it("refuses an API call without Discord's User-Agent (403, code 40333), but not the browser's consent page", async () => {
     for (const agent of [undefined, 'node', 'Mozilla/5.0']) {
-      const res = await answer(await fetch(`${fake.url}/api/v10/users/@me`, { headers: { authorization: `Bot ${fake.botToken}`, ...(agent ? { 'user-agent': agent } : {}) } }));
+      const res = await answer(
+        await fetch(`${fake.url}/api/v10/users/@me`, {
+          headers: { authorization: `Bot ${fake.botToken}`, ...(agent ? { 'user-agent': agent } : {}) },
+        }),
+      );
       assert.deepEqual([res.status, res.body.code], [403, 40333], String(agent));
       assert.match(fake.calls.at(-1)!.violations[0]!, /DiscordBot \(\$url, \$versionNumber\).*reference#user-agent/);
     }
-    assert.equal((await postForm(tokenUrl(), { grant_type: 'refresh_token', refresh_token: 'x' }, { ...basic(DISCORD_CLIENT.clientId, DISCORD_CLIENT.clientSecret) })).status, 403, 'the token URL is the API too');
+    assert.equal(
+      (
+        await postForm(
+          tokenUrl(),
+          { grant_type: 'refresh_token', refresh_token: 'x' },
+          { ...basic(DISCORD_CLIENT.clientId, DISCORD_CLIENT.clientSecret) },
+        )
+      ).status,
+      403,
+      'the token URL is the API too',
+    );
     assert.equal((await fetch(authorizeUrl(), { redirect: 'manual' })).status, 302);
   });
 
@@ -556,7 +817,11 @@ describe('fake Discord', () => {
     assert.match(fake.calls.at(-1)!.violations[0]!, /API v8 is deprecated/);
     assert.equal((await fetch(`${fake.url}/api/users/@me`, { headers: bot })).status, 200);
     assert.match(fake.calls.at(-1)!.violations[0]!, /default, v6/);
-    assert.equal((await fetch(`${fake.url}/api/v10/channels/${channelId}/messages`, { headers: bot })).status, 500, 'documented, not faked: fails loudly');
+    assert.equal(
+      (await fetch(`${fake.url}/api/v10/channels/${channelId}/messages`, { headers: bot })).status,
+      500,
+      'documented, not faked: fails loudly',
+    );
   });
 
   it('the token URL takes only a form, and the client by Basic or in the form: anything else is refused and noted', async () => {
@@ -567,8 +832,17 @@ describe('fake Discord', () => {
     const anonymous = await exchange({ grant_type: 'refresh_token', refresh_token: 'x' });
     assert.deepEqual([anonymous.status, anonymous.body], [401, { error: 'invalid_client' }]);
     assert.match(fake.calls.at(-1)!.violations[0]!, /needs the client/);
-    await exchange({ client_id: DISCORD_CLIENT.clientId, client_secret: 'wrong', grant_type: 'refresh_token', refresh_token: 'x' });
-    assert.deepEqual(fake.calls.at(-1)!.violations, [], 'a wrong secret is the platform\'s answer, not a contract violation');
+    await exchange({
+      client_id: DISCORD_CLIENT.clientId,
+      client_secret: 'wrong',
+      grant_type: 'refresh_token',
+      refresh_token: 'x',
+    });
+    assert.deepEqual(
+      fake.calls.at(-1)!.violations,
+      [],
+      "a wrong secret is the platform's answer, not a contract violation",
+    );
     const noRefresh = await exchange({ ...creds, grant_type: 'refresh_token' });
     assert.equal(noRefresh.body.error, 'invalid_request');
     assert.match(fake.calls.at(-1)!.violations[0]!, /needs "refresh_token"/);
@@ -579,10 +853,25 @@ describe('fake Discord', () => {
     const before = fake.sent.length;
     const cases: [Record<string, string>, string | undefined, number, RegExp][] = [
       [{}, JSON.stringify({ content: 'x' }), 401, /without an Authorization header/],
-      [{ authorization: `Bearer ${fake.botToken}` }, JSON.stringify({ content: 'x' }), 401, /takes Bot <token>, not Bearer/],
+      [
+        { authorization: `Bearer ${fake.botToken}` },
+        JSON.stringify({ content: 'x' }),
+        401,
+        /takes Bot <token>, not Bearer/,
+      ],
       [{ authorization: `Bot ${fake.botToken}`, 'content-type': 'text/plain' }, 'x', 400, /takes application\/json/],
-      [{ authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' }, JSON.stringify({ content: '  \n' }), 400, /needs content/],
-      [{ authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' }, JSON.stringify({ content: 'x', nonce: 'n'.repeat(26) }), 400, /nonce is up to 25/],
+      [
+        { authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' },
+        JSON.stringify({ content: '  \n' }),
+        400,
+        /needs content/,
+      ],
+      [
+        { authorization: `Bot ${fake.botToken}`, 'content-type': 'application/json' },
+        JSON.stringify({ content: 'x', nonce: 'n'.repeat(26) }),
+        400,
+        /nonce is up to 25/,
+      ],
     ];
     for (const [headers, body, status, violation] of cases) {
       const res = await fetch(url, { method: 'POST', headers: { ...ua, ...headers }, body });
@@ -598,10 +887,20 @@ describe('fake Discord', () => {
 
   it('checkInteractionsEndpoint: a PING answered {"type":1} and a forged one 401 pass; an endpoint that accepts the forgery fails', async () => {
     const good = await startRecordingUpstream((req, res) => {
-      const valid = verify(null, Buffer.from(`${req.headers['x-signature-timestamp']}${req.body}`), createPublicKey({ key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(fake.publicKeyHex, 'hex').toString('base64url') }, format: 'jwk' }), Buffer.from(String(req.headers['x-signature-ed25519']), 'hex'));
+      const valid = verify(
+        null,
+        Buffer.from(`${req.headers['x-signature-timestamp']}${req.body}`),
+        createPublicKey({
+          key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(fake.publicKeyHex, 'hex').toString('base64url') },
+          format: 'jwk',
+        }),
+        Buffer.from(String(req.headers['x-signature-ed25519']), 'hex'),
+      );
       res.writeHead(valid ? 200 : 401, { 'content-type': 'application/json' }).end(valid ? '{"type":1}' : '{}');
     });
-    const careless = await startRecordingUpstream((_req, res) => res.writeHead(200, { 'content-type': 'text/plain' }).end('{"type":1}'));
+    const careless = await startRecordingUpstream((_req, res) =>
+      res.writeHead(200, { 'content-type': 'text/plain' }).end('{"type":1}'),
+    );
     try {
       assert.deepEqual((await fake.checkInteractionsEndpoint(good.url)).violations, []);
       const bad = await fake.checkInteractionsEndpoint(careless.url);
@@ -614,9 +913,14 @@ describe('fake Discord', () => {
   });
 
   it('deliverInteraction notes an answer whose callback type the interaction type does not allow', async () => {
-    const deferred = await startRecordingUpstream((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"type":5}'));
+    const deferred = await startRecordingUpstream((_req, res) =>
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{"type":5}'),
+    );
     try {
-      assert.deepEqual((await fake.deliverInteraction(deferred.url, { type: 2, id: '1', data: { name: 'x' } })).violations, []);
+      assert.deepEqual(
+        (await fake.deliverInteraction(deferred.url, { type: 2, id: '1', data: { name: 'x' } })).violations,
+        [],
+      );
       const autocomplete = await fake.deliverInteraction(deferred.url, { type: 4, id: '2', data: { name: 'x' } });
       assert.match(autocomplete.violations[0]!, /type 4 was answered with callback type 5; allowed: 8/);
     } finally {
@@ -634,14 +938,24 @@ describe('fake Slack', () => {
   after(() => fake.close());
 
   function authorizeUrl(params: Record<string, string> = {}): string {
-    const q = new URLSearchParams({ client_id: SLACK_CLIENT.clientId, scope: 'chat:write,channels:read', redirect_uri: redirectUri, state: 'st-1', ...params });
+    const q = new URLSearchParams({
+      client_id: SLACK_CLIENT.clientId,
+      scope: 'chat:write,channels:read',
+      redirect_uri: redirectUri,
+      state: 'st-1',
+      ...params,
+    });
     return `${fake.url}/oauth/v2/authorize?${q}`;
   }
 
-  const access = (form: Record<string, string>, headers?: Record<string, string>) => postForm(`${fake.url}/api/oauth.v2.access`, form, headers);
+  const access = (form: Record<string, string>, headers?: Record<string, string>) =>
+    postForm(`${fake.url}/api/oauth.v2.access`, form, headers);
   const creds = { client_id: SLACK_CLIENT.clientId, client_secret: SLACK_CLIENT.clientSecret };
   const post = (token: string | undefined, body: unknown) =>
-    postJson(`${fake.url}/api/chat.postMessage`, body, { 'content-type': 'application/json; charset=utf-8', ...(token ? { authorization: `Bearer ${token}` } : {}) });
+    postJson(`${fake.url}/api/chat.postMessage`, body, {
+      'content-type': 'application/json; charset=utf-8',
+      ...(token ? { authorization: `Bearer ${token}` } : {}),
+    });
 
   async function installCode(): Promise<string> {
     return (await consent(authorizeUrl())).searchParams.get('code')!;
@@ -673,7 +987,10 @@ describe('fake Slack', () => {
   });
 
   it('takes the client by HTTP Basic', async () => {
-    const res = await access({ code: await installCode(), redirect_uri: redirectUri }, basic(SLACK_CLIENT.clientId, SLACK_CLIENT.clientSecret));
+    const res = await access(
+      { code: await installCode(), redirect_uri: redirectUri },
+      basic(SLACK_CLIENT.clientId, SLACK_CLIENT.clientSecret),
+    );
     assert.equal(res.body.ok, true);
   });
 
@@ -689,8 +1006,14 @@ describe('fake Slack', () => {
       assert.deepEqual([res.status, res.body], [200, { ok: false, error }], error);
     }
     // The code survived the client errors above; a wrong redirect_uri spends it.
-    assert.deepEqual((await access({ ...creds, code, redirect_uri: 'http://127.0.0.1:9/elsewhere' })).body, { ok: false, error: 'bad_redirect_uri' });
-    assert.deepEqual((await access({ ...creds, code, redirect_uri: redirectUri })).body, { ok: false, error: 'invalid_code' });
+    assert.deepEqual((await access({ ...creds, code, redirect_uri: 'http://127.0.0.1:9/elsewhere' })).body, {
+      ok: false,
+      error: 'bad_redirect_uri',
+    });
+    assert.deepEqual((await access({ ...creds, code, redirect_uri: redirectUri })).body, {
+      ok: false,
+      error: 'invalid_code',
+    });
   });
 
   it('a user who cancels comes back with error=access_denied and the state', async () => {
@@ -708,13 +1031,24 @@ describe('fake Slack', () => {
   it('an unknown client or unregistered redirect gets an error page, never a redirect', async () => {
     const strict = await startFakeSlack({ clients: [{ ...SLACK_CLIENT, redirectUris: [redirectUri] }] });
     try {
-      const page = await fetch(`${strict.url}/oauth/v2/authorize?${new URLSearchParams({ client_id: SLACK_CLIENT.clientId, scope: 'chat:write', redirect_uri: 'https://evil.example/cb' })}`, { redirect: 'manual' });
+      const page = await fetch(
+        `${strict.url}/oauth/v2/authorize?${new URLSearchParams({ client_id: SLACK_CLIENT.clientId, scope: 'chat:write', redirect_uri: 'https://evil.example/cb' })}`,
+        { redirect: 'manual' },
+      );
       assert.equal(page.status, 400);
       assert.equal(page.headers.get('location'), null);
-      const unknown = await fetch(`${strict.url}/oauth/v2/authorize?client_id=1.2&scope=chat:write`, { redirect: 'manual' });
+      const unknown = await fetch(`${strict.url}/oauth/v2/authorize?client_id=1.2&scope=chat:write`, {
+        redirect: 'manual',
+      });
       assert.equal(unknown.status, 400);
-      const noRedirect = await consent(`${strict.url}/oauth/v2/authorize?${new URLSearchParams({ client_id: SLACK_CLIENT.clientId, scope: 'chat:write' })}`);
-      assert.equal(`${noRedirect.origin}${noRedirect.pathname}`, redirectUri, 'without redirect_uri, the first registered one');
+      const noRedirect = await consent(
+        `${strict.url}/oauth/v2/authorize?${new URLSearchParams({ client_id: SLACK_CLIENT.clientId, scope: 'chat:write' })}`,
+      );
+      assert.equal(
+        `${noRedirect.origin}${noRedirect.pathname}`,
+        redirectUri,
+        'without redirect_uri, the first registered one',
+      );
     } finally {
       await strict.close();
     }
@@ -732,25 +1066,54 @@ describe('fake Slack', () => {
     assert.equal(res.body.warning, undefined, 'charset given, no warning');
     const again = await post(token, { channel: 'C0123456789', text: 'again' });
     assert.ok(again.body.ts > res.body.ts, 'ts increases (same width, so string order is time order)');
-    assert.deepEqual(fake.sent.slice(-2).map((s) => [s.channel, s.text, s.token]), [['C0123456789', 'deploy finished', token], ['C0123456789', 'again', token]]);
+    assert.deepEqual(
+      fake.sent.slice(-2).map((s) => [s.channel, s.text, s.token]),
+      [
+        ['C0123456789', 'deploy finished', token],
+        ['C0123456789', 'again', token],
+      ],
+    );
   });
 
   it('chat.postMessage errors: not_authed, invalid_auth, token_revoked, channel_not_found, no_text, missing_scope — all HTTP 200', async () => {
     const token = fake.issueBotToken();
     const before = fake.sent.length;
-    assert.deepEqual(await post(undefined, { channel: 'C1', text: 'x' }).then((a) => [a.status, a.body]), [200, { ok: false, error: 'not_authed' }]);
-    assert.deepEqual((await post('xoxb-1-2-nope', { channel: 'C1', text: 'x' })).body, { ok: false, error: 'invalid_auth' });
-    assert.deepEqual((await postJson(`${fake.url}/api/chat.postMessage`, { token, channel: 'C1', text: 'x' }, { 'content-type': 'application/json; charset=utf-8' })).body,
-      { ok: false, error: 'not_authed' }, 'a token in a JSON body is not read');
+    assert.deepEqual(await post(undefined, { channel: 'C1', text: 'x' }).then((a) => [a.status, a.body]), [
+      200,
+      { ok: false, error: 'not_authed' },
+    ]);
+    assert.deepEqual((await post('xoxb-1-2-nope', { channel: 'C1', text: 'x' })).body, {
+      ok: false,
+      error: 'invalid_auth',
+    });
+    assert.deepEqual(
+      (
+        await postJson(
+          `${fake.url}/api/chat.postMessage`,
+          { token, channel: 'C1', text: 'x' },
+          { 'content-type': 'application/json; charset=utf-8' },
+        )
+      ).body,
+      { ok: false, error: 'not_authed' },
+      'a token in a JSON body is not read',
+    );
     fake.setKnownChannels(['C1']);
     try {
-      assert.deepEqual((await post(token, { channel: 'C2', text: 'x' })).body, { ok: false, error: 'channel_not_found' });
+      assert.deepEqual((await post(token, { channel: 'C2', text: 'x' })).body, {
+        ok: false,
+        error: 'channel_not_found',
+      });
     } finally {
       fake.setKnownChannels('any');
     }
     assert.deepEqual((await post(token, { channel: 'C1' })).body, { ok: false, error: 'no_text' });
     const readOnly = fake.issueBotToken(['channels:read']);
-    assert.deepEqual((await post(readOnly, { channel: 'C1', text: 'x' })).body, { ok: false, error: 'missing_scope', needed: 'chat:write', provided: 'channels:read' });
+    assert.deepEqual((await post(readOnly, { channel: 'C1', text: 'x' })).body, {
+      ok: false,
+      error: 'missing_scope',
+      needed: 'chat:write',
+      provided: 'channels:read',
+    });
     fake.revokeTokens();
     assert.deepEqual((await post(token, { channel: 'C1', text: 'x' })).body, { ok: false, error: 'token_revoked' });
     assert.equal(fake.sent.length, before, 'nothing was sent');
@@ -760,7 +1123,11 @@ describe('fake Slack', () => {
     const token = fake.issueBotToken();
     const form = await postForm(`${fake.url}/api/chat.postMessage`, { token, channel: 'C1', text: 'form' });
     assert.equal(form.body.ok, true);
-    const json = await postJson(`${fake.url}/api/chat.postMessage`, { channel: 'C1', text: 'json' }, { authorization: `Bearer ${token}` });
+    const json = await postJson(
+      `${fake.url}/api/chat.postMessage`,
+      { channel: 'C1', text: 'json' },
+      { authorization: `Bearer ${token}` },
+    );
     assert.equal(json.body.ok, true);
     assert.equal(json.body.warning, 'missing_charset');
     assert.deepEqual(json.body.response_metadata, { warnings: ['missing_charset'] });
@@ -772,7 +1139,10 @@ describe('fake Slack', () => {
     const token = fake.issueBotToken();
     fake.failNext({ path: '/api/chat.postMessage' }, { status: 429 });
     const limited = await post(token, { channel: 'C1', text: 'x' });
-    assert.deepEqual([limited.status, limited.headers.get('retry-after'), limited.body], [429, '1', { ok: false, error: 'ratelimited' }]);
+    assert.deepEqual(
+      [limited.status, limited.headers.get('retry-after'), limited.body],
+      [429, '1', { ok: false, error: 'ratelimited' }],
+    );
     fake.failNext({ path: '/api/chat.postMessage' }, { status: 200, body: { ok: false, error: 'not_in_channel' } });
     assert.deepEqual((await post(token, { channel: 'C1', text: 'x' })).body, { ok: false, error: 'not_in_channel' });
     assert.equal((await post(token, { channel: 'C1', text: 'x' })).body.ok, true);
@@ -782,7 +1152,10 @@ describe('fake Slack', () => {
     const body = '{"type":"event_callback","event":{"type":"message","text":"hi"}}';
     const signed = fake.signEvent(body, SLACK_CLIENT.signingSecret, 1_700_000_000);
     const expected = `v0=${createHmac('sha256', SLACK_CLIENT.signingSecret).update(`v0:1700000000:${body}`).digest('hex')}`;
-    assert.deepEqual(signed, { headers: { 'X-Slack-Signature': expected, 'X-Slack-Request-Timestamp': '1700000000' }, body });
+    assert.deepEqual(signed, {
+      headers: { 'X-Slack-Signature': expected, 'X-Slack-Request-Timestamp': '1700000000' },
+      body,
+    });
     const now = Number(fake.signEvent({ a: 1 }, 's').headers['X-Slack-Request-Timestamp']);
     assert.ok(Math.abs(now - Date.now() / 1000) < 5, 'the timestamp defaults to now');
   });
@@ -819,7 +1192,11 @@ describe('fake Slack', () => {
     ];
     for (const [headers, body, error] of cases) {
       // fetch adds text/plain to a string body unless told otherwise: an empty header value removes it for the first case.
-      const res = await fetch(url, { method: 'POST', headers: { ...bearer, 'content-type': '', ...headers }, body }).then(answer);
+      const res = await fetch(url, {
+        method: 'POST',
+        headers: { ...bearer, 'content-type': '', ...headers },
+        body,
+      }).then(answer);
       assert.deepEqual([res.status, res.body.error], [200, error], error);
       assert.equal(fake.calls.at(-1)!.violations.length, 1, error);
     }
@@ -828,14 +1205,25 @@ describe('fake Slack', () => {
   it('notes the charset warnings, a token in a JSON body, a JSON body to oauth.v2.access, another Authorization scheme, a missing channel; PUT is refused', async () => {
     const token = fake.issueBotToken();
     const url = `${fake.url}/api/chat.postMessage`;
-    await postForm(url, { channel: 'C1', text: 'x' }, { authorization: `Bearer ${token}`, 'content-type': 'application/x-www-form-urlencoded; charset=utf-8' });
+    await postForm(
+      url,
+      { channel: 'C1', text: 'x' },
+      { authorization: `Bearer ${token}`, 'content-type': 'application/x-www-form-urlencoded; charset=utf-8' },
+    );
     assert.match(fake.calls.at(-1)!.violations[0]!, /superfluous_charset/);
     await postJson(url, { channel: 'C1', text: 'x' }, { authorization: `Bearer ${token}` });
     assert.match(fake.calls.at(-1)!.violations[0]!, /missing_charset/);
     const bodyToken = await post(undefined, { token, channel: 'C1', text: 'x' });
     assert.equal(bodyToken.body.error, 'not_authed');
-    assert.deepEqual(fake.calls.at(-1)!.violations.map((v) => v.replace(/;.*| \(.*/, '')), ['slack: a token in a JSON body is not read', 'slack: chat.postMessage without a token']);
-    const botScheme = await postJson(url, { channel: 'C1', text: 'x' }, { authorization: `Bot ${token}`, 'content-type': 'application/json; charset=utf-8' });
+    assert.deepEqual(
+      fake.calls.at(-1)!.violations.map((v) => v.replace(/;.*| \(.*/, '')),
+      ['slack: a token in a JSON body is not read', 'slack: chat.postMessage without a token'],
+    );
+    const botScheme = await postJson(
+      url,
+      { channel: 'C1', text: 'x' },
+      { authorization: `Bot ${token}`, 'content-type': 'application/json; charset=utf-8' },
+    );
     assert.equal(botScheme.body.error, 'not_authed');
     assert.match(fake.calls.at(-1)!.violations[0]!, /must be "Bearer <token>"/);
     assert.equal((await post(token, { text: 'x' })).body.error, 'channel_not_found');
@@ -847,7 +1235,11 @@ describe('fake Slack', () => {
     } finally {
       fake.setKnownChannels('any');
     }
-    const json = await postJson(`${fake.url}/api/oauth.v2.access`, { ...creds, code: await installCode() }, { 'content-type': 'application/json; charset=utf-8' });
+    const json = await postJson(
+      `${fake.url}/api/oauth.v2.access`,
+      { ...creds, code: await installCode() },
+      { 'content-type': 'application/json; charset=utf-8' },
+    );
     assert.deepEqual(json.body, { ok: false, error: 'invalid_client_id' });
     assert.match(fake.calls.at(-1)!.violations[0]!, /oauth.v2.access does not take application\/json/);
     const put = await fetch(url, { method: 'PUT', headers: { authorization: `Bearer ${token}` } });
@@ -857,13 +1249,27 @@ describe('fake Slack', () => {
 
   it('deliverEvent notes an answer that is not a 2xx, or a url_verification answered without the challenge', async () => {
     const failing = await startRecordingUpstream((_req, res) => res.writeHead(500).end());
-    const forgetful = await startRecordingUpstream((_req, res) => res.writeHead(200, { 'content-type': 'text/plain' }).end('ok'));
-    const plain = await startRecordingUpstream((req, res) => res.writeHead(200, { 'content-type': 'text/plain' }).end(JSON.parse(req.body).challenge));
+    const forgetful = await startRecordingUpstream((_req, res) =>
+      res.writeHead(200, { 'content-type': 'text/plain' }).end('ok'),
+    );
+    const plain = await startRecordingUpstream((req, res) =>
+      res.writeHead(200, { 'content-type': 'text/plain' }).end(JSON.parse(req.body).challenge),
+    );
     try {
-      assert.match((await fake.deliverEvent(failing.url, { type: 'event_callback', event: {} }, 's')).violations[0]!, /answered 500, not 2xx/);
+      assert.match(
+        (await fake.deliverEvent(failing.url, { type: 'event_callback', event: {} }, 's')).violations[0]!,
+        /answered 500, not 2xx/,
+      );
       const challenge = { type: 'url_verification', token: 't', challenge: 'c-1' };
-      assert.match((await fake.deliverEvent(forgetful.url, challenge, 's')).violations[0]!, /url_verification was not answered 200 with the challenge/);
-      assert.deepEqual((await fake.deliverEvent(plain.url, challenge, 's')).violations, [], 'text/plain with the challenge is one documented answer');
+      assert.match(
+        (await fake.deliverEvent(forgetful.url, challenge, 's')).violations[0]!,
+        /url_verification was not answered 200 with the challenge/,
+      );
+      assert.deepEqual(
+        (await fake.deliverEvent(plain.url, challenge, 's')).violations,
+        [],
+        'text/plain with the challenge is one documented answer',
+      );
     } finally {
       await Promise.all([failing.close(), forgetful.close(), plain.close()]);
     }

@@ -48,7 +48,9 @@ export async function workspace(prefix: string): Promise<Workspace> {
   const key = randomBytes(32).toString('base64');
   const webhookPort = await freePort();
   return {
-    dir, key, webhookPort,
+    dir,
+    key,
+    webhookPort,
     db: path.join(dir, 'gatehouse.db'),
     config: path.join(dir, 'gatehouse.json5'),
     env: { GATEHOUSE_SECRET_KEY: key },
@@ -65,33 +67,46 @@ export function removeWorkspace(ws: Workspace | undefined): void {
  * The workspace's config: its SQLite file, a loopback gateway with API_KEY (or `auth`'s settings
  * instead, and `rateLimits`), the receiver with a `message` target, and `channels`.
  */
-export function writeConfig(ws: Workspace, options: {
-  channels: Record<string, unknown>;
-  targetUrl: string;
-  upstreamUrl: string;
-  failuresMax?: number;
-  auth?: Record<string, unknown>;
-  rateLimits?: unknown[];
-  admin?: Record<string, unknown>;
-}): void {
-  writeFileSync(ws.config, JSON.stringify({
-    storage: { path: ws.db },
-    log: { level: 'info' },
-    gateway: {
-      listen: { host: '127.0.0.1', port: 0 },
-      upstream: { target: options.upstreamUrl },
-      auth: { ...(options.auth ?? { apiKey: API_KEY }), failures: { max: options.failuresMax ?? 10, windowSeconds: 60, lockoutSeconds: 60 } },
-      rateLimits: options.rateLimits ?? [],
-    },
-    ...(options.admin ? { admin: options.admin } : {}),
-    webhooks: {
-      enabled: true,
-      listen: { host: '127.0.0.1', port: ws.webhookPort },
-      targets: { message: { url: `${options.targetUrl}/messages` } },
-      delivery: { initialBackoffMs: 50, maxBackoffMs: 200, timeoutMs: 2_000 },
-    },
-    channels: options.channels,
-  }, null, 2));
+export function writeConfig(
+  ws: Workspace,
+  options: {
+    channels: Record<string, unknown>;
+    targetUrl: string;
+    upstreamUrl: string;
+    failuresMax?: number;
+    auth?: Record<string, unknown>;
+    rateLimits?: unknown[];
+    admin?: Record<string, unknown>;
+  },
+): void {
+  writeFileSync(
+    ws.config,
+    JSON.stringify(
+      {
+        storage: { path: ws.db },
+        log: { level: 'info' },
+        gateway: {
+          listen: { host: '127.0.0.1', port: 0 },
+          upstream: { target: options.upstreamUrl },
+          auth: {
+            ...(options.auth ?? { apiKey: API_KEY }),
+            failures: { max: options.failuresMax ?? 10, windowSeconds: 60, lockoutSeconds: 60 },
+          },
+          rateLimits: options.rateLimits ?? [],
+        },
+        ...(options.admin ? { admin: options.admin } : {}),
+        webhooks: {
+          enabled: true,
+          listen: { host: '127.0.0.1', port: ws.webhookPort },
+          targets: { message: { url: `${options.targetUrl}/messages` } },
+          delivery: { initialBackoffMs: 50, maxBackoffMs: 200, timeoutMs: 2_000 },
+        },
+        channels: options.channels,
+      },
+      null,
+      2,
+    ),
+  );
 }
 
 export interface RunningGatehouse {
@@ -109,7 +124,12 @@ export async function startGatehouse(ws: Workspace, env: NodeJS.ProcessEnv = ws.
       server.waitFor((l) => l.msg === 'gateway listening'),
       server.waitFor((l) => l.msg === 'webhook receiver listening'),
     ]);
-    return { process: server, gatewayUrl: gateway.url, webhookUrl: webhooks.url, stop: async () => void (await server.stop()) };
+    return {
+      process: server,
+      gatewayUrl: gateway.url,
+      webhookUrl: webhooks.url,
+      stop: async () => void (await server.stop()),
+    };
   } catch (err) {
     await server.stop('SIGKILL');
     throw err;
@@ -146,8 +166,14 @@ export interface RunningLogin {
 }
 
 /** `gatehouse channels login <name> --no-browser` as a child process the test can follow while it waits. */
-export function startLogin(ws: Workspace, name: string, options: { env?: NodeJS.ProcessEnv; args?: string[] } = {}): RunningLogin {
-  const child = spawnCli(['channels', 'login', name, '--no-browser', '--config', ws.config, ...(options.args ?? [])], { env: options.env ?? ws.env });
+export function startLogin(
+  ws: Workspace,
+  name: string,
+  options: { env?: NodeJS.ProcessEnv; args?: string[] } = {},
+): RunningLogin {
+  const child = spawnCli(['channels', 'login', name, '--no-browser', '--config', ws.config, ...(options.args ?? [])], {
+    env: options.env ?? ws.env,
+  });
   const result: CliResult = { code: null, stdout: '', stderr: '' };
   let watchers: (() => void)[] = [];
   const changed = () => {
@@ -155,8 +181,14 @@ export function startLogin(ws: Workspace, name: string, options: { env?: NodeJS.
     watchers = [];
     for (const w of current) w();
   };
-  child.stdout!.on('data', (d) => { result.stdout += d; changed(); });
-  child.stderr!.on('data', (d) => { result.stderr += d; changed(); });
+  child.stdout!.on('data', (d) => {
+    result.stdout += d;
+    changed();
+  });
+  child.stderr!.on('data', (d) => {
+    result.stderr += d;
+    changed();
+  });
   const killer = setTimeout(() => child.kill('SIGKILL'), 30_000);
   let done = false;
   const exited = once(child, 'exit').then(([code]) => {
@@ -173,7 +205,10 @@ export function startLogin(ws: Workspace, name: string, options: { env?: NodeJS.
     running: () => !done,
     waitForOutput(pattern, timeoutMs = 15_000) {
       return new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`login never printed ${pattern}; output:\n${output()}`)), timeoutMs);
+        const timer = setTimeout(
+          () => reject(new Error(`login never printed ${pattern}; output:\n${output()}`)),
+          timeoutMs,
+        );
         const look = () => {
           const found = pattern.exec(output());
           if (found) {
@@ -236,7 +271,10 @@ export async function nthEnvelope(target: RecordingServer, n: number): Promise<R
  * request that brought it is answered and is queued until its delivery is settled, which is after
  * the target got it: so anything wrongly accepted by the requests answered so far is counted.
  */
-export async function settledEnvelopeCount(target: RecordingServer, queued: () => number | Promise<number>): Promise<number> {
+export async function settledEnvelopeCount(
+  target: RecordingServer,
+  queued: () => number | Promise<number>,
+): Promise<number> {
   let left: number | undefined;
   await waitFor(async () => (left = await queued()) === 0, { what: () => `no queued event in storage (${left} left)` });
   return envelopes(target).length;
@@ -244,14 +282,28 @@ export async function settledEnvelopeCount(target: RecordingServer, queued: () =
 
 /** Events the workspace's SQLite file holds as queued (not yet delivered, nor dead). */
 export function sqliteQueued(ws: Workspace): () => number {
-  return () => withDatabase(ws, (db) => (db.prepare("SELECT count(*) AS n FROM events WHERE status = 'queued'").get() as { n: number }).n);
+  return () =>
+    withDatabase(
+      ws,
+      (db) => (db.prepare("SELECT count(*) AS n FROM events WHERE status = 'queued'").get() as { n: number }).n,
+    );
 }
 
 // ─── The terminal QR code ───────────────────────────────────────────────────────────────────
 
-type JsQr = (data: Uint8ClampedArray, width: number, height: number, options?: { inversionAttempts?: 'dontInvert' | 'attemptBoth' }) => { data: string } | null;
+type JsQr = (
+  data: Uint8ClampedArray,
+  width: number,
+  height: number,
+  options?: { inversionAttempts?: 'dontInvert' | 'attemptBoth' },
+) => { data: string } | null;
 
-const HALF_BLOCKS: Record<string, [boolean, boolean]> = { ' ': [false, false], '▀': [true, false], '▄': [false, true], '█': [true, true] };
+const HALF_BLOCKS: Record<string, [boolean, boolean]> = {
+  ' ': [false, false],
+  '▀': [true, false],
+  '▄': [false, true],
+  '█': [true, true],
+};
 
 /**
  * Reads back a QR code printed with half blocks (two module rows per text line, dark = block):
@@ -259,27 +311,34 @@ const HALF_BLOCKS: Record<string, [boolean, boolean]> = { ' ': [false, false], '
  * Returns the text it encodes, or undefined when `printed` holds no readable QR code.
  */
 export function decodeTerminalQr(printed: string): string | undefined {
-  const lines = printed.split('\n').filter((l) => l.length > 0 && [...l].every((c) => c in HALF_BLOCKS) && /[▀▄█]/.test(l));
+  const lines = printed
+    .split('\n')
+    .filter((l) => l.length > 0 && [...l].every((c) => c in HALF_BLOCKS) && /[▀▄█]/.test(l));
   if (lines.length === 0) return undefined;
   const rows: boolean[][] = [];
   for (const line of lines) {
     const cells = [...line].map((c) => HALF_BLOCKS[c]!);
-    rows.push(cells.map((c) => c[0]), cells.map((c) => c[1]));
+    rows.push(
+      cells.map((c) => c[0]),
+      cells.map((c) => c[1]),
+    );
   }
   const width = Math.max(...rows.map((r) => r.length));
   const scale = 4;
   const quiet = 4; // modules of light border around what was printed
   const side = { w: (width + 2 * quiet) * scale, h: (rows.length + 2 * quiet) * scale };
   const rgba = new Uint8ClampedArray(side.w * side.h * 4).fill(255);
-  rows.forEach((row, y) => row.forEach((dark, x) => {
-    if (!dark) return;
-    for (let dy = 0; dy < scale; dy++) {
-      for (let dx = 0; dx < scale; dx++) {
-        const at = (((y + quiet) * scale + dy) * side.w + (x + quiet) * scale + dx) * 4;
-        rgba[at] = rgba[at + 1] = rgba[at + 2] = 0;
+  rows.forEach((row, y) =>
+    row.forEach((dark, x) => {
+      if (!dark) return;
+      for (let dy = 0; dy < scale; dy++) {
+        for (let dx = 0; dx < scale; dx++) {
+          const at = (((y + quiet) * scale + dy) * side.w + (x + quiet) * scale + dx) * 4;
+          rgba[at] = rgba[at + 1] = rgba[at + 2] = 0;
+        }
       }
-    }
-  }));
+    }),
+  );
   // jsqr is CommonJS with `export default` in its types: under NodeNext the callable is `.default`
   // for TypeScript; at run time both are the function.
   const decode: JsQr = (jsQR as unknown as { default?: JsQr }).default ?? (jsQR as unknown as JsQr);
@@ -311,7 +370,12 @@ export async function visit(url: URL | string): Promise<{ status: number; page: 
  * `channels login <name>` with the test as the browser: `browse` gets the printed authorize URL
  * (default: consent, then back to the loopback listener). Resolves when the login has exited.
  */
-export async function loginThroughBrowser(ws: Workspace, name: string, browse: (authorizeUrl: URL, login: RunningLogin) => Promise<void> = async (url) => void (await visit(await consent(url)))): Promise<CliResult & { authorizeUrl: URL }> {
+export async function loginThroughBrowser(
+  ws: Workspace,
+  name: string,
+  browse: (authorizeUrl: URL, login: RunningLogin) => Promise<void> = async (url) =>
+    void (await visit(await consent(url))),
+): Promise<CliResult & { authorizeUrl: URL }> {
   const login = startLogin(ws, name);
   let authorizeUrl: URL;
   try {
@@ -325,11 +389,16 @@ export async function loginThroughBrowser(ws: Workspace, name: string, browse: (
 }
 
 /** The channel's row in channel_grants (public columns), or undefined: a quicker look than `channels status`. */
-export function storedGrant(ws: Workspace, name: string): { name: string; expires_at: number | null; last_error: string | null } | undefined {
+export function storedGrant(
+  ws: Workspace,
+  name: string,
+): { name: string; expires_at: number | null; last_error: string | null } | undefined {
   if (!existsSync(ws.db)) return undefined;
   return withDatabase(ws, (db) => {
     const table = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'channel_grants'").get();
-    return table ? (db.prepare('SELECT name, expires_at, last_error FROM channel_grants WHERE name = ?').get(name) as any) : undefined;
+    return table
+      ? (db.prepare('SELECT name, expires_at, last_error FROM channel_grants WHERE name = ?').get(name) as any)
+      : undefined;
   });
 }
 
@@ -342,6 +411,12 @@ export function storedGrant(ws: Workspace, name: string): { name: string; expire
  */
 export function assertCallsDocumented(fake: FakeChatServer): void {
   const broken = fake.calls.filter((c) => !c.route || c.violations.length > 0);
-  assert.deepEqual(broken.map((c) => `${c.method} ${c.path.replace(/\/bot[^/]+\//, '/bot<token>/')} → ${c.status} (${c.route?.source ?? 'no documented route'})\n  ${c.violations.join('\n  ')}`), []);
+  assert.deepEqual(
+    broken.map(
+      (c) =>
+        `${c.method} ${c.path.replace(/\/bot[^/]+\//, '/bot<token>/')} → ${c.status} (${c.route?.source ?? 'no documented route'})\n  ${c.violations.join('\n  ')}`,
+    ),
+    [],
+  );
   assert.ok(fake.calls.length > 0, 'no call was recorded');
 }

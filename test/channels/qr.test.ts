@@ -11,8 +11,24 @@ import { request } from '../helpers/http.js';
 import type { CliResult } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertNotInStorage, channelsCli, decodeTerminalQr, envelopes, nthEnvelope, settledEnvelopeCount, sqliteQueued, startGatehouse, storageBytes,
-  startLogin, withDatabase, removeWorkspace, workspace, writeConfig, type RunningGatehouse, type RunningLogin, type Workspace,
+  API_KEY,
+  assertNotInStorage,
+  channelsCli,
+  decodeTerminalQr,
+  envelopes,
+  nthEnvelope,
+  settledEnvelopeCount,
+  sqliteQueued,
+  startGatehouse,
+  storageBytes,
+  startLogin,
+  withDatabase,
+  removeWorkspace,
+  workspace,
+  writeConfig,
+  type RunningGatehouse,
+  type RunningLogin,
+  type Workspace,
 } from './helpers.js';
 
 const ALPHABET = /^[23456789ABCDEFGHJKMNPQRSTVWXYZ]{8}$/;
@@ -28,7 +44,12 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
   before(async () => {
     [target, upstream, ws] = await Promise.all([startRecordingUpstream(), startRecordingUpstream(), workspace('qr')]);
     // A small lockout, so its counting shows; each failing request comes from its own loopback address.
-    writeConfig(ws, { channels: { phone: { kind: 'qr', action: 'message' }, kiosk: { kind: 'qr' }, desk: { kind: 'qr' } }, targetUrl: target.url, upstreamUrl: upstream.url, failuresMax: 3 });
+    writeConfig(ws, {
+      channels: { phone: { kind: 'qr', action: 'message' }, kiosk: { kind: 'qr' }, desk: { kind: 'qr' } },
+      targetUrl: target.url,
+      upstreamUrl: upstream.url,
+      failuresMax: 3,
+    });
     gatehouse = await startGatehouse(ws);
   });
   after(async () => {
@@ -47,7 +68,12 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
   }
 
   const pair = (url: string, deviceName: string, localAddress?: string) =>
-    request(url, new URL(url).pathname, { method: 'POST', headers: json, body: JSON.stringify({ deviceName }), localAddress });
+    request(url, new URL(url).pathname, {
+      method: 'POST',
+      headers: json,
+      body: JSON.stringify({ deviceName }),
+      localAddress,
+    });
 
   /** A device paired through the whole ceremony. */
   async function pairedDevice(deviceName: string, channel = 'phone'): Promise<{ id: string; token: string }> {
@@ -59,11 +85,23 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
   }
 
   const postMessage = (token: string, body: Record<string, unknown>, localAddress?: string) =>
-    request(gatehouse.webhookUrl, '/webhook/channels/phone', { method: 'POST', headers: { ...json, authorization: `Bearer ${token}` }, body: JSON.stringify(body), localAddress });
+    request(gatehouse.webhookUrl, '/webhook/channels/phone', {
+      method: 'POST',
+      headers: { ...json, authorization: `Bearer ${token}` },
+      body: JSON.stringify(body),
+      localAddress,
+    });
   const outbox = (token: string, localAddress?: string) =>
-    request(gatehouse.webhookUrl, '/webhook/channels/phone/outbox', { headers: { authorization: `Bearer ${token}` }, localAddress });
+    request(gatehouse.webhookUrl, '/webhook/channels/phone/outbox', {
+      headers: { authorization: `Bearer ${token}` },
+      localAddress,
+    });
   const send = (body: Record<string, unknown>, headers: Record<string, string> = { 'x-api-key': API_KEY }) =>
-    request(gatehouse.gatewayUrl, '/_gatehouse/channels/phone/messages', { method: 'POST', headers: { ...json, ...headers }, body: JSON.stringify(body) });
+    request(gatehouse.gatewayUrl, '/_gatehouse/channels/phone/messages', {
+      method: 'POST',
+      headers: { ...json, ...headers },
+      body: JSON.stringify(body),
+    });
 
   it('login prints a QR code of the pairing URL and an 8-character code; the device gets a token once; the CLI says "paired" and exits 0', async () => {
     const { login, url, code } = await pairingLogin('phone');
@@ -92,13 +130,20 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
     assert.equal(again.status, 410);
     assert.equal(again.json().error.code, 'pairing_gone');
     assert.equal(again.body.includes('ghd_'), false);
-    const names = withDatabase(ws, (db) => db.prepare("SELECT name FROM channel_devices WHERE channel = 'phone'").all().map((r: any) => r.name));
+    const names = withDatabase(ws, (db) =>
+      db
+        .prepare("SELECT name FROM channel_devices WHERE channel = 'phone'")
+        .all()
+        .map((r: any) => r.name),
+    );
     assert.ok(!names.includes('Mallory laptop'));
     // Stored hashed: neither the token nor the code is in the SQLite files.
     assertNotInStorage(ws, token, 'the device token');
     assert.equal(storageBytes(ws).includes(Buffer.from(code)), false, 'the pairing code is stored in clear');
     // Nor in the logs: the request line shows the pairing path with the code redacted.
-    const pairingLine = await gatehouse.process.waitFor((l) => l.msg === 'request' && typeof l.path === 'string' && l.path.includes('/pair/'));
+    const pairingLine = await gatehouse.process.waitFor(
+      (l) => l.msg === 'request' && typeof l.path === 'string' && l.path.includes('/pair/'),
+    );
     assert.equal(pairingLine.path, '/webhook/channels/phone/pair/[redacted]');
     assert.ok(!JSON.stringify(gatehouse.process.lines).includes(code), 'the pairing code is in the log');
   });
@@ -133,10 +178,20 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
       const forged = await postMessage(`ghd_${'A'.repeat(43)}`, { text: 'forged' }, '127.0.0.3');
       assert.equal(forged.status, 401);
       assert.equal(forged.json().error.code, 'invalid_token');
-      const none = await request(gatehouse.webhookUrl, '/webhook/channels/phone', { method: 'POST', headers: json, body: '{"text":"anonymous"}', localAddress: '127.0.0.3' });
+      const none = await request(gatehouse.webhookUrl, '/webhook/channels/phone', {
+        method: 'POST',
+        headers: json,
+        body: '{"text":"anonymous"}',
+        localAddress: '127.0.0.3',
+      });
       assert.equal(none.status, 401);
       // A phone token is not a kiosk token.
-      const elsewhere = await request(gatehouse.webhookUrl, '/webhook/channels/kiosk', { method: 'POST', headers: { ...json, authorization: `Bearer ${device.token}` }, body: '{"text":"wrong channel"}', localAddress: '127.0.0.4' });
+      const elsewhere = await request(gatehouse.webhookUrl, '/webhook/channels/kiosk', {
+        method: 'POST',
+        headers: { ...json, authorization: `Bearer ${device.token}` },
+        body: '{"text":"wrong channel"}',
+        localAddress: '127.0.0.4',
+      });
       assert.equal(elsewhere.status, 401);
       assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
     });
@@ -157,7 +212,10 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
 
       const first = await outbox(device.token);
       assert.equal(first.status, 200, first.body);
-      assert.deepEqual(first.json().messages.map((m: any) => m.text), ['your parcel is here', 'second']);
+      assert.deepEqual(
+        first.json().messages.map((m: any) => m.text),
+        ['your parcel is here', 'second'],
+      );
       assert.equal(String(first.json().messages[0].id), sent.json().id);
       const second = await outbox(device.token);
       assert.deepEqual(second.json().messages, []);
@@ -187,7 +245,10 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
     assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen + 1);
     assert.ok(!envelopes(target).some((e) => e.text === 'after revoke'));
 
-    const [devices, twice] = await Promise.all([channelsCli(ws, ['devices', 'phone', '--json']), channelsCli(ws, ['revoke', 'phone', 'Old tablet'])]);
+    const [devices, twice] = await Promise.all([
+      channelsCli(ws, ['devices', 'phone', '--json']),
+      channelsCli(ws, ['revoke', 'phone', 'Old tablet']),
+    ]);
     assert.equal(devices.code, 0, devices.stderr);
     const byName = new Map(JSON.parse(devices.stdout).map((d: any) => [d.name, d]));
     assert.match((byName.get('Old tablet') as any)?.revokedAt, /^\d{4}-\d\d-\d\dT/, 'revokedAt is an ISO 8601 date');
@@ -201,12 +262,16 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
     const refused: CliResult[] = [];
     before(async () => {
       // Four logins at once (as four terminals would): three get a code, one refuses cleanly.
-      const outcomes = await Promise.all(Array.from({ length: 4 }, async () => {
-        const login = startLogin(ws, 'kiosk');
-        logins.push(login);
-        const [, url, code] = await login.waitForOutput(/\n {2}(http:\/\/\S+\/pair\/(\S+))\npairing code: /).catch(() => []);
-        return url ? { pending: { login, url, code: code! } } : { refused: await login.exited };
-      }));
+      const outcomes = await Promise.all(
+        Array.from({ length: 4 }, async () => {
+          const login = startLogin(ws, 'kiosk');
+          logins.push(login);
+          const [, url, code] = await login
+            .waitForOutput(/\n {2}(http:\/\/\S+\/pair\/(\S+))\npairing code: /)
+            .catch(() => []);
+          return url ? { pending: { login, url, code: code! } } : { refused: await login.exited };
+        }),
+      );
       for (const o of outcomes) {
         if (o.pending) pending.push(o.pending);
         else refused.push(o.refused!);
@@ -214,19 +279,33 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
     });
 
     it('at most 3 pending, even for logins started at once: the 4th refuses and makes no code', () => {
-      assert.equal(pending.length, 3, `pending: ${pending.length}; refused: ${refused.map((r) => r.stderr).join('; ')}`);
+      assert.equal(
+        pending.length,
+        3,
+        `pending: ${pending.length}; refused: ${refused.map((r) => r.stderr).join('; ')}`,
+      );
       assert.equal(new Set(pending.map((p) => p.code)).size, 3);
       assert.equal(refused.length, 1);
       assert.equal(refused[0]!.code, 1);
-      assert.match(refused[0]!.stderr, /^gatehouse: channel kiosk: 3 pairing codes are already pending; use one, or wait until they expire \(10 minutes\)\n$/);
-      const rows = withDatabase(ws, (db) => (db.prepare("SELECT count(*) AS n FROM channel_pairings WHERE channel = 'kiosk'").get() as any).n);
+      assert.match(
+        refused[0]!.stderr,
+        /^gatehouse: channel kiosk: 3 pairing codes are already pending; use one, or wait until they expire \(10 minutes\)\n$/,
+      );
+      const rows = withDatabase(
+        ws,
+        (db) => (db.prepare("SELECT count(*) AS n FROM channel_pairings WHERE channel = 'kiosk'").get() as any).n,
+      );
       assert.equal(rows, 3);
     });
 
     it('unknown 404, reused 410, expired 410, each counted by the lockout: the next request (even a valid code) is 429', async () => {
-      const [expiring, used, valid] = pending as [typeof pending[0], typeof pending[0], typeof pending[0]];
+      const [expiring, used, valid] = pending as [(typeof pending)[0], (typeof pending)[0], (typeof pending)[0]];
       // The code's 10 minutes are over (as the clock would make them).
-      withDatabase(ws, (db) => db.prepare('UPDATE channel_pairings SET expires_at = ? WHERE code_hash = ?').run(Date.now() - 1, createHash('sha256').update(expiring.code).digest('hex')));
+      withDatabase(ws, (db) =>
+        db
+          .prepare('UPDATE channel_pairings SET expires_at = ? WHERE code_hash = ?')
+          .run(Date.now() - 1, createHash('sha256').update(expiring.code).digest('hex')),
+      );
       assert.equal((await pair(used.url, 'Kiosk 1')).status, 201);
       assert.equal((await used.login.exited).code, 0);
 
@@ -244,7 +323,12 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
       assert.equal(locked.status, 429);
       assert.ok(Number(locked.headers['retry-after']) > 0);
       assert.ok(valid.login.running(), 'the locked-out request must not have used the code');
-      const names = withDatabase(ws, (db) => db.prepare("SELECT name FROM channel_devices WHERE channel = 'kiosk'").all().map((r: any) => r.name));
+      const names = withDatabase(ws, (db) =>
+        db
+          .prepare("SELECT name FROM channel_devices WHERE channel = 'kiosk'")
+          .all()
+          .map((r: any) => r.name),
+      );
       assert.deepEqual(names, ['Kiosk 1']);
 
       // Another client is not locked out: the code still works.
@@ -255,9 +339,18 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
 
   it('logout revokes every device of the channel at once; status and devices say so', async () => {
     const device = await pairedDevice('Front desk', 'desk');
-    const post = (localAddress?: string) => request(gatehouse.webhookUrl, '/webhook/channels/desk', { method: 'POST', headers: { ...json, authorization: `Bearer ${device.token}` }, body: '{"text":"ring"}', localAddress });
+    const post = (localAddress?: string) =>
+      request(gatehouse.webhookUrl, '/webhook/channels/desk', {
+        method: 'POST',
+        headers: { ...json, authorization: `Bearer ${device.token}` },
+        body: '{"text":"ring"}',
+        localAddress,
+      });
     assert.equal((await post()).status, 202);
-    const [before] = (await channelsCli(ws, ['status', 'desk', '--json']).then((r) => JSON.parse(r.stdout))) as Record<string, any>[];
+    const [before] = (await channelsCli(ws, ['status', 'desk', '--json']).then((r) => JSON.parse(r.stdout))) as Record<
+      string,
+      any
+    >[];
     assert.equal(before!.connected, true);
     assert.deepEqual(before!.details.devices, ['Front desk']);
 
@@ -266,7 +359,10 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
     const seen = envelopes(target).length;
     assert.equal((await post('127.0.0.8')).status, 401);
     assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
-    const [after, devices] = await Promise.all([channelsCli(ws, ['status', 'desk']), channelsCli(ws, ['devices', 'desk'])]);
+    const [after, devices] = await Promise.all([
+      channelsCli(ws, ['status', 'desk']),
+      channelsCli(ws, ['devices', 'desk']),
+    ]);
     assert.match(after.stdout, /^✗ desk \(qr, device\): not connected: run `gatehouse channels login desk`$/m);
     assert.match(devices.stdout, new RegExp(`^${device.id} {2}Front desk {15}revoked \\d{4}-`, 'm'));
   });

@@ -10,8 +10,24 @@ import { SLACK_CLIENT, startFakeSlack, type FakeSlack } from '../helpers/fake-ch
 import { request } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertCallsDocumented, assertNotInStorage, consent, envelopes, loginThroughBrowser, nthEnvelope, settledEnvelopeCount, sqliteQueued, startGatehouse, statusJson,
-  storedGrant, visit, removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
+  API_KEY,
+  assertCallsDocumented,
+  assertNotInStorage,
+  consent,
+  envelopes,
+  loginThroughBrowser,
+  nthEnvelope,
+  settledEnvelopeCount,
+  sqliteQueued,
+  startGatehouse,
+  statusJson,
+  storedGrant,
+  visit,
+  removeWorkspace,
+  workspace,
+  writeConfig,
+  type RunningGatehouse,
+  type Workspace,
 } from './helpers.js';
 
 const json = { 'content-type': 'application/json' };
@@ -28,11 +44,22 @@ describe('oauth channel (Slack)', () => {
   let gatehouse: RunningGatehouse;
 
   before(async () => {
-    [fake, target, upstream, ws] = await Promise.all([startFakeSlack(), startRecordingUpstream(), startRecordingUpstream(), workspace('slack')]);
+    [fake, target, upstream, ws] = await Promise.all([
+      startFakeSlack(),
+      startRecordingUpstream(),
+      startRecordingUpstream(),
+      workspace('slack'),
+    ]);
     const channel = {
-      kind: 'oauth', platform: 'slack', clientId: SLACK_CLIENT.clientId, clientSecret: SLACK_CLIENT.clientSecret, signingSecret: SLACK_CLIENT.signingSecret,
+      kind: 'oauth',
+      platform: 'slack',
+      clientId: SLACK_CLIENT.clientId,
+      clientSecret: SLACK_CLIENT.clientSecret,
+      signingSecret: SLACK_CLIENT.signingSecret,
       scopes: ['chat:write', 'channels:history'],
-      apiBaseUrl: `${fake.url}/api`, authorizeUrl: `${fake.url}/oauth/v2/authorize`, tokenUrl: `${fake.url}/api/oauth.v2.access`,
+      apiBaseUrl: `${fake.url}/api`,
+      authorizeUrl: `${fake.url}/oauth/v2/authorize`,
+      tokenUrl: `${fake.url}/api/oauth.v2.access`,
     };
     writeConfig(ws, { channels: { sl: channel, slfail: channel }, targetUrl: target.url, upstreamUrl: upstream.url });
     gatehouse = await startGatehouse(ws);
@@ -46,12 +73,32 @@ describe('oauth channel (Slack)', () => {
   const accessCalls = () => fake.calls.filter((c) => c.path === '/api/oauth.v2.access');
   const events = '/webhook/channels/sl';
   const postSigned = (signed: { headers: Record<string, string>; body: string }) =>
-    request(gatehouse.webhookUrl, events, { method: 'POST', headers: { ...json, ...signed.headers }, body: signed.body });
+    request(gatehouse.webhookUrl, events, {
+      method: 'POST',
+      headers: { ...json, ...signed.headers },
+      body: signed.body,
+    });
   const send = (body: Record<string, unknown>, headers: Record<string, string> = { 'x-api-key': API_KEY }) =>
-    request(gatehouse.gatewayUrl, '/_gatehouse/channels/sl/messages', { method: 'POST', headers: { ...json, ...headers }, body: JSON.stringify(body) });
+    request(gatehouse.gatewayUrl, '/_gatehouse/channels/sl/messages', {
+      method: 'POST',
+      headers: { ...json, ...headers },
+      body: JSON.stringify(body),
+    });
   const messageEvent = (text: string, eventId: string) => ({
-    token: 'deprecated-verification-token', team_id: fake.team.id, api_app_id: SLACK_CLIENT.appId, type: 'event_callback', event_id: eventId, event_time: 1_700_000_000,
-    event: { type: 'message', channel: CHANNEL, user: 'U0FAKEUSER1', text, ts: '1700000000.000100', channel_type: 'channel' },
+    token: 'deprecated-verification-token',
+    team_id: fake.team.id,
+    api_app_id: SLACK_CLIENT.appId,
+    type: 'event_callback',
+    event_id: eventId,
+    event_time: 1_700_000_000,
+    event: {
+      type: 'message',
+      channel: CHANNEL,
+      user: 'U0FAKEUSER1',
+      text,
+      ts: '1700000000.000100',
+      channel_type: 'channel',
+    },
   });
 
   describe('installed', () => {
@@ -102,7 +149,7 @@ describe('oauth channel (Slack)', () => {
       assert.equal(upstream.received.length, 0);
     });
 
-    it('outbound to an unknown channel: 502 with Slack\'s error', async () => {
+    it("outbound to an unknown channel: 502 with Slack's error", async () => {
       fake.setKnownChannels([CHANNEL]);
       try {
         const reply = await send({ to: 'C0NOWHERE01', text: 'anyone?' });
@@ -137,7 +184,10 @@ describe('oauth channel (Slack)', () => {
         await visit(back);
       });
       assert.equal(run.code, 1);
-      assert.match(run.stderr, /channel slfail: step "token" failed: slack: token exchange: invalid_code\. Check channels\.slfail\.clientId\/clientSecret/);
+      assert.match(
+        run.stderr,
+        /channel slfail: step "token" failed: slack: token exchange: invalid_code\. Check channels\.slfail\.clientId\/clientSecret/,
+      );
       assert.equal(accessCalls().at(-1)?.status, 200); // Slack's errors are HTTP 200 with ok: false
     });
   });
@@ -145,9 +195,19 @@ describe('oauth channel (Slack)', () => {
   describe('events (inbound)', () => {
     it('url_verification is answered with the challenge and delivered nowhere', async () => {
       const seen = envelopes(target).length;
-      const reply = await fake.deliverEvent(`${gatehouse.webhookUrl}${events}`, { token: 't', challenge: 'challenge-3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P', type: 'url_verification' }, SLACK_CLIENT.signingSecret);
+      const reply = await fake.deliverEvent(
+        `${gatehouse.webhookUrl}${events}`,
+        {
+          token: 't',
+          challenge: 'challenge-3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P',
+          type: 'url_verification',
+        },
+        SLACK_CLIENT.signingSecret,
+      );
       assert.equal(reply.status, 200);
-      assert.deepEqual(JSON.parse(reply.body), { challenge: 'challenge-3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P' });
+      assert.deepEqual(JSON.parse(reply.body), {
+        challenge: 'challenge-3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P',
+      });
       assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen);
     });
 
@@ -161,11 +221,14 @@ describe('oauth channel (Slack)', () => {
       assert.equal(envelope.from, 'U0FAKEUSER1');
       assert.equal(envelope.text, 'hello from slack');
       assert.deepEqual(envelope.payload, event);
-      assert.equal((await fake.deliverEvent(`${gatehouse.webhookUrl}${events}`, event, SLACK_CLIENT.signingSecret)).status, 200);
+      assert.equal(
+        (await fake.deliverEvent(`${gatehouse.webhookUrl}${events}`, event, SLACK_CLIENT.signingSecret)).status,
+        200,
+      );
       assert.equal(await settledEnvelopeCount(target, sqliteQueued(ws)), seen + 1);
     });
 
-    it('another secret\'s signature, a stale timestamp or none gets 401 and nothing reaches the target (not even a challenge)', async () => {
+    it("another secret's signature, a stale timestamp or none gets 401 and nothing reaches the target (not even a challenge)", async () => {
       const seen = envelopes(target).length;
       const event = messageEvent('forged', 'Ev0FAKE00002');
       const stale = fake.signEvent(event, SLACK_CLIENT.signingSecret, Math.floor(Date.now() / 1000) - 600);
@@ -173,7 +236,10 @@ describe('oauth channel (Slack)', () => {
         ['other secret', fake.signEvent(event, 'not-the-signing-secret-0123456789')],
         ['stale', stale],
         ['unsigned', { headers: {}, body: JSON.stringify(event) }],
-        ['challenge, other secret', fake.signEvent({ type: 'url_verification', challenge: 'leak' }, 'not-the-signing-secret-0123456789')],
+        [
+          'challenge, other secret',
+          fake.signEvent({ type: 'url_verification', challenge: 'leak' }, 'not-the-signing-secret-0123456789'),
+        ],
       ] as const) {
         const reply = await postSigned(signed);
         assert.equal(reply.status, 401, what);
@@ -183,5 +249,6 @@ describe('oauth channel (Slack)', () => {
     });
   });
 
-  it('every call gatehouse made to Slack above is a documented one that breaks no rule of the reference', () => assertCallsDocumented(fake));
+  it('every call gatehouse made to Slack above is a documented one that breaks no rule of the reference', () =>
+    assertCallsDocumented(fake));
 });

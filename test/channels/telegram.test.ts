@@ -11,8 +11,23 @@ import { request } from '../helpers/http.js';
 import type { CliResult } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import {
-  API_KEY, assertCallsDocumented, assertNotInStorage, channelsCli, envelopes, nthEnvelope, settledEnvelopeCount, sqliteQueued, startGatehouse, startLogin, statusJson, storedGrant,
-  removeWorkspace, workspace, writeConfig, type RunningGatehouse, type Workspace,
+  API_KEY,
+  assertCallsDocumented,
+  assertNotInStorage,
+  channelsCli,
+  envelopes,
+  nthEnvelope,
+  settledEnvelopeCount,
+  sqliteQueued,
+  startGatehouse,
+  startLogin,
+  statusJson,
+  storedGrant,
+  removeWorkspace,
+  workspace,
+  writeConfig,
+  type RunningGatehouse,
+  type Workspace,
 } from './helpers.js';
 
 const json = { 'content-type': 'application/json' };
@@ -26,9 +41,18 @@ describe('bot-token channel (Telegram)', () => {
   let gatehouse: RunningGatehouse;
 
   before(async () => {
-    [fake, target, upstream, ws] = await Promise.all([startFakeTelegram(), startRecordingUpstream(), startRecordingUpstream(), workspace('telegram')]);
+    [fake, target, upstream, ws] = await Promise.all([
+      startFakeTelegram(),
+      startRecordingUpstream(),
+      startRecordingUpstream(),
+      workspace('telegram'),
+    ]);
     const common = { kind: 'bot-token', platform: 'telegram', publicUrl: ws.webhookUrl, apiBaseUrl: fake.url };
-    writeConfig(ws, { channels: { tg: { ...common, botToken: fake.token }, tgbad: { ...common, botToken: UNKNOWN_BOT_TOKEN } }, targetUrl: target.url, upstreamUrl: upstream.url });
+    writeConfig(ws, {
+      channels: { tg: { ...common, botToken: fake.token }, tgbad: { ...common, botToken: UNKNOWN_BOT_TOKEN } },
+      targetUrl: target.url,
+      upstreamUrl: upstream.url,
+    });
     gatehouse = await startGatehouse(ws);
   });
   after(async () => {
@@ -39,16 +63,35 @@ describe('bot-token channel (Telegram)', () => {
 
   const calls = (method: string) => fake.calls.filter((c) => c.path.toLowerCase().endsWith(`/${method.toLowerCase()}`));
   const send = (body: Record<string, unknown>, headers: Record<string, string> = { 'x-api-key': API_KEY }) =>
-    request(gatehouse.gatewayUrl, '/_gatehouse/channels/tg/messages', { method: 'POST', headers: { ...json, ...headers }, body: JSON.stringify(body) });
+    request(gatehouse.gatewayUrl, '/_gatehouse/channels/tg/messages', {
+      method: 'POST',
+      headers: { ...json, ...headers },
+      body: JSON.stringify(body),
+    });
   const postUpdate = (update: Record<string, unknown>, secret: string | undefined) =>
-    request(gatehouse.webhookUrl, '/webhook/channels/tg', { method: 'POST', headers: { ...json, ...(secret === undefined ? {} : { 'x-telegram-bot-api-secret-token': secret }) }, body: JSON.stringify(update) });
-  const message = (text: string) => ({ message: { message_id: 7, from: { id: 4242, is_bot: false, first_name: 'Ana', username: 'ana' }, chat: { id: 4242, type: 'private' }, date: 1_700_000_000, text } });
+    request(gatehouse.webhookUrl, '/webhook/channels/tg', {
+      method: 'POST',
+      headers: { ...json, ...(secret === undefined ? {} : { 'x-telegram-bot-api-secret-token': secret }) },
+      body: JSON.stringify(update),
+    });
+  const message = (text: string) => ({
+    message: {
+      message_id: 7,
+      from: { id: 4242, is_bot: false, first_name: 'Ana', username: 'ana' },
+      chat: { id: 4242, type: 'private' },
+      date: 1_700_000_000,
+      text,
+    },
+  });
 
   it('a bad bot token: login fails at step "token" with the platform\'s error and the fix; no webhook is set, nothing is stored', async () => {
     const run = await startLogin(ws, 'tgbad').exited;
     assert.equal(run.code, 1);
     assert.match(run.stdout, /✗ token\s+telegram: getMe: Unauthorized/);
-    assert.match(run.stderr, /channel tgbad: step "token" failed: telegram: getMe: Unauthorized\. Check channels\.tgbad\.botToken: copy it again from @BotFather/);
+    assert.match(
+      run.stderr,
+      /channel tgbad: step "token" failed: telegram: getMe: Unauthorized\. Check channels\.tgbad\.botToken: copy it again from @BotFather/,
+    );
     assert.ok(calls('getMe').some((c) => c.path === `/bot${UNKNOWN_BOT_TOKEN}/getMe` && c.status === 401));
     assert.equal(calls('setWebhook').filter((c) => c.path.includes(UNKNOWN_BOT_TOKEN)).length, 0);
     assert.equal(storedGrant(ws, 'tgbad'), undefined);
@@ -95,7 +138,10 @@ describe('bot-token channel (Telegram)', () => {
 
     it('a wrong or missing secret token gets 401 and nothing reaches the target', async () => {
       const seen = envelopes(target).length;
-      const wrong = await postUpdate({ update_id: 1, ...message('forged') }, `${secretToken.slice(0, -1)}${secretToken.endsWith('A') ? 'B' : 'A'}`);
+      const wrong = await postUpdate(
+        { update_id: 1, ...message('forged') },
+        `${secretToken.slice(0, -1)}${secretToken.endsWith('A') ? 'B' : 'A'}`,
+      );
       assert.equal(wrong.status, 401);
       assert.equal(wrong.json().error.code, 'invalid_webhook_secret');
       assert.equal((await postUpdate({ update_id: 2, ...message('forged') }, undefined)).status, 401);
@@ -114,7 +160,10 @@ describe('bot-token channel (Telegram)', () => {
 
     it('outbound: sendMessage with the bot token, 200 with the message id; without the API key 401 and Telegram gets nothing', async () => {
       const before = calls('sendMessage').length;
-      for (const headers of [{}, { 'x-api-key': 'not-the-key-0123456789abcdefghijklmnop' }] as Record<string, string>[]) {
+      for (const headers of [{}, { 'x-api-key': 'not-the-key-0123456789abcdefghijklmnop' }] as Record<
+        string,
+        string
+      >[]) {
         assert.equal((await send({ to: '4242', text: 'unauthorised' }, headers)).status, 401);
       }
       assert.equal(calls('sendMessage').length, before, 'Telegram was called without the API key');
@@ -129,7 +178,7 @@ describe('bot-token channel (Telegram)', () => {
       assert.equal(upstream.received.length, 0);
     });
 
-    it('outbound to an unknown chat: 502 with Telegram\'s error, and `channels status` shows it as the last error', async () => {
+    it("outbound to an unknown chat: 502 with Telegram's error, and `channels status` shows it as the last error", async () => {
       fake.setKnownChats(['4242']);
       try {
         const reply = await send({ to: '999', text: 'anyone there?' });
@@ -141,9 +190,15 @@ describe('bot-token channel (Telegram)', () => {
       }
       const [human, [status]] = await Promise.all([channelsCli(ws, ['status', 'tg']), statusJson(ws, 'tg')]);
       assert.equal(human.code, 0, human.stderr);
-      assert.match(human.stdout, /^✓ tg \(bot-token, telegram\): connected since \d{4}-\d\d-\d\dT[\d:.]+Z \(\d+ s ago\)$/m);
+      assert.match(
+        human.stdout,
+        /^✓ tg \(bot-token, telegram\): connected since \d{4}-\d\d-\d\dT[\d:.]+Z \(\d+ s ago\)$/m,
+      );
       assert.match(human.stdout, /^ {4}last event {5}\d{4}-.*ago\)$/m);
-      assert.match(human.stdout, /^ {4}last error {5}telegram: sendMessage: Bad Request: chat not found \(\d{4}-.* ago\)\)$/m);
+      assert.match(
+        human.stdout,
+        /^ {4}last error {5}telegram: sendMessage: Bad Request: chat not found \(\d{4}-.* ago\)\)$/m,
+      );
       assert.equal(status!.lastError, 'telegram: sendMessage: Bad Request: chat not found');
       assert.equal(typeof status!.lastErrorAt, 'number');
       assert.equal(typeof status!.lastEventAt, 'number');
@@ -175,5 +230,6 @@ describe('bot-token channel (Telegram)', () => {
     });
   });
 
-  it('every call gatehouse made to the Bot API above is a documented one that breaks no rule of the reference', () => assertCallsDocumented(fake));
+  it('every call gatehouse made to the Bot API above is a documented one that breaks no rule of the reference', () =>
+    assertCallsDocumented(fake));
 });

@@ -17,9 +17,15 @@ describe('gatehouse config schema', () => {
     const port = gateway.properties.listen.properties.port;
     assert.equal(port.default, 8080);
     assert.match(port.description, /port/);
-    assert.ok(port.anyOf.some((alt: { pattern?: string }) => alt.pattern && new RegExp(alt.pattern).test('${PORT}')), 'a port may be "${PORT}"');
+    assert.ok(
+      port.anyOf.some((alt: { pattern?: string }) => alt.pattern && new RegExp(alt.pattern).test('${PORT}')),
+      'a port may be "${PORT}"',
+    );
     const apiKey = gateway.properties.auth.properties.apiKey;
-    assert.ok(apiKey.anyOf.some((alt: { required?: string[] }) => alt.required?.includes('file')), 'apiKey may be { file }');
+    assert.ok(
+      apiKey.anyOf.some((alt: { required?: string[] }) => alt.required?.includes('file')),
+      'apiKey may be { file }',
+    );
     assert.match(apiKey.description, /X-API-Key/);
     // apiKeys are parsed by hand (unknown items to zod), yet an editor still knows an entry's keys.
     const entry = gateway.properties.auth.properties.apiKeys.items;

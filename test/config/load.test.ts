@@ -74,14 +74,44 @@ describe('config: each problem names its exact path', () => {
   });
 
   it('a key of another branch says which (found by a newcomer: `path` beside driver "postgres" said only "unknown key")', () => {
-    assert.deepEqual(problemsOf(withGateway({}, { storage: { driver: 'postgres', url: 'postgres://u@h/db', path: 'x.db' } })), ['storage.path: unknown key (only with driver "sqlite")']);
-    assert.deepEqual(problemsOf(withGateway({}, { storage: { path: 'x.db', url: 'postgres://u@h/db' } })), ['storage.url: unknown key (only with driver "postgres")']);
-    assert.deepEqual(problemsOf(withGateway({}, { storage: { driver: 'postgres', url: 'postgres://u@h/db', pol: {} } })), ['storage.pol: unknown key (did you mean "pool"?)']);
+    assert.deepEqual(
+      problemsOf(withGateway({}, { storage: { driver: 'postgres', url: 'postgres://u@h/db', path: 'x.db' } })),
+      ['storage.path: unknown key (only with driver "sqlite")'],
+    );
+    assert.deepEqual(problemsOf(withGateway({}, { storage: { path: 'x.db', url: 'postgres://u@h/db' } })), [
+      'storage.url: unknown key (only with driver "postgres")',
+    ]);
+    assert.deepEqual(
+      problemsOf(withGateway({}, { storage: { driver: 'postgres', url: 'postgres://u@h/db', pol: {} } })),
+      ['storage.pol: unknown key (did you mean "pool"?)'],
+    );
     // Found by review: names every object inherits matched every branch, the user's own included.
-    assert.deepEqual(problemsOf(withGateway({}, { storage: { path: 'x.db', toString: 1 } })), ['storage.toString: unknown key']);
-    const verify = problemsOf(withGateway({}, { webhooks: { enabled: true, targets: { message: { url: TARGET } }, endpoints: [{ path: '/webhook/a', action: 'message', verify: { type: 'secret', secret: 's'.repeat(24), toleranceSeconds: 60 } }] } }));
+    assert.deepEqual(problemsOf(withGateway({}, { storage: { path: 'x.db', toString: 1 } })), [
+      'storage.toString: unknown key',
+    ]);
+    const verify = problemsOf(
+      withGateway(
+        {},
+        {
+          webhooks: {
+            enabled: true,
+            targets: { message: { url: TARGET } },
+            endpoints: [
+              {
+                path: '/webhook/a',
+                action: 'message',
+                verify: { type: 'secret', secret: 's'.repeat(24), toleranceSeconds: 60 },
+              },
+            ],
+          },
+        },
+      ),
+    );
     assert.equal(verify.length, 1, verify.join('\n'));
-    assert.match(verify[0]!, /^webhooks\.endpoints\[0\]\.verify\.toleranceSeconds: unknown key \(only with type "[a-z-]+"( or type "[a-z-]+")*\)$/);
+    assert.match(
+      verify[0]!,
+      /^webhooks\.endpoints\[0\]\.verify\.toleranceSeconds: unknown key \(only with type "[a-z-]+"( or type "[a-z-]+")*\)$/,
+    );
   });
 
   it('wrong types', () => {
@@ -90,7 +120,10 @@ describe('config: each problem names its exact path', () => {
     assertProblemAt(problemsOf(withGateway({ auth: { enabled: 'yes' } })), 'gateway.auth.enabled');
     assertProblemAt(problemsOf(withGateway({ trustProxy: '10.0.0.0/8' })), 'gateway.trustProxy');
     assertProblemAt(problemsOf(withGateway({ auth: { failures: { max: 0 } } })), 'gateway.auth.failures.max');
-    assertProblemAt(problemsOf(withGateway({ upstream: { target: TARGET, timeoutMs: 1.5 } })), 'gateway.upstream.timeoutMs');
+    assertProblemAt(
+      problemsOf(withGateway({ upstream: { target: TARGET, timeoutMs: 1.5 } })),
+      'gateway.upstream.timeoutMs',
+    );
     assertProblemAt(problemsOf(withGateway({}, { log: { level: 'verbose' } })), 'log.level');
   });
 
@@ -108,16 +141,40 @@ describe('config: each problem names its exact path', () => {
 
   it('duplicate api key ids point at the second one', () => {
     const hash = `sha256:${'a'.repeat(64)}`;
-    const problems = problemsOf(withGateway({ auth: { apiKeys: [{ id: 'ci', hash }, { id: 'other', hash }, { id: 'ci', hash }] } }));
+    const problems = problemsOf(
+      withGateway({
+        auth: {
+          apiKeys: [
+            { id: 'ci', hash },
+            { id: 'other', hash },
+            { id: 'ci', hash },
+          ],
+        },
+      }),
+    );
     assertProblemAt(problems, 'gateway.auth.apiKeys[2].id');
     assert.equal(problems.length, 1);
   });
 
   it('an api key entry with a bad hash or expiresAt', () => {
-    assertProblemAt(problemsOf(withGateway({ auth: { apiKeys: [{ id: 'ci', hash: 'a'.repeat(64) }] } })), 'gateway.auth.apiKeys[0].hash');
-    assertProblemAt(problemsOf(withGateway({ auth: { apiKeys: [{ id: 'ci', hash: `sha256:${'A'.repeat(64)}` }] } })), 'gateway.auth.apiKeys[0].hash');
-    assertProblemAt(problemsOf(withGateway({ auth: { apiKeys: [{ id: 'ci', hash: `sha256:${'a'.repeat(64)}`, expiresAt: 'next year' }] } })), 'gateway.auth.apiKeys[0].expiresAt');
-    assertProblemAt(problemsOf(withGateway({ auth: { apiKeys: [{ id: 'has space', hash: `sha256:${'a'.repeat(64)}` }] } })), 'gateway.auth.apiKeys[0].id');
+    assertProblemAt(
+      problemsOf(withGateway({ auth: { apiKeys: [{ id: 'ci', hash: 'a'.repeat(64) }] } })),
+      'gateway.auth.apiKeys[0].hash',
+    );
+    assertProblemAt(
+      problemsOf(withGateway({ auth: { apiKeys: [{ id: 'ci', hash: `sha256:${'A'.repeat(64)}` }] } })),
+      'gateway.auth.apiKeys[0].hash',
+    );
+    assertProblemAt(
+      problemsOf(
+        withGateway({ auth: { apiKeys: [{ id: 'ci', hash: `sha256:${'a'.repeat(64)}`, expiresAt: 'next year' }] } }),
+      ),
+      'gateway.auth.apiKeys[0].expiresAt',
+    );
+    assertProblemAt(
+      problemsOf(withGateway({ auth: { apiKeys: [{ id: 'has space', hash: `sha256:${'a'.repeat(64)}` }] } })),
+      'gateway.auth.apiKeys[0].id',
+    );
   });
 
   it('an apiKey shorter than 32 characters', () => {
@@ -131,11 +188,22 @@ describe('config: each problem names its exact path', () => {
   });
 
   it('several problems are all listed at once', () => {
-    const problems = problemsOf(withGateway({
-      upstream: { target: '/relative' },
-      auth: { bogus: 1, apiKey: 'short', allowedIPs: ['nope'] },
-    }, { log: { level: 'loud' } }));
-    for (const at of ['gateway.upstream.target', 'gateway.auth.bogus', 'gateway.auth.apiKey', 'gateway.auth.allowedIPs[0]', 'log.level']) {
+    const problems = problemsOf(
+      withGateway(
+        {
+          upstream: { target: '/relative' },
+          auth: { bogus: 1, apiKey: 'short', allowedIPs: ['nope'] },
+        },
+        { log: { level: 'loud' } },
+      ),
+    );
+    for (const at of [
+      'gateway.upstream.target',
+      'gateway.auth.bogus',
+      'gateway.auth.apiKey',
+      'gateway.auth.allowedIPs[0]',
+      'log.level',
+    ]) {
       assertProblemAt(problems, at);
     }
   });
@@ -149,34 +217,48 @@ describe('config: each problem names its exact path', () => {
 
 describe('config: ${VAR} expansion', () => {
   it('replaces ${VAR} from the given environment, inside longer strings too', () => {
-    const config = parseConfig(withGateway({
-      upstream: { target: 'http://${UP_HOST}:${UP_PORT}/base' },
-      auth: { apiKey: '${GH_KEY}' },
-    }), { env: { UP_HOST: '10.1.2.3', UP_PORT: '9001', GH_KEY: GOOD_KEY } });
+    const config = parseConfig(
+      withGateway({
+        upstream: { target: 'http://${UP_HOST}:${UP_PORT}/base' },
+        auth: { apiKey: '${GH_KEY}' },
+      }),
+      { env: { UP_HOST: '10.1.2.3', UP_PORT: '9001', GH_KEY: GOOD_KEY } },
+    );
     assert.equal(config.gateway.upstream.target, 'http://10.1.2.3:9001/base');
     assert.equal(config.gateway.auth.apiKey, GOOD_KEY);
   });
 
   it('does not expand references found in a variable value (no second pass)', () => {
-    const config = parseConfig(withGateway({ auth: { apiKey: '${GH_KEY}' } }), { env: { GH_KEY: `${GOOD_KEY}\${OTHER}`, OTHER: 'x' } });
+    const config = parseConfig(withGateway({ auth: { apiKey: '${GH_KEY}' } }), {
+      env: { GH_KEY: `${GOOD_KEY}\${OTHER}`, OTHER: 'x' },
+    });
     assert.equal(config.gateway.auth.apiKey, `${GOOD_KEY}\${OTHER}`);
   });
 
   it('a missing variable is named, with the path that uses it', () => {
     const problems = problemsOf(withGateway({ auth: { apiKey: '${GH_MISSING_KEY}' } }), { env: {} });
-    assert.ok(problems.some((p) => p.startsWith('gateway.auth.apiKey: ') && p.includes('GH_MISSING_KEY')), problems.join('\n'));
+    assert.ok(
+      problems.some((p) => p.startsWith('gateway.auth.apiKey: ') && p.includes('GH_MISSING_KEY')),
+      problems.join('\n'),
+    );
   });
 
-  it('a reference to a name of Object.prototype (${constructor}) is a missing variable, not a function\'s text', () => {
+  it("a reference to a name of Object.prototype (${constructor}) is a missing variable, not a function's text", () => {
     for (const name of ['constructor', 'toString', '__proto__', 'hasOwnProperty']) {
       const problems = problemsOf(withGateway({ auth: { apiKey: `\${${name}}` } }), { env: { OTHER: 'x' } });
-      assert.ok(problems.some((p) => p.startsWith('gateway.auth.apiKey: ') && p.includes(`${name} is not set`)), problems.join('\n'));
+      assert.ok(
+        problems.some((p) => p.startsWith('gateway.auth.apiKey: ') && p.includes(`${name} is not set`)),
+        problems.join('\n'),
+      );
     }
   });
 
   it('missing variables inside arrays name the element', () => {
     const problems = problemsOf(withGateway({ auth: { allowedIPs: ['10.0.0.0/8', '${OFFICE_NET}'] } }), { env: {} });
-    assert.ok(problems.some((p) => p.startsWith('gateway.auth.allowedIPs[1]: ') && p.includes('OFFICE_NET')), problems.join('\n'));
+    assert.ok(
+      problems.some((p) => p.startsWith('gateway.auth.allowedIPs[1]: ') && p.includes('OFFICE_NET')),
+      problems.join('\n'),
+    );
   });
 });
 
@@ -196,18 +278,26 @@ describe('config: { file } secrets', () => {
   });
 
   it('secret: { file } works for jwt (absolute path, CRLF dropped) and for webhook endpoints', () => {
-    const config = parseConfig(withGateway({ auth: { bearer: { jwt: { secret: { file: path.join(dir, 'jwt.secret') } } } } }, {
-      webhooks: {
-        endpoints: [{ path: '/webhook/a', secret: { file: 'hook.secret' }, action: 'message' }],
-        targets: { message: { url: 'http://127.0.0.1:9100/hook' } },
-      },
-    }), { baseDir: dir });
+    const config = parseConfig(
+      withGateway(
+        { auth: { bearer: { jwt: { secret: { file: path.join(dir, 'jwt.secret') } } } } },
+        {
+          webhooks: {
+            endpoints: [{ path: '/webhook/a', secret: { file: 'hook.secret' }, action: 'message' }],
+            targets: { message: { url: 'http://127.0.0.1:9100/hook' } },
+          },
+        },
+      ),
+      { baseDir: dir },
+    );
     assert.equal(config.gateway.auth.bearer?.jwt.secret, 'j'.repeat(40));
     assert.deepEqual(config.webhooks.endpoints[0]?.verify, { type: 'secret', secret: 'webhook-secret-0123456789' });
   });
 
   it('the file path may use ${VAR}', () => {
-    const config = parseConfig(withGateway({ auth: { apiKey: { file: '${SECRETS}/api.key' } } }), { env: { SECRETS: dir } });
+    const config = parseConfig(withGateway({ auth: { apiKey: { file: '${SECRETS}/api.key' } } }), {
+      env: { SECRETS: dir },
+    });
     assert.equal(config.gateway.auth.apiKey, GOOD_KEY);
   });
 
@@ -224,12 +314,17 @@ describe('config: secure by default', () => {
       assertProblemAt(problemsOf(withGateway({ listen: { host } })), 'gateway.auth');
     });
     it(`listening on ${host} with auth disabled is refused at gateway.auth`, () => {
-      assertProblemAt(problemsOf(withGateway({ listen: { host }, auth: { enabled: false, apiKey: GOOD_KEY } })), 'gateway.auth');
+      assertProblemAt(
+        problemsOf(withGateway({ listen: { host }, auth: { enabled: false, apiKey: GOOD_KEY } })),
+        'gateway.auth',
+      );
     });
   }
 
   it('allowInsecure: true lets an open non-loopback gateway start', () => {
-    const config = parseConfig(withGateway({ listen: { host: '0.0.0.0' }, auth: { enabled: false, allowInsecure: true } }));
+    const config = parseConfig(
+      withGateway({ listen: { host: '0.0.0.0' }, auth: { enabled: false, allowInsecure: true } }),
+    );
     assert.equal(config.gateway.auth.enabled, false);
     parseConfig(withGateway({ listen: { host: '0.0.0.0' }, auth: { allowInsecure: true } }));
   });
@@ -238,7 +333,12 @@ describe('config: secure by default', () => {
     const hash = `sha256:${'a'.repeat(64)}`;
     parseConfig(withGateway({ listen: { host: '0.0.0.0' }, auth: { apiKey: GOOD_KEY } }));
     parseConfig(withGateway({ listen: { host: '0.0.0.0' }, auth: { apiKeys: [{ id: 'ci', hash }] } }));
-    parseConfig(withGateway({ listen: { host: '0.0.0.0' }, auth: { bearer: { jwt: { jwksUri: 'https://idp.example/jwks.json' } } } }));
+    parseConfig(
+      withGateway({
+        listen: { host: '0.0.0.0' },
+        auth: { bearer: { jwt: { jwksUri: 'https://idp.example/jwks.json' } } },
+      }),
+    );
   });
 
   for (const host of ['127.0.0.1', '127.0.0.2', 'localhost', '::1']) {
@@ -251,32 +351,75 @@ describe('config: secure by default', () => {
 
 describe('config: jwt key sources and algorithms', () => {
   it('both secret and jwksUri is refused at gateway.auth.bearer.jwt', () => {
-    assertProblemAt(problemsOf(withGateway({ auth: { bearer: { jwt: { secret: 's'.repeat(32), jwksUri: 'https://idp.example/jwks.json' } } } })), 'gateway.auth.bearer.jwt');
+    assertProblemAt(
+      problemsOf(
+        withGateway({
+          auth: { bearer: { jwt: { secret: 's'.repeat(32), jwksUri: 'https://idp.example/jwks.json' } } },
+        }),
+      ),
+      'gateway.auth.bearer.jwt',
+    );
   });
 
   it('no key source is refused at gateway.auth.bearer.jwt', () => {
-    assertProblemAt(problemsOf(withGateway({ auth: { bearer: { jwt: { issuer: 'https://idp.example' } } } })), 'gateway.auth.bearer.jwt');
+    assertProblemAt(
+      problemsOf(withGateway({ auth: { bearer: { jwt: { issuer: 'https://idp.example' } } } })),
+      'gateway.auth.bearer.jwt',
+    );
   });
 
   it('HS256 with a public key is refused (algorithm confusion), naming the algorithm entry', () => {
-    assertProblemAt(problemsOf(withGateway({ auth: { bearer: { jwt: { publicKey: PUBLIC_KEY, algorithms: ['RS256', 'HS256'] } } } })), 'gateway.auth.bearer.jwt.algorithms[1]');
+    assertProblemAt(
+      problemsOf(withGateway({ auth: { bearer: { jwt: { publicKey: PUBLIC_KEY, algorithms: ['RS256', 'HS256'] } } } })),
+      'gateway.auth.bearer.jwt.algorithms[1]',
+    );
   });
 
   it('RS256 with an HMAC secret is refused', () => {
-    assertProblemAt(problemsOf(withGateway({ auth: { bearer: { jwt: { secret: 's'.repeat(32), algorithms: ['RS256'] } } } })), 'gateway.auth.bearer.jwt.algorithms[0]');
+    assertProblemAt(
+      problemsOf(withGateway({ auth: { bearer: { jwt: { secret: 's'.repeat(32), algorithms: ['RS256'] } } } })),
+      'gateway.auth.bearer.jwt.algorithms[0]',
+    );
   });
 
   it('a short HMAC secret, a non-PEM public key and a relative jwksUri are refused', () => {
-    assertProblemAt(problemsOf(withGateway({ auth: { bearer: { jwt: { secret: 's'.repeat(31) } } } })), 'gateway.auth.bearer.jwt.secret');
-    assertProblemAt(problemsOf(withGateway({ auth: { bearer: { jwt: { publicKey: 'abc' } } } })), 'gateway.auth.bearer.jwt.publicKey');
-    assertProblemAt(problemsOf(withGateway({ auth: { bearer: { jwt: { jwksUri: '/jwks.json' } } } })), 'gateway.auth.bearer.jwt.jwksUri');
+    assertProblemAt(
+      problemsOf(withGateway({ auth: { bearer: { jwt: { secret: 's'.repeat(31) } } } })),
+      'gateway.auth.bearer.jwt.secret',
+    );
+    assertProblemAt(
+      problemsOf(withGateway({ auth: { bearer: { jwt: { publicKey: 'abc' } } } })),
+      'gateway.auth.bearer.jwt.publicKey',
+    );
+    assertProblemAt(
+      problemsOf(withGateway({ auth: { bearer: { jwt: { jwksUri: '/jwks.json' } } } })),
+      'gateway.auth.bearer.jwt.jwksUri',
+    );
   });
 });
 
 describe('config: the result is deep-frozen', () => {
   it('no level of the config can be changed', () => {
-    const config = parseConfig(withGateway({ auth: { apiKey: GOOD_KEY, allowedIPs: ['10.0.0.0/8'], apiKeys: [{ id: 'ci', hash: `sha256:${'a'.repeat(64)}` }] } }));
-    for (const part of [config, config.gateway, config.gateway.auth, config.gateway.auth.allowedIPs, config.gateway.auth.apiKeys, config.gateway.auth.apiKeys[0], config.gateway.listen, config.webhooks.targets, config.storage]) {
+    const config = parseConfig(
+      withGateway({
+        auth: {
+          apiKey: GOOD_KEY,
+          allowedIPs: ['10.0.0.0/8'],
+          apiKeys: [{ id: 'ci', hash: `sha256:${'a'.repeat(64)}` }],
+        },
+      }),
+    );
+    for (const part of [
+      config,
+      config.gateway,
+      config.gateway.auth,
+      config.gateway.auth.allowedIPs,
+      config.gateway.auth.apiKeys,
+      config.gateway.auth.apiKeys[0],
+      config.gateway.listen,
+      config.webhooks.targets,
+      config.storage,
+    ]) {
       assert.ok(Object.isFrozen(part));
     }
     assert.throws(() => {
@@ -304,47 +447,77 @@ describe('config: webhooks', () => {
 
   it('an endpoint path not under /webhook/', () => {
     for (const bad of ['/hooks/github', '/webhook/', 'webhook/github', '/webhook/a b', '/webhook/a?x=1']) {
-      assertProblemAt(problemsOf(withWebhooks({ endpoints: [{ ...endpoint, path: bad }], targets: { message: target } })), 'webhooks.endpoints[0].path');
+      assertProblemAt(
+        problemsOf(withWebhooks({ endpoints: [{ ...endpoint, path: bad }], targets: { message: target } })),
+        'webhooks.endpoints[0].path',
+      );
     }
   });
 
   it('an endpoint under /webhook/channels/ (reserved for channels)', () => {
     for (const bad of ['/webhook/channels', '/webhook/channels/tg', '/webhook/channels/phone/pair/x']) {
-      assertProblemAt(problemsOf(withWebhooks({ endpoints: [{ ...endpoint, path: bad }], targets: { message: target } })), 'webhooks.endpoints[0].path');
+      assertProblemAt(
+        problemsOf(withWebhooks({ endpoints: [{ ...endpoint, path: bad }], targets: { message: target } })),
+        'webhooks.endpoints[0].path',
+      );
     }
   });
 
   it('a duplicate endpoint path points at the second one', () => {
-    const problems = problemsOf(withWebhooks({ endpoints: [endpoint, { ...endpoint, path: '/webhook/other' }, endpoint], targets: { message: target } }));
+    const problems = problemsOf(
+      withWebhooks({
+        endpoints: [endpoint, { ...endpoint, path: '/webhook/other' }, endpoint],
+        targets: { message: target },
+      }),
+    );
     assertProblemAt(problems, 'webhooks.endpoints[2].path');
     assert.equal(problems.length, 1);
   });
 
   it('an endpoint secret shorter than 16 characters', () => {
-    assertProblemAt(problemsOf(withWebhooks({ endpoints: [{ ...endpoint, secret: 'x'.repeat(15) }], targets: { message: target } })), 'webhooks.endpoints[0].secret');
+    assertProblemAt(
+      problemsOf(withWebhooks({ endpoints: [{ ...endpoint, secret: 'x'.repeat(15) }], targets: { message: target } })),
+      'webhooks.endpoints[0].secret',
+    );
   });
 
   it('an action without a target', () => {
-    assertProblemAt(problemsOf(withWebhooks({ endpoints: [{ ...endpoint, action: 'agent' }], targets: { message: target } })), 'webhooks.endpoints[0].action');
+    assertProblemAt(
+      problemsOf(withWebhooks({ endpoints: [{ ...endpoint, action: 'agent' }], targets: { message: target } })),
+      'webhooks.endpoints[0].action',
+    );
   });
 
   it('an unknown action', () => {
-    assertProblemAt(problemsOf(withWebhooks({ endpoints: [{ ...endpoint, action: 'email' }], targets: { message: target } })), 'webhooks.endpoints[0].action');
+    assertProblemAt(
+      problemsOf(withWebhooks({ endpoints: [{ ...endpoint, action: 'email' }], targets: { message: target } })),
+      'webhooks.endpoints[0].action',
+    );
   });
 
   it('a relative target URL', () => {
-    assertProblemAt(problemsOf(withWebhooks({ targets: { message: { url: '/hook' } } })), 'webhooks.targets.message.url');
-    assertProblemAt(problemsOf(withWebhooks({ targets: { 'system-event': { url: 'hook' } } })), 'webhooks.targets["system-event"].url');
+    assertProblemAt(
+      problemsOf(withWebhooks({ targets: { message: { url: '/hook' } } })),
+      'webhooks.targets.message.url',
+    );
+    assertProblemAt(
+      problemsOf(withWebhooks({ targets: { 'system-event': { url: 'hook' } } })),
+      'webhooks.targets["system-event"].url',
+    );
   });
 
   it('maxJsonDepth: 64 by default, a whole number from 1 to 1000', () => {
     assert.equal(parseConfig(withWebhooks({})).webhooks.maxJsonDepth, 64);
     assert.equal(parseConfig(withWebhooks({ maxJsonDepth: 8 })).webhooks.maxJsonDepth, 8);
-    for (const bad of [0, 1001, 2.5, '64']) assertProblemAt(problemsOf(withWebhooks({ maxJsonDepth: bad })), 'webhooks.maxJsonDepth');
+    for (const bad of [0, 1001, 2.5, '64'])
+      assertProblemAt(problemsOf(withWebhooks({ maxJsonDepth: bad })), 'webhooks.maxJsonDepth');
   });
 
   it('a target secret shorter than 16 characters', () => {
-    assertProblemAt(problemsOf(withWebhooks({ targets: { message: { ...target, secret: 'short' } } })), 'webhooks.targets.message.secret');
+    assertProblemAt(
+      problemsOf(withWebhooks({ targets: { message: { ...target, secret: 'short' } } })),
+      'webhooks.targets.message.secret',
+    );
   });
 });
 
@@ -362,7 +535,9 @@ describe('config: loadConfig reads a JSON5 file', () => {
     copyFileSync(path.join(TLS_FIXTURES, 'cert.pem'), path.join(dir, 'certs', 'gw.crt'));
     const absoluteKey = path.join(dir, 'elsewhere-gw.key');
     copyFileSync(path.join(TLS_FIXTURES, 'key.pem'), absoluteKey);
-    writeFileSync(file, `// comments and trailing commas are fine
+    writeFileSync(
+      file,
+      `// comments and trailing commas are fine
 {
   storage: { path: './state/gatehouse.db' },
   gateway: {
@@ -370,7 +545,8 @@ describe('config: loadConfig reads a JSON5 file', () => {
     tls: { cert: 'certs/gw.crt', key: '${absoluteKey}' },
     auth: { apiKey: { file: 'api.key' } },
   },
-}`);
+}`,
+    );
     const { config, file: loadedFrom } = loadConfig(file, {});
     assert.equal(loadedFrom, file);
     assert.deepEqual(config.storage, { driver: 'sqlite', path: path.join(dir, 'state', 'gatehouse.db') });
@@ -380,20 +556,29 @@ describe('config: loadConfig reads a JSON5 file', () => {
     assert.ok(Object.isFrozen(config.storage));
   });
 
-  it('gateway.tls: each file readable, PEM, and the key the certificate\'s (found by a newcomer: a missing one passed the check, then start failed with a stack)', () => {
+  it("gateway.tls: each file readable, PEM, and the key the certificate's (found by a newcomer: a missing one passed the check, then start failed with a stack)", () => {
     const otherKey = path.join(dir, 'other.key');
-    writeFileSync(otherKey, generateKeyPairSync('ec', { namedCurve: 'P-256' }).privateKey.export({ type: 'pkcs8', format: 'pem' }));
+    writeFileSync(
+      otherKey,
+      generateKeyPairSync('ec', { namedCurve: 'P-256' }).privateKey.export({ type: 'pkcs8', format: 'pem' }),
+    );
     writeFileSync(path.join(dir, 'not.pem'), 'hello');
     const cert = path.join(TLS_FIXTURES, 'cert.pem');
     const tlsProblems = (tls: { cert: string; key: string }) => problemsOf(withGateway({ tls }), { baseDir: dir });
-    assert.equal(parseConfig(withGateway({ tls: { cert, key: path.join(TLS_FIXTURES, 'key.pem') } })).gateway.tls?.cert, cert, 'the fixture pair passes');
+    assert.equal(
+      parseConfig(withGateway({ tls: { cert, key: path.join(TLS_FIXTURES, 'key.pem') } })).gateway.tls?.cert,
+      cert,
+      'the fixture pair passes',
+    );
     assert.deepEqual(tlsProblems({ cert: 'missing.crt', key: 'missing.key' }), [
       `gateway.tls.cert: ${path.join(dir, 'missing.crt')} does not exist`,
       `gateway.tls.key: ${path.join(dir, 'missing.key')} does not exist`,
     ]);
     const [notPem] = tlsProblems({ cert: 'not.pem', key: path.join(TLS_FIXTURES, 'key.pem') });
     assert.match(notPem!, /^gateway\.tls\.cert: \S+not\.pem is not a PEM certificate/);
-    assert.deepEqual(tlsProblems({ cert, key: otherKey }), [`gateway.tls.key: ${otherKey} is not the private key of the certificate in ${cert}`]);
+    assert.deepEqual(tlsProblems({ cert, key: otherKey }), [
+      `gateway.tls.key: ${otherKey} is not the private key of the certificate in ${cert}`,
+    ]);
   });
 
   it('a TLS file gone between the check and the start: the listener says so in one line (a UsageError), not with a stack', async () => {
@@ -401,66 +586,96 @@ describe('config: loadConfig reads a JSON5 file', () => {
     const config = parseConfig(withGateway({}));
     const missing = path.join(dir, 'gone.crt');
     await assert.rejects(
-      listen('gateway.listen', { host: '127.0.0.1', port: 0 }, { cert: missing, key: missing }, config.gateway.limits, () => {}),
-      (err: unknown) => err instanceof UsageError && err.message.startsWith(`gateway.listen: cannot serve TLS with ${missing} and ${missing}: ENOENT`),
+      listen(
+        'gateway.listen',
+        { host: '127.0.0.1', port: 0 },
+        { cert: missing, key: missing },
+        config.gateway.limits,
+        () => {},
+      ),
+      (err: unknown) =>
+        err instanceof UsageError &&
+        err.message.startsWith(`gateway.listen: cannot serve TLS with ${missing} and ${missing}: ENOENT`),
     );
   });
 
   it('a missing file is a ConfigError naming the file', () => {
     const file = path.join(dir, 'nope.json5');
-    assert.throws(() => loadConfig(file, {}), (err: unknown) => {
-      assert.ok(err instanceof ConfigError);
-      assert.equal(err.problems.length, 1);
-      assert.ok(err.problems[0]?.startsWith(`${file}: `), err.problems[0]);
-      assert.ok(err.problems[0]?.includes('does not exist'), err.problems[0]);
-      return true;
-    });
+    assert.throws(
+      () => loadConfig(file, {}),
+      (err: unknown) => {
+        assert.ok(err instanceof ConfigError);
+        assert.equal(err.problems.length, 1);
+        assert.ok(err.problems[0]?.startsWith(`${file}: `), err.problems[0]);
+        assert.ok(err.problems[0]?.includes('does not exist'), err.problems[0]);
+        return true;
+      },
+    );
   });
 
   it('invalid JSON5 is a ConfigError naming the file', () => {
     const file = path.join(dir, 'broken.json5');
     writeFileSync(file, '{ gateway: { upstream: ');
-    assert.throws(() => loadConfig(file, {}), (err: unknown) => {
-      assert.ok(err instanceof ConfigError);
-      assert.equal(err.problems.length, 1);
-      assert.ok(err.problems[0]?.startsWith(`${file}: `), err.problems[0]);
-      return true;
-    });
+    assert.throws(
+      () => loadConfig(file, {}),
+      (err: unknown) => {
+        assert.ok(err instanceof ConfigError);
+        assert.equal(err.problems.length, 1);
+        assert.ok(err.problems[0]?.startsWith(`${file}: `), err.problems[0]);
+        return true;
+      },
+    );
   });
 
   it('schema problems from a file are reported as paths', () => {
     const file = path.join(dir, 'bad.json5');
     writeFileSync(file, `{ gateway: { upstream: { target: '${TARGET}' }, auth: { allowedIPs: ['10.0.0.0/33'] } } }`);
-    assert.throws(() => loadConfig(file, {}), (err: unknown) => {
-      assert.ok(err instanceof ConfigError);
-      assert.deepEqual(err.problems, ['gateway.auth.allowedIPs[0]: invalid CIDR "10.0.0.0/33"']);
-      return true;
-    });
+    assert.throws(
+      () => loadConfig(file, {}),
+      (err: unknown) => {
+        assert.ok(err instanceof ConfigError);
+        assert.deepEqual(err.problems, ['gateway.auth.allowedIPs[0]: invalid CIDR "10.0.0.0/33"']);
+        return true;
+      },
+    );
   });
 });
 
 describe('config: what a newcomer reads about a wrong value', () => {
   it('names the variable a value came from (its text only where a number or boolean was wanted, never a secret\'s), says "required", shows a duration\'s form', () => {
-    const problems = problemsOf({
-      gateway: { listen: { port: '${PORT}' }, upstream: {}, auth: { apiKey: '${API_KEY}' } },
-      webhooks: { enabled: true, delivery: { retryFor: 72 }, targets: { message: { url: 'http://127.0.0.1:1/' } } },
-    }, { env: { PORT: 'abc', API_KEY: 'short-secret-value' } });
+    const problems = problemsOf(
+      {
+        gateway: { listen: { port: '${PORT}' }, upstream: {}, auth: { apiKey: '${API_KEY}' } },
+        webhooks: { enabled: true, delivery: { retryFor: 72 }, targets: { message: { url: 'http://127.0.0.1:1/' } } },
+      },
+      { env: { PORT: 'abc', API_KEY: 'short-secret-value' } },
+    );
     assert.deepEqual(problems, [
       'gateway.listen.port: Invalid input: expected number, received string (PORT is "abc")',
       'gateway.upstream.target: required (expected string)',
       'gateway.auth.apiKey: apiKey must be at least 32 characters (from API_KEY)',
       'webhooks.delivery.retryFor: a duration as text, like "72h", "30m", "7d" or "90s"',
     ]);
-    assert.ok(!problems.join('\n').includes('short-secret-value'), 'a secret\'s value is never shown');
+    assert.ok(!problems.join('\n').includes('short-secret-value'), "a secret's value is never shown");
   });
 
   it('never shows a default written beside the variable, nor a miswired URL or token (found by review)', () => {
-    const problems = problemsOf({
-      gateway: { listen: { port: '${DATABASE_URL}' }, upstream: { target: TARGET }, auth: { apiKey: '${API_KEY:-default-key-in-the-file}' } },
-      webhooks: { enabled: '${ADMIN_TOKEN}' },
-    }, { env: { DATABASE_URL: 'postgres://gatehouse:S3cretPassw0rd@db/gatehouse', ADMIN_TOKEN: 'tok-0123456789abcdef' } });
+    const problems = problemsOf(
+      {
+        gateway: {
+          listen: { port: '${DATABASE_URL}' },
+          upstream: { target: TARGET },
+          auth: { apiKey: '${API_KEY:-default-key-in-the-file}' },
+        },
+        webhooks: { enabled: '${ADMIN_TOKEN}' },
+      },
+      {
+        env: { DATABASE_URL: 'postgres://gatehouse:S3cretPassw0rd@db/gatehouse', ADMIN_TOKEN: 'tok-0123456789abcdef' },
+      },
+    );
     const text = problems.join('\n');
-    for (const secret of ['S3cretPassw0rd', 'default-key-in-the-file', 'tok-0123456789abcdef']) assert.ok(!text.includes(secret), `${secret} shown in:\n${text}`);
+    for (const secret of ['S3cretPassw0rd', 'default-key-in-the-file', 'tok-0123456789abcdef'])
+      assert.ok(!text.includes(secret), `${secret} shown in:\n${text}`);
     assert.match(text, /^gateway\.listen\.port: .* \(from DATABASE_URL\)$/m);
     assert.match(text, /^gateway\.auth\.apiKey: .* \(from API_KEY\)$/m);
   });
@@ -469,7 +684,10 @@ describe('config: what a newcomer reads about a wrong value', () => {
 describe('config: a missing variable is reported once', () => {
   it('no second complaint about the empty stand-in value', () => {
     try {
-      parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: '${GATEHOUSE_UNSET_FOR_TEST}' } } }, { env: {} });
+      parseConfig(
+        { gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: '${GATEHOUSE_UNSET_FOR_TEST}' } } },
+        { env: {} },
+      );
       assert.fail('expected a ConfigError');
     } catch (err) {
       assert.ok(err instanceof ConfigError);
@@ -478,15 +696,31 @@ describe('config: a missing variable is reported once', () => {
   });
 
   it('a complaint about what contains it says it may only follow from that (found by a newcomer), and nothing is hidden (found by review)', () => {
-    const problems = problemsOf({
-      gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { bearer: { jwt: { secret: '${JWT_SECRET}' } }, failures: { max: 0 } } },
-      webhooks: { enabled: true, endpoints: [{ path: '/webhook/ci', secret: '${CI_HOOK_SECRET}', action: 'message' }], targets: { message: { url: 'http://127.0.0.1:1/' } } },
-    }, { env: {} });
+    const problems = problemsOf(
+      {
+        gateway: {
+          upstream: { target: 'http://127.0.0.1:1' },
+          auth: { bearer: { jwt: { secret: '${JWT_SECRET}' } }, failures: { max: 0 } },
+        },
+        webhooks: {
+          enabled: true,
+          endpoints: [{ path: '/webhook/ci', secret: '${CI_HOOK_SECRET}', action: 'message' }],
+          targets: { message: { url: 'http://127.0.0.1:1/' } },
+        },
+      },
+      { env: {} },
+    );
     const text = problems.join('\n');
     assert.match(text, /^gateway\.auth\.bearer\.jwt\.secret: environment variable JWT_SECRET is not set$/m);
     assert.match(text, /^webhooks\.endpoints\[0\]\.secret: environment variable CI_HOOK_SECRET is not set$/m);
-    assert.match(text, /^gateway\.auth\.bearer\.jwt: .* \(perhaps only because of the problem at gateway\.auth\.bearer\.jwt\.secret\)$/m);
-    assert.match(text, /^webhooks\.endpoints\[0\]: .* \(perhaps only because of the problem at webhooks\.endpoints\[0\]\.secret\)$/m);
+    assert.match(
+      text,
+      /^gateway\.auth\.bearer\.jwt: .* \(perhaps only because of the problem at gateway\.auth\.bearer\.jwt\.secret\)$/m,
+    );
+    assert.match(
+      text,
+      /^webhooks\.endpoints\[0\]: .* \(perhaps only because of the problem at webhooks\.endpoints\[0\]\.secret\)$/m,
+    );
     assert.match(text, /^gateway\.auth\.failures\.max: (?!.*perhaps)/m, 'an unrelated problem is said as it is');
   });
 });

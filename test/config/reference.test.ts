@@ -9,7 +9,11 @@ import { ROOT } from '../helpers/process.js';
 describe('configuration reference (docs/configuration.md and gateway.schema.json, generated from the schema)', () => {
   it('every config key has a description in the zod schema', () => {
     const missing = undescribedKeys();
-    assert.deepEqual(missing, [], `keys without a description: ${missing.join(', ')}; add .describe('…') to each in src/config/sections/, then run \`npm run docs\``);
+    assert.deepEqual(
+      missing,
+      [],
+      `keys without a description: ${missing.join(', ')}; add .describe('…') to each in src/config/sections/, then run \`npm run docs\``,
+    );
   });
 
   it('gateway.schema.json keeps each description on its property, also where a leaf takes ${VAR} or { file } (editors show it on hover)', () => {
@@ -26,7 +30,10 @@ describe('configuration reference (docs/configuration.md and gateway.schema.json
       } catch {
         assert.fail(`${name} is missing: run \`npm run docs\``);
       }
-      assert.ok(committed === expected, `${name} is out of date with the schema in src/config/: run \`npm run docs\` and commit the result`);
+      assert.ok(
+        committed === expected,
+        `${name} is out of date with the schema in src/config/: run \`npm run docs\` and commit the result`,
+      );
     }
   });
 
@@ -36,7 +43,10 @@ describe('configuration reference (docs/configuration.md and gateway.schema.json
     assert.match(row('gateway.auth.apiKeys[].rateLimit.per') ?? '', /\| period like "1m" \| required \| .+ \|$/);
     assert.match(row('gateway.listen.port') ?? '', /\| integer 0–65535 \| `8080` \| .+ \|$/);
     assert.match(row('webhooks.delivery.retryFor') ?? '', /\| duration like "72h" \| `"72h"` \| .+ \|$/);
-    assert.match(reference, /### `storage` with `driver: "postgres"`\n\n[^#]*\| `storage\.url` \| postgres:\/\/ URL \| required \|/);
+    assert.match(
+      reference,
+      /### `storage` with `driver: "postgres"`\n\n[^#]*\| `storage\.url` \| postgres:\/\/ URL \| required \|/,
+    );
     assert.match(reference, /### `webhooks\.endpoints\[\]\.verify` with `type: "github"`/);
     assert.match(reference, /### `channels\.<name>` with `kind: "oauth-bot"`/);
     assert.match(reference, /\[Config files\]\(config-files\.md\)/);

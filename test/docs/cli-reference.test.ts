@@ -47,7 +47,8 @@ function checkCommandLine(root: CliCommand, words: string[]): string | undefined
         open = true;
         continue;
       }
-      if (!command.longFlags.includes(flag) && !command.shortFlags.includes(flag)) return `${command.name} has no flag ${flag}`;
+      if (!command.longFlags.includes(flag) && !command.shortFlags.includes(flag))
+        return `${command.name} has no flag ${flag}`;
       if (command.valued.has(flag) && !word.includes('=')) i++;
       continue;
     }
@@ -85,8 +86,23 @@ function wordsOf(text: string): string[] {
  * Where a gatehouse command starts in a line of a shell block: the start of the line (after a `$ `
  * prompt), after `&&`, `;`, `(` or `$(`, or after `docker [compose] exec [-T] <container>`.
  */
-const COMMAND_START = /(?:^\s*(?:\$\s+)?|&&\s*|;\s*|\$?\(\s*|\bexec\s+(?:-T\s+)?[\w.-]+\s+)(?:npx\s+)?(gatehouse|node\s+\S*bin\/gatehouse\.js)(?=\s|$)/g;
-const NOT_SHELL = new Set(['text', 'json', 'json5', 'jsonc', 'yaml', 'yml', 'js', 'javascript', 'ts', 'typescript', 'http', 'ini', 'toml']);
+const COMMAND_START =
+  /(?:^\s*(?:\$\s+)?|&&\s*|;\s*|\$?\(\s*|\bexec\s+(?:-T\s+)?[\w.-]+\s+)(?:npx\s+)?(gatehouse|node\s+\S*bin\/gatehouse\.js)(?=\s|$)/g;
+const NOT_SHELL = new Set([
+  'text',
+  'json',
+  'json5',
+  'jsonc',
+  'yaml',
+  'yml',
+  'js',
+  'javascript',
+  'ts',
+  'typescript',
+  'http',
+  'ini',
+  'toml',
+]);
 
 describe('docs/cli.md matches the CLI', () => {
   let root: CliCommand;
@@ -98,7 +114,10 @@ describe('docs/cli.md matches the CLI', () => {
     const documented = documentedCommands();
     const inCli = allCommands(root).map((command) => command.name);
     assert.deepEqual(
-      { missingFromDocs: inCli.filter((name) => !documented.has(name)), notInCli: [...documented.keys()].filter((name) => !inCli.includes(name)) },
+      {
+        missingFromDocs: inCli.filter((name) => !documented.has(name)),
+        notInCli: [...documented.keys()].filter((name) => !inCli.includes(name)),
+      },
       { missingFromDocs: [], notInCli: [] },
     );
   });
@@ -110,8 +129,10 @@ describe('docs/cli.md matches the CLI', () => {
       const docs = documented.get(command.name);
       if (!docs) continue; // reported by the test above
       const inCli = [...command.longFlags, ...command.shortFlags];
-      for (const flag of inCli) if (!docs.flags.includes(flag)) differences.push(`${command.name}: ${flag} is not in docs/cli.md`);
-      for (const flag of docs.flags) if (!inCli.includes(flag)) differences.push(`docs/cli.md:${docs.line}: ${command.name} has no flag ${flag}`);
+      for (const flag of inCli)
+        if (!docs.flags.includes(flag)) differences.push(`${command.name}: ${flag} is not in docs/cli.md`);
+      for (const flag of docs.flags)
+        if (!inCli.includes(flag)) differences.push(`docs/cli.md:${docs.line}: ${command.name} has no flag ${flag}`);
     }
     assert.deepEqual(differences, []);
   });
@@ -126,7 +147,8 @@ describe('docs/cli.md matches the CLI', () => {
         // A line ending in `\` goes on in the next one.
         const lines = block.lines.map((line, i) => ({ line, at: block.line + i }));
         for (let i = lines.length - 2; i >= 0; i--) {
-          if (lines[i]!.line.endsWith('\\')) lines.splice(i, 2, { line: `${lines[i]!.line.slice(0, -1)} ${lines[i + 1]!.line}`, at: lines[i]!.at });
+          if (lines[i]!.line.endsWith('\\'))
+            lines.splice(i, 2, { line: `${lines[i]!.line.slice(0, -1)} ${lines[i + 1]!.line}`, at: lines[i]!.at });
         }
         lines.forEach(({ line, at }) => {
           for (const start of line.matchAll(COMMAND_START)) {
@@ -141,7 +163,12 @@ describe('docs/cli.md matches the CLI', () => {
       prose.forEach((line, i) => {
         for (const span of codeSpans(line)) {
           const words = wordsOf(span);
-          if (words[0] !== 'gatehouse' || words.length < 2 || !(root.subcommands.has(words[1]!) || words[1]!.startsWith('-'))) continue;
+          if (
+            words[0] !== 'gatehouse' ||
+            words.length < 2 ||
+            !(root.subcommands.has(words[1]!) || words[1]!.startsWith('-'))
+          )
+            continue;
           const why = checkCommandLine(root, words);
           checked++;
           if (why) problems.push(`${file}:${i + 1}: \`${span}\`: ${why}`);

@@ -21,7 +21,8 @@ function linksOf(file: string): Link[] {
   const links: Link[] = [];
   splitFences(readDoc(file)).prose.forEach((raw, i) => {
     const line = withoutCodeSpans(raw);
-    for (const m of line.matchAll(/\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)/g)) links.push({ file, line: i + 1, target: m[1]! });
+    for (const m of line.matchAll(/\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)/g))
+      links.push({ file, line: i + 1, target: m[1]! });
     const definition = /^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)/.exec(line);
     if (definition) links.push({ file, line: i + 1, target: definition[1]! });
   });
@@ -38,12 +39,16 @@ function anchorsOf(file: string): Set<string> {
 /** Why a relative link does not resolve, or undefined when it does. */
 function problem(link: Link): string | undefined {
   const [pathPart = '', anchor] = link.target.split('#', 2) as [string, string | undefined];
-  const target = pathPart === '' ? link.file : path.posix.normalize(path.posix.join(path.posix.dirname(link.file), decodeURIComponent(pathPart)));
+  const target =
+    pathPart === ''
+      ? link.file
+      : path.posix.normalize(path.posix.join(path.posix.dirname(link.file), decodeURIComponent(pathPart)));
   if (target.startsWith('..')) return `${target} is outside the repository`;
   if (GENERATED_PAGES.has(target) && !existsSync(path.join(ROOT, target))) return undefined;
   if (!existsSync(path.join(ROOT, target))) return `${target} does not exist`;
   if (anchor === undefined || anchor === '') return undefined;
-  if (!target.endsWith('.md') || statSync(path.join(ROOT, target)).isDirectory()) return `#${anchor} on ${target}, which is not a Markdown page`;
+  if (!target.endsWith('.md') || statSync(path.join(ROOT, target)).isDirectory())
+    return `#${anchor} on ${target}, which is not a Markdown page`;
   if (!anchorsOf(target).has(decodeURIComponent(anchor).toLowerCase())) return `${target} has no heading #${anchor}`;
   return undefined;
 }
@@ -61,21 +66,29 @@ describe('docs: every relative link and anchor resolves', () => {
   }
 
   it('the heading slugs follow GitHub', () => {
-    const anchors = headingAnchors('# The /api/ pipeline and status codes\n## Verifying the sender: `secret` or `verify`\n' +
-      '### Rotating GATEHOUSE_SECRET_KEY\n## Notes\n## Notes\n```\n# not a heading\n```\n## [0.1.0] - 2026-11-26\n');
-    assert.deepEqual([...anchors], [
-      'the-api-pipeline-and-status-codes',
-      'verifying-the-sender-secret-or-verify',
-      'rotating-gatehouse_secret_key',
-      'notes',
-      'notes-1',
-      '010---2026-11-26',
-    ]);
+    const anchors = headingAnchors(
+      '# The /api/ pipeline and status codes\n## Verifying the sender: `secret` or `verify`\n' +
+        '### Rotating GATEHOUSE_SECRET_KEY\n## Notes\n## Notes\n```\n# not a heading\n```\n## [0.1.0] - 2026-11-26\n',
+    );
+    assert.deepEqual(
+      [...anchors],
+      [
+        'the-api-pipeline-and-status-codes',
+        'verifying-the-sender-secret-or-verify',
+        'rotating-gatehouse_secret_key',
+        'notes',
+        'notes-1',
+        '010---2026-11-26',
+      ],
+    );
   });
 
   it('README links to every page under docs/', () => {
     const linked = new Set(linksOf('README.md').map((link) => path.posix.normalize(link.target.split('#')[0]!)));
     const pages = docFiles().filter((file) => file.startsWith('docs/'));
-    assert.deepEqual(pages.filter((page) => !linked.has(page)), []);
+    assert.deepEqual(
+      pages.filter((page) => !linked.has(page)),
+      [],
+    );
   });
 });

@@ -17,10 +17,21 @@ describe('admin listener, gateway.workers: 2', () => {
       await sendTraffic(s, 'w-1');
       await sendTraffic(s, 'w-2');
       // Both workers served some of it (round robin), so a sum of one would be short.
-      await s.server.waitFor(() => s.server.lines.slice(from).filter((l) => l.msg === 'request' && l.worker !== undefined).length >= 16);
-      const workers = new Set(s.server.lines.slice(from).filter((l) => l.msg === 'request' && l.worker !== undefined).map((l) => l.worker));
+      await s.server.waitFor(
+        () => s.server.lines.slice(from).filter((l) => l.msg === 'request' && l.worker !== undefined).length >= 16,
+      );
+      const workers = new Set(
+        s.server.lines
+          .slice(from)
+          .filter((l) => l.msg === 'request' && l.worker !== undefined)
+          .map((l) => l.worker),
+      );
       assert.deepEqual([...workers].sort(), [1, 2]);
-      await waitFor(async () => (await scrape(s.admin)).value('gatehouse_deliveries_total{action="message",outcome="delivered"}') === 2, { what: 'both deliveries counted' });
+      await waitFor(
+        async () =>
+          (await scrape(s.admin)).value('gatehouse_deliveries_total{action="message",outcome="delivered"}') === 2,
+        { what: 'both deliveries counted' },
+      );
 
       const m = await scrape(s.admin);
       assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="200",auth="api-key"}'), 8);
@@ -58,7 +69,11 @@ describe('admin listener, gateway.workers: 2', () => {
       jwks.status = 200;
       // Round robin: new connections alternate between the workers, so each one fetches.
       for (let i = 0; i < 4; i++) {
-        assert.equal((await request(s.gateway, '/api/x', { headers: { authorization: `Bearer ${await signGood('bob')}` } })).status, 200);
+        assert.equal(
+          (await request(s.gateway, '/api/x', { headers: { authorization: `Bearer ${await signGood('bob')}` } }))
+            .status,
+          200,
+        );
       }
       const ready = await request(s.admin, '/readyz');
       assert.equal(ready.status, 200, ready.body);

@@ -3,7 +3,22 @@ import { execFileSync } from 'node:child_process';
 import { once } from 'node:events';
 import path from 'node:path';
 import { before, after, describe, it } from 'node:test';
-import { auth, dir, KEY, scrape, sendTraffic, signGood, start, TOKEN, upstream, target, useAdminFixtures, WRONG_KEY, writeConfig, type Started } from '../helpers/admin.js';
+import {
+  auth,
+  dir,
+  KEY,
+  scrape,
+  sendTraffic,
+  signGood,
+  start,
+  TOKEN,
+  upstream,
+  target,
+  useAdminFixtures,
+  WRONG_KEY,
+  writeConfig,
+  type Started,
+} from '../helpers/admin.js';
 import { waitFor } from '../helpers/wait.js';
 import { request } from '../helpers/http.js';
 import { runCli } from '../helpers/process.js';
@@ -26,11 +41,24 @@ describe('admin listener, one process', () => {
   it('counts real traffic: requests by status and auth, auth failures by method and reason, webhooks, deliveries, the queue', async () => {
     const upstreamBefore = upstream.received.length;
     await sendTraffic(s);
-    assert.equal((await request(s.gateway, '/api/me', { headers: { authorization: `Bearer ${await signGood('alice@example.com')}` } })).status, 200);
+    assert.equal(
+      (
+        await request(s.gateway, '/api/me', {
+          headers: { authorization: `Bearer ${await signGood('alice@example.com')}` },
+        })
+      ).status,
+      200,
+    );
     assert.equal(upstream.received.length - upstreamBefore, 5, 'only the authenticated requests went upstream');
-    await waitFor(async () => target.received.some((r) => r.body.includes('"ref":"main"')), { what: 'the webhook delivered to the target' });
+    await waitFor(async () => target.received.some((r) => r.body.includes('"ref":"main"')), {
+      what: 'the webhook delivered to the target',
+    });
     // Settled after the target answered: wait for the delivery counter rather than guess.
-    await waitFor(async () => (await scrape(s.admin)).value('gatehouse_deliveries_total{action="message",outcome="delivered"}') === 1, { what: 'delivery counted' });
+    await waitFor(
+      async () =>
+        (await scrape(s.admin)).value('gatehouse_deliveries_total{action="message",outcome="delivered"}') === 1,
+      { what: 'delivery counted' },
+    );
 
     const m = await scrape(s.admin);
     assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="200",auth="api-key"}'), 4);
@@ -45,7 +73,10 @@ describe('admin listener, one process', () => {
     assert.equal(m.value('gatehouse_auth_failures_total{method="bearer",reason="invalid_token"}'), 1);
     assert.equal(m.value('gatehouse_webhooks_received_total{endpoint="/webhook/deploys",outcome="accepted"}'), 1);
     assert.equal(m.value('gatehouse_webhooks_received_total{endpoint="/webhook/deploys",outcome="duplicate"}'), 1);
-    assert.equal(m.value('gatehouse_webhooks_received_total{endpoint="/webhook/deploys",outcome="invalid_webhook_secret"}'), 1);
+    assert.equal(
+      m.value('gatehouse_webhooks_received_total{endpoint="/webhook/deploys",outcome="invalid_webhook_secret"}'),
+      1,
+    );
     assert.equal(m.value('gatehouse_deliveries_total{action="message",outcome="delivered"}'), 1);
     assert.equal(m.value('gatehouse_queue_events{action="message",status="delivered"}'), 1);
     assert.equal(m.value('gatehouse_queue_events{action="message",status="queued"}'), 0);
@@ -83,16 +114,29 @@ describe('admin listener, one process', () => {
   });
 
   it('/metrics needs the token: none or a wrong one is 401 JSON, compared whatever its length', async () => {
-    for (const headers of [{}, { authorization: 'Bearer wrong' }, { authorization: `Bearer ${TOKEN}x` }, { authorization: `Basic ${TOKEN}` }, { authorization: TOKEN }]) {
+    for (const headers of [
+      {},
+      { authorization: 'Bearer wrong' },
+      { authorization: `Bearer ${TOKEN}x` },
+      { authorization: `Basic ${TOKEN}` },
+      { authorization: TOKEN },
+    ]) {
       const reply = await request(s.admin, '/metrics', { headers });
       assert.equal(reply.status, 401, JSON.stringify(headers));
       assert.equal(reply.json().error.code, 'invalid_admin_token');
       assert.ok(!reply.body.includes('gatehouse_'));
     }
-    assert.equal((await request(s.admin, '/metrics', { headers: { authorization: `bearer ${TOKEN}` } })).status, 200, 'the scheme is case-insensitive');
+    assert.equal(
+      (await request(s.admin, '/metrics', { headers: { authorization: `bearer ${TOKEN}` } })).status,
+      200,
+      'the scheme is case-insensitive',
+    );
     // Two Authorization lines, the right one first (the attack review: Node's req.headers keeps only the first).
     for (const second of ['Bearer nope', `Bearer ${TOKEN}`, '']) {
-      const { responses } = await rawExchange(s.admin, `GET /metrics HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer ${TOKEN}\r\nAuthorization: ${second}\r\nConnection: close\r\n\r\n`);
+      const { responses } = await rawExchange(
+        s.admin,
+        `GET /metrics HTTP/1.1\r\nHost: admin\r\nAuthorization: Bearer ${TOKEN}\r\nAuthorization: ${second}\r\nConnection: close\r\n\r\n`,
+      );
       assert.equal(responses[0]?.status, 401, `then "${second}"`);
       assert.ok(!responses[0]!.body.includes('gatehouse_'));
     }
@@ -124,14 +168,21 @@ describe('admin listener, one process', () => {
     assert.equal(JSON.parse(responses[0]!.body).error.code, 'request_header_fields_too_large');
     const ok = await rawExchange(s.admin, 'GET /healthz HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n');
     assert.equal(ok.responses[0]?.status, 200);
-    const smuggled = await rawExchange(s.admin, 'GET /healthz HTTP/1.1\r\nHost: admin\r\nContent-Length: 5\r\n\r\nhello');
+    const smuggled = await rawExchange(
+      s.admin,
+      'GET /healthz HTTP/1.1\r\nHost: admin\r\nContent-Length: 5\r\n\r\nhello',
+    );
     assert.equal(smuggled.responses[0]?.status, 400, 'a body on GET is refused as on the other listeners');
   });
 
   it('/readyz is 200 when ready, then 503 naming "draining" once SIGTERM starts the drain; in-flight requests still finish', async () => {
     const ready = await request(s.admin, '/readyz');
     assert.equal(ready.status, 200);
-    assert.deepEqual(ready.json(), { status: 'ready', failing: [], checks: { store: 'ok', jwks: 'ok', draining: 'ok' } });
+    assert.deepEqual(ready.json(), {
+      status: 'ready',
+      failing: [],
+      checks: { store: 'ok', jwks: 'ok', draining: 'ok' },
+    });
     assert.equal((await request(s.admin, '/readyz', { method: 'HEAD' })).status, 200);
 
     // A request the upstream holds for a while keeps the drain going.
@@ -172,7 +223,9 @@ describe('admin listener: /readyz on a SQLite file the OS refuses writes to', ()
       try {
         immutable(true);
       } catch (err) {
-        return t.skip(`chattr +i is not available here (${(err as Error).message.split('\n')[0]}): nothing can make the file refuse root's writes`);
+        return t.skip(
+          `chattr +i is not available here (${(err as Error).message.split('\n')[0]}): nothing can make the file refuse root's writes`,
+        );
       }
       // A write that worked stands for a second (probes share one fsync): then the next one fails.
       await new Promise((r) => setTimeout(r, 1_100));
@@ -181,11 +234,15 @@ describe('admin listener: /readyz on a SQLite file the OS refuses writes to', ()
       assert.deepEqual(refused.json().failing, ['store']);
       assert.match(refused.json().checks.store, /^the store does not take writes \(/);
       immutable(false);
-      await waitFor(async () => (await request(s.admin, '/readyz')).status === 200, { what: 'ready again once the file takes writes' });
+      await waitFor(async () => (await request(s.admin, '/readyz')).status === 200, {
+        what: 'ready again once the file takes writes',
+      });
     } finally {
       try {
         immutable(false);
-      } catch { /* never set, or already cleared */ }
+      } catch {
+        /* never set, or already cleared */
+      }
       await s.server.stop('SIGKILL');
     }
   });
@@ -197,7 +254,9 @@ describe('admin config', () => {
     const result = await runCli(['config', 'check', '--config', file]);
     assert.equal(result.code, 1, result.stdout + result.stderr);
     assert.match(result.stderr, /admin\.token: required when admin\.listen\.host is not loopback \(0\.0\.0\.0\)/);
-    const withToken = writeConfig('closed.json5', { admin: `{ listen: { host: "0.0.0.0", port: 0 }, token: "${TOKEN}" }` });
+    const withToken = writeConfig('closed.json5', {
+      admin: `{ listen: { host: "0.0.0.0", port: 0 }, token: "${TOKEN}" }`,
+    });
     const ok = await runCli(['config', 'check', '--config', withToken]);
     assert.equal(ok.code, 0, ok.stderr);
   });

@@ -32,13 +32,16 @@ describe('admin /readyz on postgres', { skip, timeout: 90_000 }, () => {
       res.end();
     });
     const file = path.join(dir, 'pg.json5');
-    writeFileSync(file, `{
+    writeFileSync(
+      file,
+      `{
       gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "admin-pg-key-0123456789abcdefghijklmnopq" } },
       webhooks: { enabled: true, listen: { port: 0 }, endpoints: [{ path: "/webhook/pg", secret: "${SECRET}", action: "message" }],
         targets: { message: { url: "${target.url}/hook" } }, delivery: { initialBackoffMs: 60000, maxBackoffMs: 60000 } },
       storage: { driver: "postgres", url: "${url}" },
       admin: { listen: { port: 0 } },
-    }`);
+    }`,
+    );
     const server = startServerProcess(file);
     try {
       const admin = (await server.waitFor((l) => l.msg?.startsWith('admin listener'), 40_000)).url;
@@ -47,10 +50,20 @@ describe('admin /readyz on postgres', { skip, timeout: 90_000 }, () => {
       assert.equal(ready.status, 200, ready.body);
       assert.equal(ready.json().checks.store, 'ok');
 
-      const hook = await request(webhooks, '/webhook/pg', { method: 'POST', headers: { 'content-type': 'application/json', 'x-webhook-secret': SECRET }, body: '{"n":1}' });
+      const hook = await request(webhooks, '/webhook/pg', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-webhook-secret': SECRET },
+        body: '{"n":1}',
+      });
       assert.equal(hook.status, 202);
       await waitFor(async () => target.received.length >= 1, { timeoutMs: 15_000, what: 'the first attempt' });
-      await waitFor(async () => (await request(admin, '/metrics')).body.includes('gatehouse_deliveries_total{action="message",outcome="retry"} 1'), { timeoutMs: 15_000, what: 'the retry counted' });
+      await waitFor(
+        async () =>
+          (await request(admin, '/metrics')).body.includes(
+            'gatehouse_deliveries_total{action="message",outcome="retry"} 1',
+          ),
+        { timeoutMs: 15_000, what: 'the retry counted' },
+      );
       const metrics = (await request(admin, '/metrics')).body;
       assert.match(metrics, /^gatehouse_queue_events\{action="message",status="queued"\} 1$/m);
       assert.match(metrics, /^gatehouse_queue_events\{action="message",status="delivered"\} 0$/m);
@@ -65,10 +78,16 @@ describe('admin /readyz on postgres', { skip, timeout: 90_000 }, () => {
       const partial = await request(admin, '/metrics');
       assert.equal(partial.status, 200);
       assert.doesNotMatch(partial.body, /^gatehouse_queue_events\{/m);
-      assert.match(partial.body, /^gatehouse_webhooks_received_total\{endpoint="\/webhook\/pg",outcome="accepted"\} 1$/m);
+      assert.match(
+        partial.body,
+        /^gatehouse_webhooks_received_total\{endpoint="\/webhook\/pg",outcome="accepted"\} 1$/m,
+      );
 
       await pg.start();
-      await waitFor(async () => (await request(admin, '/readyz')).status === 200, { timeoutMs: 15_000, what: 'ready again after the restart' });
+      await waitFor(async () => (await request(admin, '/readyz')).status === 200, {
+        timeoutMs: 15_000,
+        what: 'ready again after the restart',
+      });
     } finally {
       await server.stop('SIGKILL');
       await upstream.close();

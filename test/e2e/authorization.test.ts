@@ -16,7 +16,10 @@ const BILLING_KEY = generateApiKey();
 const PLAIN_KEY = generateApiKey();
 
 function hs256(claims: JWTPayload): Promise<string> {
-  return new SignJWT(claims).setProtectedHeader({ alg: 'HS256' }).setExpirationTime('5m').sign(new TextEncoder().encode(SECRET));
+  return new SignJWT(claims)
+    .setProtectedHeader({ alg: 'HS256' })
+    .setExpirationTime('5m')
+    .sign(new TextEncoder().encode(SECRET));
 }
 
 describe('routes × credentials × methods', () => {
@@ -27,12 +30,20 @@ describe('routes × credentials × methods', () => {
   const credentials: Record<string, Record<string, string>> = {};
 
   before(async () => {
-    [main, billing, orders] = await Promise.all([startRecordingUpstream(), startRecordingUpstream(), startRecordingUpstream()]);
+    [main, billing, orders] = await Promise.all([
+      startRecordingUpstream(),
+      startRecordingUpstream(),
+      startRecordingUpstream(),
+    ]);
     credentials.ci = { 'x-api-key': CI_KEY };
     credentials.billing = { 'x-api-key': BILLING_KEY };
     credentials.plain = { 'x-api-key': PLAIN_KEY };
-    credentials.admin = { authorization: `Bearer ${await hs256({ sub: 'ada', scope: 'orders:read orders:write', groups: ['ops', 'admins'] })}` };
-    credentials.user = { authorization: `Bearer ${await hs256({ sub: 'bob', scp: ['orders:read'], groups: 'dev', tenant: 'acme' })}` };
+    credentials.admin = {
+      authorization: `Bearer ${await hs256({ sub: 'ada', scope: 'orders:read orders:write', groups: ['ops', 'admins'] })}`,
+    };
+    credentials.user = {
+      authorization: `Bearer ${await hs256({ sub: 'bob', scp: ['orders:read'], groups: 'dev', tenant: 'acme' })}`,
+    };
     const config = testConfig(main.url, {
       gateway: {
         routes: [
@@ -68,24 +79,50 @@ describe('routes × credentials × methods', () => {
     await Promise.all([main.close(), billing.close(), orders.close()]);
   });
 
-  const paths = ['/api/orders/7', '/api/orders/reports/q1', '/api/billing/invoices?id=1', '/api/admin/users', '/api/tenant/data', '/api/other'];
+  const paths = [
+    '/api/orders/7',
+    '/api/orders/reports/q1',
+    '/api/billing/invoices?id=1',
+    '/api/admin/users',
+    '/api/tenant/data',
+    '/api/other',
+  ];
   // What each credential may do, written out by hand: path → methods allowed.
   const allowed: Record<string, Record<string, string[]>> = {
     ci: { '/api/orders/7': ['GET'], '/api/orders/reports/q1': ['GET'], '/api/other': ['GET', 'POST'] },
     billing: { '/api/billing/invoices?id=1': ['GET', 'POST'], '/api/other': ['GET', 'POST'] },
     plain: { '/api/other': ['GET', 'POST'] },
-    admin: { '/api/orders/7': ['GET', 'POST'], '/api/orders/reports/q1': ['GET', 'POST'], '/api/admin/users': ['GET', 'POST'], '/api/other': ['GET', 'POST'] },
-    user: { '/api/orders/7': ['GET'], '/api/orders/reports/q1': ['GET'], '/api/tenant/data': ['GET', 'POST'], '/api/other': ['GET', 'POST'] },
+    admin: {
+      '/api/orders/7': ['GET', 'POST'],
+      '/api/orders/reports/q1': ['GET', 'POST'],
+      '/api/admin/users': ['GET', 'POST'],
+      '/api/other': ['GET', 'POST'],
+    },
+    user: {
+      '/api/orders/7': ['GET'],
+      '/api/orders/reports/q1': ['GET'],
+      '/api/tenant/data': ['GET', 'POST'],
+      '/api/other': ['GET', 'POST'],
+    },
   };
-  const scopesSent: Record<string, string | undefined> = { ci: 'orders:read', billing: 'billing', plain: undefined, admin: 'orders:read orders:write', user: 'orders:read' };
+  const scopesSent: Record<string, string | undefined> = {
+    ci: 'orders:read',
+    billing: 'billing',
+    plain: undefined,
+    admin: 'orders:read orders:write',
+    user: 'orders:read',
+  };
   // Where an allowed request lands, and with which target.
   const landing = (p: string): [() => RecordingServer, string] =>
-    p.startsWith('/api/billing/') ? [() => billing, p.slice('/api'.length)]
-      : p.startsWith('/api/orders/reports/') ? [() => main, p]
-        : p.startsWith('/api/orders/') ? [() => orders, p]
+    p.startsWith('/api/billing/')
+      ? [() => billing, p.slice('/api'.length)]
+      : p.startsWith('/api/orders/reports/')
+        ? [() => main, p]
+        : p.startsWith('/api/orders/')
+          ? [() => orders, p]
           : [() => main, p];
 
-  it('each allowed request reaches exactly its route\'s upstream; each refused one (403 insufficient_scope) reaches none', async () => {
+  it("each allowed request reaches exactly its route's upstream; each refused one (403 insufficient_scope) reaches none", async () => {
     const total = () => main.received.length + billing.received.length + orders.received.length;
     let checked = 0;
     for (const [name, headers] of Object.entries(credentials)) {
@@ -94,7 +131,10 @@ describe('routes × credentials × methods', () => {
           const before = total();
           const [upstreamOf, target] = landing(p);
           const upstreamBefore = upstreamOf().received.length;
-          const reply = await request(gatehouse.url, p, { method, headers: { ...headers, 'x-gatehouse-scopes': 'forged:everything' } });
+          const reply = await request(gatehouse.url, p, {
+            method,
+            headers: { ...headers, 'x-gatehouse-scopes': 'forged:everything' },
+          });
           const what = `${name} ${method} ${p}`;
           if (allowed[name]![p]?.includes(method)) {
             assert.equal(reply.status, 200, what);
@@ -103,12 +143,20 @@ describe('routes × credentials × methods', () => {
             const got = upstreamOf().received.at(-1)!;
             assert.equal(got.method, method, what);
             assert.equal(got.url, target, what);
-            assert.equal(got.headers['x-gatehouse-scopes'], scopesSent[name], `${what}: granted scopes, never the client's`);
+            assert.equal(
+              got.headers['x-gatehouse-scopes'],
+              scopesSent[name],
+              `${what}: granted scopes, never the client's`,
+            );
             assert.equal(got.headers['x-forwarded-prefix'], p.startsWith('/api/billing/') ? '/api' : undefined, what);
           } else {
             assert.equal(reply.status, 403, what);
             assert.equal(reply.json().error.code, 'insufficient_scope', what);
-            assert.match(reply.headers['www-authenticate'] as string, /^Bearer realm="gatehouse", error="insufficient_scope"/, what);
+            assert.match(
+              reply.headers['www-authenticate'] as string,
+              /^Bearer realm="gatehouse", error="insufficient_scope"/,
+              what,
+            );
             assert.equal(total(), before, `${what}: no upstream touched`);
           }
           checked++;
@@ -123,7 +171,10 @@ describe('routes × credentials × methods', () => {
   it('the 403 names the missing scopes (RFC 6750) and the log names the rule', async () => {
     const reply = await request(gatehouse.url, '/api/orders/7', { method: 'DELETE', headers: credentials.ci });
     assert.equal(reply.status, 403);
-    assert.equal(reply.headers['www-authenticate'], 'Bearer realm="gatehouse", error="insufficient_scope", scope="orders:write"');
+    assert.equal(
+      reply.headers['www-authenticate'],
+      'Bearer realm="gatehouse", error="insufficient_scope", scope="orders:write"',
+    );
     const line = gatehouse.logs.findLast((l) => l.msg === 'request' && l.error === 'insufficient_scope');
     assert.match(line!.detail, /rules\[1\]: scope "orders:write" not granted/);
     assert.equal(line!.path, '/api/orders/7');
@@ -131,7 +182,9 @@ describe('routes × credentials × methods', () => {
 
   it('stripPrefix is byte-exact: encoded characters and the query go up untouched; the log keeps the path as received', async () => {
     const before = billing.received.length;
-    const reply = await request(gatehouse.url, '/api/billing/a%20b/%C3%A9t%C3%A9/c?q=%41&x=%2F&&y', { headers: credentials.billing });
+    const reply = await request(gatehouse.url, '/api/billing/a%20b/%C3%A9t%C3%A9/c?q=%41&x=%2F&&y', {
+      headers: credentials.billing,
+    });
     assert.equal(reply.status, 200);
     assert.equal(billing.received.length, before + 1);
     assert.equal(billing.received.at(-1)!.url, '/billing/a%20b/%C3%A9t%C3%A9/c?q=%41&x=%2F&&y');
@@ -148,15 +201,25 @@ describe('routes × credentials × methods', () => {
     const encodedPrefix = await request(gatehouse.url, '/api/%62illing/invoices', { headers: credentials.billing });
     assert.equal(encodedPrefix.status, 400);
     assert.equal(encodedPrefix.json().error.code, 'invalid_path');
-    assert.equal(orders.received.length + main.received.length + billing.received.length, before, 'no upstream reached');
+    assert.equal(
+      orders.received.length + main.received.length + billing.received.length,
+      before,
+      'no upstream reached',
+    );
     assert.equal(billing.received.length, billingBefore);
   });
 
   it('spellings an upstream reads as the same path do not dodge a rule: case, a trailing slash, an encoded line break (found by an outside attack)', async () => {
     const total = () => main.received.length + billing.received.length + orders.received.length;
     const before = total();
-    for (const [method, p] of [['GET', '/api/ADMIN/users'], ['POST', '/api/Admin/users/'], ['GET', '/api/TENANT/data'], ['POST', '/api/orders/7/'], ['POST', '/api/Orders/7'],
-      ['DELETE', '/api/orders/7%e2%80%a8']] as const) {
+    for (const [method, p] of [
+      ['GET', '/api/ADMIN/users'],
+      ['POST', '/api/Admin/users/'],
+      ['GET', '/api/TENANT/data'],
+      ['POST', '/api/orders/7/'],
+      ['POST', '/api/Orders/7'],
+      ['DELETE', '/api/orders/7%e2%80%a8'],
+    ] as const) {
       const reply = await request(gatehouse.url, p, { method, headers: credentials.ci });
       assert.equal(reply.status, 403, `${method} ${p}`);
       assert.equal(reply.json().error.code, 'insufficient_scope', `${method} ${p}`);
@@ -227,12 +290,17 @@ describe('rate limits (one process)', () => {
   });
 
   it("a key's own rateLimit; by ip on one path and method only", async () => {
-    for (let i = 0; i < 5; i++) assert.equal((await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': BULK } })).status, 200);
+    for (let i = 0; i < 5; i++)
+      assert.equal((await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': BULK } })).status, 200);
     const refused = await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': BULK } });
     assert.equal(refused.status, 429);
     assert.equal(refused.headers['retry-after'], '720');
     const other = { 'x-api-key': OTHER };
-    for (let i = 0; i < 2; i++) assert.equal((await request(gatehouse.url, '/api/expensive/run', { method: 'POST', headers: other })).status, 200);
+    for (let i = 0; i < 2; i++)
+      assert.equal(
+        (await request(gatehouse.url, '/api/expensive/run', { method: 'POST', headers: other })).status,
+        200,
+      );
     const before = upstream.received.length;
     const byIp = await request(gatehouse.url, '/api/expensive/run', { method: 'POST', headers: other });
     assert.equal(byIp.status, 429);
@@ -246,12 +314,32 @@ describe('rate limits (one process)', () => {
   });
 
   it('unauthenticated requests are not counted (the lockout deals with them); 429s are not lockout failures', async () => {
-    const ip = await startTestGatehouse(testConfig(upstream.url, { gateway: { rateLimits: [{ by: 'ip', requests: 1, per: '1h' }], auth: { failures: { max: 2 } } } }));
+    const ip = await startTestGatehouse(
+      testConfig(upstream.url, {
+        gateway: { rateLimits: [{ by: 'ip', requests: 1, per: '1h' }], auth: { failures: { max: 2 } } },
+      }),
+    );
     try {
       assert.equal((await request(ip.url, '/api/x')).status, 401, 'no credentials');
-      assert.equal((await request(ip.url, '/api/x', { headers: { 'x-api-key': 'test-plain-key-0123456789abcdefghijklmnop' } })).status, 200, 'the 401 took no token');
-      for (let i = 0; i < 3; i++) assert.equal((await request(ip.url, '/api/x', { headers: { 'x-api-key': 'test-plain-key-0123456789abcdefghijklmnop' } })).status, 429);
-      assert.equal((await request(ip.url, '/api/x', { headers: { 'x-api-key': 'test-plain-key-0123456789abcdefghijklmnop' } })).json().error.code, 'rate_limited', 'not too_many_failures');
+      assert.equal(
+        (await request(ip.url, '/api/x', { headers: { 'x-api-key': 'test-plain-key-0123456789abcdefghijklmnop' } }))
+          .status,
+        200,
+        'the 401 took no token',
+      );
+      for (let i = 0; i < 3; i++)
+        assert.equal(
+          (await request(ip.url, '/api/x', { headers: { 'x-api-key': 'test-plain-key-0123456789abcdefghijklmnop' } }))
+            .status,
+          429,
+        );
+      assert.equal(
+        (
+          await request(ip.url, '/api/x', { headers: { 'x-api-key': 'test-plain-key-0123456789abcdefghijklmnop' } })
+        ).json().error.code,
+        'rate_limited',
+        'not too_many_failures',
+      );
     } finally {
       await ip.close();
     }
@@ -260,12 +348,29 @@ describe('rate limits (one process)', () => {
   it('reload keeps the buckets of unchanged limits and starts changed ones afresh', async () => {
     assert.equal((await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': KEY } })).status, 429);
     // Same limits, one rule more: the key stays limited.
-    const withRule = { ...raw, gateway: { ...raw.gateway, auth: { ...raw.gateway.auth, rules: [{ paths: ['/api/admin/**'], scopes: ['admin'] }] } } };
+    const withRule = {
+      ...raw,
+      gateway: {
+        ...raw.gateway,
+        auth: { ...raw.gateway.auth, rules: [{ paths: ['/api/admin/**'], scopes: ['admin'] }] },
+      },
+    };
     await gatehouse.reload(parseConfig(withRule));
-    assert.equal((await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': KEY } })).status, 429, 'bucket kept');
-    assert.equal((await request(gatehouse.url, '/api/admin/x', { headers: { 'x-api-key': KEY } })).status, 403, 'the new rule is in force');
+    assert.equal(
+      (await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': KEY } })).status,
+      429,
+      'bucket kept',
+    );
+    assert.equal(
+      (await request(gatehouse.url, '/api/admin/x', { headers: { 'x-api-key': KEY } })).status,
+      403,
+      'the new rule is in force',
+    );
     // The by-key limit changed: new buckets.
-    const changed = { ...withRule, gateway: { ...withRule.gateway, rateLimits: [{ by: 'key', requests: 4, per: '1m' }] } };
+    const changed = {
+      ...withRule,
+      gateway: { ...withRule.gateway, rateLimits: [{ by: 'key', requests: 4, per: '1m' }] },
+    };
     await gatehouse.reload(parseConfig(changed));
     const reply = await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': KEY } });
     assert.equal(reply.status, 200);

@@ -4,7 +4,15 @@ import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import type { Page } from 'playwright-core';
 import { WebSocketServer } from 'ws';
-import { BROWSER_MISSING, hs256, JWT_SECRET, launchBrowser, startPageServer, type PageServer, type TestBrowser } from '../helpers/browser.js';
+import {
+  BROWSER_MISSING,
+  hs256,
+  JWT_SECRET,
+  launchBrowser,
+  startPageServer,
+  type PageServer,
+  type TestBrowser,
+} from '../helpers/browser.js';
 import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
 
 // A real browser's WebSocket and EventSource, which cannot set headers: the credential goes in
@@ -29,11 +37,12 @@ async function startStreamingUpstream() {
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
     seen,
-    close: () => new Promise<void>((resolve) => {
-      for (const client of wss.clients) client.terminate();
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const client of wss.clients) client.terminate();
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }
 
@@ -53,60 +62,84 @@ const STREAM_PAGE = `<!doctype html><html><head><meta charset="utf-8"><title>str
   });
 </script></body></html>`;
 
-describe('browser: WebSocket and EventSource with the credential forms a browser can send', { skip: BROWSER_MISSING }, () => {
-  let upstream: Awaited<ReturnType<typeof startStreamingUpstream>>;
-  let gatehouse: TestGatehouse;
-  let app: PageServer;
-  let browser: TestBrowser;
-  let page: Page;
+describe(
+  'browser: WebSocket and EventSource with the credential forms a browser can send',
+  { skip: BROWSER_MISSING },
+  () => {
+    let upstream: Awaited<ReturnType<typeof startStreamingUpstream>>;
+    let gatehouse: TestGatehouse;
+    let app: PageServer;
+    let browser: TestBrowser;
+    let page: Page;
 
-  before(async () => {
-    upstream = await startStreamingUpstream();
-    app = await startPageServer(STREAM_PAGE);
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
-      gateway: {
-        auth: { bearer: { jwt: { secret: JWT_SECRET, algorithms: ['HS256'] } }, browser: { websocketProtocol: true, queryParameter: 'access_token' } },
-        cors: { origins: [app.origin] },
-      },
-    }));
-    browser = await launchBrowser();
-    page = await browser.open(app.origin);
-  });
-  after(async () => {
-    await browser?.close();
-    await gatehouse?.close(100);
-    await app?.close();
-    await upstream?.close();
-  });
+    before(async () => {
+      upstream = await startStreamingUpstream();
+      app = await startPageServer(STREAM_PAGE);
+      gatehouse = await startTestGatehouse(
+        testConfig(upstream.url, {
+          gateway: {
+            auth: {
+              bearer: { jwt: { secret: JWT_SECRET, algorithms: ['HS256'] } },
+              browser: { websocketProtocol: true, queryParameter: 'access_token' },
+            },
+            cors: { origins: [app.origin] },
+          },
+        }),
+      );
+      browser = await launchBrowser();
+      page = await browser.open(app.origin);
+    });
+    after(async () => {
+      await browser?.close();
+      await gatehouse?.close(100);
+      await app?.close();
+      await upstream?.close();
+    });
 
-  const wsBase = () => gatehouse.url.replace(/^http/, 'ws');
+    const wsBase = () => gatehouse.url.replace(/^http/, 'ws');
 
-  it('new WebSocket(url, ["gatehouse", "gatehouse.bearer." + token]) echoes, and the upstream never sees the token', async () => {
-    const token = await hs256('ana');
-    const result = await page.evaluate(([url, protocols]) => (globalThis as any).chat(url, protocols), [`${wsBase()}/api/chat`, ['gatehouse', `gatehouse.bearer.${token}`]] as const);
-    assert.deepEqual(result, { protocol: 'gatehouse', message: 'echo:hi from ana' });
-    const handshake = upstream.seen.at(-1)!;
-    assert.equal(handshake.headers['sec-websocket-protocol'], undefined);
-    assert.equal(handshake.headers.authorization, undefined);
-    assert.equal(JSON.stringify(handshake.headers).includes(token), false);
-  });
+    it('new WebSocket(url, ["gatehouse", "gatehouse.bearer." + token]) echoes, and the upstream never sees the token', async () => {
+      const token = await hs256('ana');
+      const result = await page.evaluate(([url, protocols]) => (globalThis as any).chat(url, protocols), [
+        `${wsBase()}/api/chat`,
+        ['gatehouse', `gatehouse.bearer.${token}`],
+      ] as const);
+      assert.deepEqual(result, { protocol: 'gatehouse', message: 'echo:hi from ana' });
+      const handshake = upstream.seen.at(-1)!;
+      assert.equal(handshake.headers['sec-websocket-protocol'], undefined);
+      assert.equal(handshake.headers.authorization, undefined);
+      assert.equal(JSON.stringify(handshake.headers).includes(token), false);
+    });
 
-  it('an API key in the protocol works the same way; a wrong one is refused before the upstream', async () => {
-    const ok = await page.evaluate(([url, protocols]) => (globalThis as any).chat(url, protocols), [`${wsBase()}/api/chat`, ['gatehouse', `gatehouse.api-key.${TEST_PLAIN_KEY}`]] as const);
-    assert.deepEqual(ok, { protocol: 'gatehouse', message: 'echo:hi from default' });
-    const seen = upstream.seen.length;
-    const refused = await page.evaluate(([url, protocols]) => (globalThis as any).chat(url, protocols), [`${wsBase()}/api/chat`, ['gatehouse', 'gatehouse.api-key.not-the-key-not-the-key-not-the-key']] as const);
-    assert.deepEqual(refused, { error: 'refused' });
-    assert.equal(upstream.seen.length, seen);
-  });
+    it('an API key in the protocol works the same way; a wrong one is refused before the upstream', async () => {
+      const ok = await page.evaluate(([url, protocols]) => (globalThis as any).chat(url, protocols), [
+        `${wsBase()}/api/chat`,
+        ['gatehouse', `gatehouse.api-key.${TEST_PLAIN_KEY}`],
+      ] as const);
+      assert.deepEqual(ok, { protocol: 'gatehouse', message: 'echo:hi from default' });
+      const seen = upstream.seen.length;
+      const refused = await page.evaluate(([url, protocols]) => (globalThis as any).chat(url, protocols), [
+        `${wsBase()}/api/chat`,
+        ['gatehouse', 'gatehouse.api-key.not-the-key-not-the-key-not-the-key'],
+      ] as const);
+      assert.deepEqual(refused, { error: 'refused' });
+      assert.equal(upstream.seen.length, seen);
+    });
 
-  it('new EventSource(url + "?access_token=…") receives events; the upstream URL and the log have no token', async () => {
-    const token = await hs256('bea');
-    const result = await page.evaluate((url) => (globalThis as any).listen(url), `${gatehouse.url}/api/events?topic=deploys&access_token=${token}`);
-    assert.deepEqual(result, { message: 'hello bea' });
-    assert.equal(upstream.seen.at(-1)!.url, '/api/events?topic=deploys');
-    assert.equal(gatehouse.logText().includes(token), false);
-    const refused = await page.evaluate((url) => (globalThis as any).listen(url), `${gatehouse.url}/api/events?access_token=${token}x`);
-    assert.deepEqual(refused, { error: 'error' });
-  });
-});
+    it('new EventSource(url + "?access_token=…") receives events; the upstream URL and the log have no token', async () => {
+      const token = await hs256('bea');
+      const result = await page.evaluate(
+        (url) => (globalThis as any).listen(url),
+        `${gatehouse.url}/api/events?topic=deploys&access_token=${token}`,
+      );
+      assert.deepEqual(result, { message: 'hello bea' });
+      assert.equal(upstream.seen.at(-1)!.url, '/api/events?topic=deploys');
+      assert.equal(gatehouse.logText().includes(token), false);
+      const refused = await page.evaluate(
+        (url) => (globalThis as any).listen(url),
+        `${gatehouse.url}/api/events?access_token=${token}x`,
+      );
+      assert.deepEqual(refused, { error: 'error' });
+    });
+  },
+);

@@ -3,7 +3,15 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type { Page } from 'playwright-core';
-import { BROWSER_MISSING, hs256, JWT_SECRET, launchBrowser, startPageServer, type PageServer, type TestBrowser } from '../helpers/browser.js';
+import {
+  BROWSER_MISSING,
+  hs256,
+  JWT_SECRET,
+  launchBrowser,
+  startPageServer,
+  type PageServer,
+  type TestBrowser,
+} from '../helpers/browser.js';
 import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 
@@ -44,10 +52,18 @@ export const APP_PAGE = `<!doctype html>
 </script></body></html>`;
 
 /** What `call` resolves to in the page. */
-export type CallResult = { status: number; headers: Record<string, string>; body: string } | { error: string; message: string };
+export type CallResult =
+  { status: number; headers: Record<string, string>; body: string } | { error: string; message: string };
 
-export function call(page: Page, url: string, init: { method?: string; headers?: Record<string, string>; body?: string } = {}): Promise<CallResult> {
-  return page.evaluate(([u, i]) => (globalThis as unknown as { call(url: string, init: unknown): Promise<CallResult> }).call(u, i), [url, init] as const);
+export function call(
+  page: Page,
+  url: string,
+  init: { method?: string; headers?: Record<string, string>; body?: string } = {},
+): Promise<CallResult> {
+  return page.evaluate(
+    ([u, i]) => (globalThis as unknown as { call(url: string, init: unknown): Promise<CallResult> }).call(u, i),
+    [url, init] as const,
+  );
 }
 
 describe('browser: a page on another origin calls gatehouse with fetch (CORS)', { skip: BROWSER_MISSING }, () => {
@@ -60,18 +76,24 @@ describe('browser: a page on another origin calls gatehouse with fetch (CORS)', 
 
   before(async () => {
     upstream = await startRecordingUpstream((req, res) => {
-      res.writeHead(200, { 'content-type': 'application/json', 'x-upstream': 'yes', 'access-control-allow-origin': '*' });
+      res.writeHead(200, {
+        'content-type': 'application/json',
+        'x-upstream': 'yes',
+        'access-control-allow-origin': '*',
+      });
       res.end(JSON.stringify({ subject: req.headers['x-gatehouse-subject'] }));
     });
     app = await startPageServer(APP_PAGE);
     stranger = await startPageServer(APP_PAGE);
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
-      gateway: {
-        auth: { bearer: { jwt: { secret: JWT_SECRET, algorithms: ['HS256'] } } },
-        rateLimits: [{ by: 'subject', requests: 1, per: '1h', paths: ['/api/limited/**'] }],
-        cors: { origins: [app.origin], exposeHeaders: ['X-Upstream'] },
-      },
-    }));
+    gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, {
+        gateway: {
+          auth: { bearer: { jwt: { secret: JWT_SECRET, algorithms: ['HS256'] } } },
+          rateLimits: [{ by: 'subject', requests: 1, per: '1h', paths: ['/api/limited/**'] }],
+          cors: { origins: [app.origin], exposeHeaders: ['X-Upstream'] },
+        },
+      }),
+    );
     browser = await launchBrowser();
     page = await browser.open(app.origin);
   });
@@ -85,20 +107,30 @@ describe('browser: a page on another origin calls gatehouse with fetch (CORS)', 
 
   it('fetch with Authorization: Bearer succeeds, after a preflight the upstream never saw', async () => {
     const seen = upstream.received.length;
-    const result = await call(page, `${gatehouse.url}/api/orders`, { headers: { Authorization: `Bearer ${await hs256('ana')}` } });
+    const result = await call(page, `${gatehouse.url}/api/orders`, {
+      headers: { Authorization: `Bearer ${await hs256('ana')}` },
+    });
     assert.ok('status' in result, JSON.stringify(result));
     assert.equal(result.status, 200);
     assert.deepEqual(JSON.parse(result.body), { subject: 'ana' });
     assert.ok(result.headers['x-request-id'], 'X-Request-Id is exposed');
     assert.equal(result.headers['x-upstream'], 'yes', 'exposeHeaders');
-    assert.deepEqual(upstream.received.slice(seen).map((r) => r.method), ['GET'], 'only the real request reached the upstream');
-    const preflights = gatehouse.logs.filter((l) => l.msg === 'request' && l.method === 'OPTIONS' && l.path === '/api/orders');
+    assert.deepEqual(
+      upstream.received.slice(seen).map((r) => r.method),
+      ['GET'],
+      'only the real request reached the upstream',
+    );
+    const preflights = gatehouse.logs.filter(
+      (l) => l.msg === 'request' && l.method === 'OPTIONS' && l.path === '/api/orders',
+    );
     assert.equal(preflights.at(-1)?.status, 204, 'the browser sent a preflight, answered at the edge');
   });
 
   it('fetch with X-API-Key (a JSON POST) succeeds', async () => {
     const result = await call(page, `${gatehouse.url}/api/orders`, {
-      method: 'POST', headers: { 'X-API-Key': TEST_PLAIN_KEY, 'Content-Type': 'application/json' }, body: '{"item":1}',
+      method: 'POST',
+      headers: { 'X-API-Key': TEST_PLAIN_KEY, 'Content-Type': 'application/json' },
+      body: '{"item":1}',
     });
     assert.ok('status' in result, JSON.stringify(result));
     assert.equal(result.status, 200);
@@ -107,15 +139,21 @@ describe('browser: a page on another origin calls gatehouse with fetch (CORS)', 
   });
 
   it('the app reads why it was refused: a 401 and a 429 with its RateLimit headers', async () => {
-    const refused = await call(page, `${gatehouse.url}/api/orders`, { headers: { 'X-API-Key': 'not-the-key-not-the-key-not-the-key' } });
+    const refused = await call(page, `${gatehouse.url}/api/orders`, {
+      headers: { 'X-API-Key': 'not-the-key-not-the-key-not-the-key' },
+    });
     assert.ok('status' in refused, JSON.stringify(refused));
     assert.equal(refused.status, 401);
     assert.equal(JSON.parse(refused.body).error.code, 'invalid_api_key');
 
     const token = await hs256('bea');
-    const first = await call(page, `${gatehouse.url}/api/limited/report`, { headers: { Authorization: `Bearer ${token}` } });
+    const first = await call(page, `${gatehouse.url}/api/limited/report`, {
+      headers: { Authorization: `Bearer ${token}` },
+    });
     assert.ok('status' in first && first.status === 200, JSON.stringify(first));
-    const limited = await call(page, `${gatehouse.url}/api/limited/report`, { headers: { Authorization: `Bearer ${token}` } });
+    const limited = await call(page, `${gatehouse.url}/api/limited/report`, {
+      headers: { Authorization: `Bearer ${token}` },
+    });
     assert.ok('status' in limited, JSON.stringify(limited));
     assert.equal(limited.status, 429);
     assert.equal(JSON.parse(limited.body).error.code, 'rate_limited');
@@ -128,7 +166,9 @@ describe('browser: a page on another origin calls gatehouse with fetch (CORS)', 
     const other = await browser.open(stranger.origin);
     try {
       const seen = upstream.received.length;
-      const result = await call(other, `${gatehouse.url}/api/orders`, { headers: { Authorization: `Bearer ${await hs256('eve')}` } });
+      const result = await call(other, `${gatehouse.url}/api/orders`, {
+        headers: { Authorization: `Bearer ${await hs256('eve')}` },
+      });
       assert.ok('error' in result, JSON.stringify(result));
       assert.equal(result.error, 'TypeError');
       assert.equal(upstream.received.length, seen);
@@ -147,7 +187,13 @@ describe('browser: a page on another origin calls gatehouse with fetch (CORS)', 
     await page.screenshot({ path: file, fullPage: true });
     t.diagnostic(`screenshot: ${file}`);
     const lines = await page.locator('#log li').allTextContents();
-    assert.ok(lines.some((line) => line.includes('→ 200')), lines.join('\n'));
-    assert.ok(lines.some((line) => line.includes('→ 429')), lines.join('\n'));
+    assert.ok(
+      lines.some((line) => line.includes('→ 200')),
+      lines.join('\n'),
+    );
+    assert.ok(
+      lines.some((line) => line.includes('→ 429')),
+      lines.join('\n'),
+    );
   });
 });

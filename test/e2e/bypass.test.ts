@@ -54,7 +54,10 @@ describe('bypass: ambiguous paths never reach the upstream, even with a valid ke
   ];
   for (const [path, status] of cases) {
     it(`${path} → ${status}`, async () => {
-      const reply = await rawRequest(gatehouse.url, `GET ${path} HTTP/1.1\r\nHost: gatehouse\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n\r\n`);
+      const reply = await rawRequest(
+        gatehouse.url,
+        `GET ${path} HTTP/1.1\r\nHost: gatehouse\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n\r\n`,
+      );
       assert.equal(reply.status, status, reply.raw);
       assert.equal(JSON.parse(reply.body).error.code, status === 404 ? 'not_found' : 'invalid_path');
       assert.equal(upstream.received.length, 0);
@@ -77,7 +80,14 @@ describe('bypass: credentials', () => {
   const attempts: [string, string, Record<string, string> | [string, string][]][] = [
     ['key in the query string', `/api/s?api_key=${TEST_PLAIN_KEY}&apikey=${TEST_PLAIN_KEY}&key=${TEST_PLAIN_KEY}`, {}],
     ['key as an underscore header', '/api/s', { x_api_key: TEST_PLAIN_KEY }],
-    ['the key twice', '/api/s', [['X-API-Key', TEST_PLAIN_KEY], ['X-API-Key', TEST_PLAIN_KEY]]],
+    [
+      'the key twice',
+      '/api/s',
+      [
+        ['X-API-Key', TEST_PLAIN_KEY],
+        ['X-API-Key', TEST_PLAIN_KEY],
+      ],
+    ],
     ['an empty key', '/api/s', { 'x-api-key': '' }],
     ['a blank key', '/api/s', { 'x-api-key': '   ' }],
     ['the key with a suffix', '/api/s', { 'x-api-key': `${TEST_PLAIN_KEY}x` }],
@@ -143,7 +153,9 @@ describe('bypass: client IP and allowedIPs', () => {
   let gatehouse: TestGatehouse;
   before(async () => {
     upstream = await startRecordingUpstream();
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { auth: { allowedIPs: ['127.0.0.1', '10.0.0.0/8', '::1'] } } }));
+    gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, { gateway: { auth: { allowedIPs: ['127.0.0.1', '10.0.0.0/8', '::1'] } } }),
+    );
   });
   after(async () => {
     await gatehouse.close();
@@ -157,10 +169,20 @@ describe('bypass: client IP and allowedIPs', () => {
     assert.equal(upstream.received.length, 0);
   });
 
-  for (const header of ['x-forwarded-for', 'x-real-ip', 'forwarded', 'x-client-ip', 'true-client-ip', 'cf-connecting-ip']) {
+  for (const header of [
+    'x-forwarded-for',
+    'x-real-ip',
+    'forwarded',
+    'x-client-ip',
+    'true-client-ip',
+    'cf-connecting-ip',
+  ]) {
     it(`${header} from an untrusted peer is not believed`, async () => {
       const value = header === 'forwarded' ? 'for=127.0.0.1' : '127.0.0.1';
-      const reply = await request(gatehouse.url, '/api/s', { headers: { ...key, [header]: value }, localAddress: '127.0.0.2' });
+      const reply = await request(gatehouse.url, '/api/s', {
+        headers: { ...key, [header]: value },
+        localAddress: '127.0.0.2',
+      });
       assert.equal(reply.status, 403);
       assert.equal(upstream.received.length, 0);
     });
@@ -179,9 +201,11 @@ describe('bypass: IPv4-mapped IPv6 and a dual-stack listener', () => {
   let gatehouse: TestGatehouse;
   before(async () => {
     upstream = await startRecordingUpstream();
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
-      gateway: { listen: { host: '::' }, auth: { allowedIPs: ['::ffff:127.0.0.1'] } },
-    }));
+    gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, {
+        gateway: { listen: { host: '::' }, auth: { allowedIPs: ['::ffff:127.0.0.1'] } },
+      }),
+    );
   });
   after(async () => {
     await gatehouse.close();
@@ -210,9 +234,11 @@ describe('bypass: trusted proxies', () => {
   let gatehouse: TestGatehouse;
   before(async () => {
     upstream = await startRecordingUpstream();
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
-      gateway: { trustProxy: ['127.0.0.1'], auth: { allowedIPs: ['203.0.113.0/24'] } },
-    }));
+    gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, {
+        gateway: { trustProxy: ['127.0.0.1'], auth: { allowedIPs: ['203.0.113.0/24'] } },
+      }),
+    );
   });
   after(async () => {
     await gatehouse.close();
@@ -220,7 +246,9 @@ describe('bypass: trusted proxies', () => {
   });
 
   it('X-Forwarded-For from a trusted proxy is believed (rightmost untrusted hop is the client)', async () => {
-    const reply = await request(gatehouse.url, '/api/s', { headers: { ...key, 'x-forwarded-for': '198.51.100.7, 203.0.113.5', 'x-forwarded-proto': 'https' } });
+    const reply = await request(gatehouse.url, '/api/s', {
+      headers: { ...key, 'x-forwarded-for': '198.51.100.7, 203.0.113.5', 'x-forwarded-proto': 'https' },
+    });
     assert.equal(reply.status, 200);
     const got = upstream.received.at(-1)!;
     assert.equal(got.headers['x-forwarded-for'], '203.0.113.5, 127.0.0.1');
@@ -229,13 +257,18 @@ describe('bypass: trusted proxies', () => {
   });
 
   it('a client cannot prepend an allowed address through the proxy', async () => {
-    const reply = await request(gatehouse.url, '/api/s', { headers: { ...key, 'x-forwarded-for': '203.0.113.5, 198.51.100.7' } });
+    const reply = await request(gatehouse.url, '/api/s', {
+      headers: { ...key, 'x-forwarded-for': '203.0.113.5, 198.51.100.7' },
+    });
     assert.equal(reply.status, 403);
     assert.equal(upstream.received.length, 0);
   });
 
   it('a peer that is not a trusted proxy cannot use X-Forwarded-For', async () => {
-    const reply = await request(gatehouse.url, '/api/s', { headers: { ...key, 'x-forwarded-for': '203.0.113.5' }, localAddress: '127.0.0.2' });
+    const reply = await request(gatehouse.url, '/api/s', {
+      headers: { ...key, 'x-forwarded-for': '203.0.113.5' },
+      localAddress: '127.0.0.2',
+    });
     assert.equal(reply.status, 403);
     assert.equal(upstream.received.length, 0);
   });
@@ -251,7 +284,9 @@ describe('bypass: trusted proxies', () => {
 describe('bypass: allowedIPs also applies with auth disabled', () => {
   it('403 outside the list, 200 inside, no credential needed', async () => {
     const upstream = await startRecordingUpstream();
-    const gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { auth: { enabled: false, allowedIPs: ['127.0.0.1'] } } }));
+    const gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, { gateway: { auth: { enabled: false, allowedIPs: ['127.0.0.1'] } } }),
+    );
     try {
       const refused = await request(gatehouse.url, '/api/s', { localAddress: '127.0.0.2' });
       assert.equal(refused.status, 403);
@@ -270,10 +305,14 @@ describe('bypass: allowedIPs also applies with auth disabled', () => {
 describe('failure lockout', () => {
   it('locks an IP after failures.max bad keys: 429 + Retry-After even with a valid key; other IPs unaffected', async () => {
     const upstream = await startRecordingUpstream();
-    const gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { auth: { failures: { max: 3, windowSeconds: 60, lockoutSeconds: 120 } } } }));
+    const gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, { gateway: { auth: { failures: { max: 3, windowSeconds: 60, lockoutSeconds: 120 } } } }),
+    );
     try {
       for (let i = 0; i < 3; i++) {
-        const bad = await request(gatehouse.url, '/api/s', { headers: { 'x-api-key': `wrong-key-${i}-${'x'.repeat(32)}` } });
+        const bad = await request(gatehouse.url, '/api/s', {
+          headers: { 'x-api-key': `wrong-key-${i}-${'x'.repeat(32)}` },
+        });
         assert.equal(bad.status, 401);
       }
       const locked = await request(gatehouse.url, '/api/s', { headers: key });
@@ -286,7 +325,8 @@ describe('failure lockout', () => {
       const other = await request(gatehouse.url, '/api/s', { headers: key, localAddress: '127.0.0.2' });
       assert.equal(other.status, 200);
       // Missing credentials are not failures: a client without a key is not guessing.
-      for (let i = 0; i < 5; i++) assert.equal((await request(gatehouse.url, '/api/s', { localAddress: '127.0.0.3' })).status, 401);
+      for (let i = 0; i < 5; i++)
+        assert.equal((await request(gatehouse.url, '/api/s', { localAddress: '127.0.0.3' })).status, 401);
       assert.equal((await request(gatehouse.url, '/api/s', { headers: key, localAddress: '127.0.0.3' })).status, 200);
     } finally {
       await gatehouse.close();
@@ -304,7 +344,10 @@ describe('bypass: request smuggling through the proxy', () => {
       let buffer = '';
       socket.on('data', (d) => {
         buffer += d.toString('latin1');
-        for (const m of buffer.matchAll(/(?:^|\r\n)((?:GET|POST|DELETE|OPTIONS|PUT|PATCH|HEAD) \S+ HTTP\/1\.[01])\r\n/g)) requestLines.push(m[1]!);
+        for (const m of buffer.matchAll(
+          /(?:^|\r\n)((?:GET|POST|DELETE|OPTIONS|PUT|PATCH|HEAD) \S+ HTTP\/1\.[01])\r\n/g,
+        ))
+          requestLines.push(m[1]!);
         bodies.push(buffer);
         buffer = '';
         socket.write('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok');
@@ -313,7 +356,12 @@ describe('bypass: request smuggling through the proxy', () => {
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     const { port } = server.address() as import('node:net').AddressInfo;
-    return { url: `http://127.0.0.1:${port}`, requestLines, bodies, close: () => new Promise<void>((r) => server.close(() => r())) };
+    return {
+      url: `http://127.0.0.1:${port}`,
+      requestLines,
+      bodies,
+      close: () => new Promise<void>((r) => server.close(() => r())),
+    };
   }
   const smuggled = 'GET /admin HTTP/1.1\r\nHost: upstream\r\nX-Gatehouse-Subject: root\r\n\r\n';
 
@@ -322,12 +370,17 @@ describe('bypass: request smuggling through the proxy', () => {
     const upstream = await startRecordingUpstream();
     const gatehouse = await startTestGatehouse(testConfig(upstream.url));
     try {
-      const reply = await rawRequest(gatehouse.url,
+      const reply = await rawRequest(
+        gatehouse.url,
         `DELETE /api/items/1 HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nTransfer-Encoding: chunked\r\n\r\n` +
-        `${smuggled.length.toString(16)}\r\n${smuggled}\r\n0\r\n\r\n`);
+          `${smuggled.length.toString(16)}\r\n${smuggled}\r\n0\r\n\r\n`,
+      );
       assert.equal(reply.status, 200);
       await new Promise((r) => setTimeout(r, 100));
-      assert.deepEqual(upstream.received.map((r) => `${r.method} ${r.url}`), ['DELETE /api/items/1']);
+      assert.deepEqual(
+        upstream.received.map((r) => `${r.method} ${r.url}`),
+        ['DELETE /api/items/1'],
+      );
       assert.equal(upstream.received[0]!.body, smuggled);
     } finally {
       await gatehouse.close(100);
@@ -340,8 +393,10 @@ describe('bypass: request smuggling through the proxy', () => {
     const gatehouse = await startTestGatehouse(testConfig(upstream.url));
     try {
       for (const named of ['content-length', 'Transfer-Encoding', 'host']) {
-        const reply = await rawRequest(gatehouse.url,
-          `POST /api/items HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nConnection: close, ${named}\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`);
+        const reply = await rawRequest(
+          gatehouse.url,
+          `POST /api/items HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nConnection: close, ${named}\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`,
+        );
         assert.equal(reply.status, 400, named);
         assert.equal(JSON.parse(reply.body).error.code, 'invalid_request');
       }
@@ -357,8 +412,19 @@ describe('bypass: request smuggling through the proxy', () => {
     const upstream = await startRecordingUpstream();
     const gatehouse = await startTestGatehouse(testConfig(upstream.url));
     try {
-      const names = ['x-forwarded-prefix', 'x-forwarded-scheme', 'x-forwarded-ssl', 'x-original-url', 'x-rewrite-url', 'true-client-ip', 'x-client-ip', 'cf-connecting-ip'];
-      const reply = await request(gatehouse.url, '/api/s', { headers: { 'x-api-key': TEST_PLAIN_KEY, ...Object.fromEntries(names.map((n) => [n, '/admin'])) } });
+      const names = [
+        'x-forwarded-prefix',
+        'x-forwarded-scheme',
+        'x-forwarded-ssl',
+        'x-original-url',
+        'x-rewrite-url',
+        'true-client-ip',
+        'x-client-ip',
+        'cf-connecting-ip',
+      ];
+      const reply = await request(gatehouse.url, '/api/s', {
+        headers: { 'x-api-key': TEST_PLAIN_KEY, ...Object.fromEntries(names.map((n) => [n, '/admin'])) },
+      });
       assert.equal(reply.status, 200);
       for (const name of names) assert.equal(upstream.received.at(-1)!.headers[name], undefined, name);
     } finally {
@@ -381,7 +447,11 @@ describe('bypass: framing and upstream answers found by attacking the edge', () 
       socket.on('error', () => {});
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    return { url: `http://127.0.0.1:${(server.address() as import('node:net').AddressInfo).port}`, requests: () => requests, close: () => new Promise<void>((r) => server.close(() => r())) };
+    return {
+      url: `http://127.0.0.1:${(server.address() as import('node:net').AddressInfo).port}`,
+      requests: () => requests,
+      close: () => new Promise<void>((r) => server.close(() => r())),
+    };
   }
 
   it('GET with a body is refused (400): its bytes would be the next request on a server that never reads them', async () => {
@@ -389,7 +459,10 @@ describe('bypass: framing and upstream answers found by attacking the edge', () 
     const gatehouse = await startTestGatehouse(testConfig(upstream.url));
     try {
       const smuggled = 'GET /admin HTTP/1.1\r\nHost: u\r\n\r\n';
-      const reply = await rawRequest(gatehouse.url, `GET /api/ping HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`);
+      const reply = await rawRequest(
+        gatehouse.url,
+        `GET /api/ping HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`,
+      );
       assert.equal(reply.status, 400);
       assert.equal(JSON.parse(reply.body).error.code, 'invalid_request');
       assert.equal(upstream.received.length, 0);
@@ -403,7 +476,10 @@ describe('bypass: framing and upstream answers found by attacking the edge', () 
     const upstream = await startRecordingUpstream();
     const gatehouse = await startTestGatehouse(testConfig(upstream.url));
     try {
-      const reply = await rawRequest(gatehouse.url, `GET /api/http:/evil.example/x HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n\r\n`);
+      const reply = await rawRequest(
+        gatehouse.url,
+        `GET /api/http:/evil.example/x HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n\r\n`,
+      );
       assert.equal(reply.status, 400);
       assert.equal(upstream.received.length, 0);
     } finally {
@@ -414,11 +490,16 @@ describe('bypass: framing and upstream answers found by attacking the edge', () 
 
   for (const [name, answer] of [
     ['a status Node refuses (099)', 'HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n'],
-    ['a 101 without an upgrade asked for', 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n'],
+    [
+      'a 101 without an upgrade asked for',
+      'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n',
+    ],
   ] as const) {
     it(`an upstream answering ${name}: 502 for that request, and gatehouse keeps serving`, async () => {
       const upstream = await rawUpstream(answer);
-      const gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { upstream: { timeoutMs: 3000 } } }));
+      const gatehouse = await startTestGatehouse(
+        testConfig(upstream.url, { gateway: { upstream: { timeoutMs: 3000 } } }),
+      );
       try {
         const started = Date.now();
         const reply = await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': TEST_PLAIN_KEY } });

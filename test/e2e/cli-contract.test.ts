@@ -40,15 +40,21 @@ describe('exit codes: 0 ok, 2 an unknown command or flag, 1 every other problem'
     ];
     // Three at a time: each is a tsx start, and the machine is shared.
     const results = [];
-    for (let i = 0; i < cases.length; i += 3) results.push(...await Promise.all(cases.slice(i, i + 3).map(([args]) => runCli(args))));
-    results.forEach((result, i) => assert.equal(result.code, cases[i]![1], `gatehouse ${cases[i]![0].join(' ')}: ${result.stderr}`));
+    for (let i = 0; i < cases.length; i += 3)
+      results.push(...(await Promise.all(cases.slice(i, i + 3).map(([args]) => runCli(args)))));
+    results.forEach((result, i) =>
+      assert.equal(result.code, cases[i]![1], `gatehouse ${cases[i]![0].join(' ')}: ${result.stderr}`),
+    );
   });
 
   it('--version prints the version, then the storage schema versions this build knows', async () => {
     const { version } = JSON.parse(readFileSync(path.join(ROOT, 'package.json'), 'utf8')) as { version: string };
     const result = await runCli(['--version']);
     assert.equal(result.code, 0, result.stderr);
-    assert.equal(result.stdout, `${version}\nstorage schema versions: sqlite ${SQLITE_SCHEMA_VERSION}, postgres ${POSTGRES_SCHEMA_VERSION}\n`);
+    assert.equal(
+      result.stdout,
+      `${version}\nstorage schema versions: sqlite ${SQLITE_SCHEMA_VERSION}, postgres ${POSTGRES_SCHEMA_VERSION}\n`,
+    );
   });
 });
 
@@ -56,24 +62,40 @@ describe('storage that cannot be reached', () => {
   it('every command that reads the store says so in one line, without a stack (README: "Problems are printed to stderr, one line each")', async () => {
     // Found by a newcomer following the README: `deliveries list` printed pg-pool's stack.
     const closedPort = 'postgres://gatehouse@127.0.0.1:9/gatehouse';
-    const config = writeConfig('unreachable.json5', `{
+    const config = writeConfig(
+      'unreachable.json5',
+      `{
       gateway: { upstream: { target: "${TARGET}" } },
       storage: { driver: "postgres", url: "${closedPort}" },
       webhooks: { enabled: true, targets: { message: { url: "${TARGET}" } } },
       channels: { tg: { kind: "qr" } },
-    }`);
+    }`,
+    );
     const commands = [
-      ['webhooks', 'deliveries', 'list'], ['webhooks', 'deliveries', 'show', 'evt_x'], ['webhooks', 'deliveries', 'retry', 'evt_x'],
-      ['webhooks', 'deliveries', 'retry', '--dead'], ['webhooks', 'deliveries', 'purge', '--delivered', '--older-than', '30d'],
-      ['storage', 'status'], ['storage', 'migrate'], ['storage', 'reseal'], ['channels', 'list'],
+      ['webhooks', 'deliveries', 'list'],
+      ['webhooks', 'deliveries', 'show', 'evt_x'],
+      ['webhooks', 'deliveries', 'retry', 'evt_x'],
+      ['webhooks', 'deliveries', 'retry', '--dead'],
+      ['webhooks', 'deliveries', 'purge', '--delivered', '--older-than', '30d'],
+      ['storage', 'status'],
+      ['storage', 'migrate'],
+      ['storage', 'reseal'],
+      ['channels', 'list'],
     ];
     const env = { GATEHOUSE_SECRET_KEY: Buffer.alloc(32, 7).toString('base64') }; // storage reseal needs one before it looks at the store
     const results = [];
-    for (let i = 0; i < commands.length; i += 3) results.push(...await Promise.all(commands.slice(i, i + 3).map((args) => runCli([...args, '--config', config], { env }))));
+    for (let i = 0; i < commands.length; i += 3)
+      results.push(
+        ...(await Promise.all(commands.slice(i, i + 3).map((args) => runCli([...args, '--config', config], { env })))),
+      );
     results.forEach((result, i) => {
       const label = `gatehouse ${commands[i]!.join(' ')}`;
       assert.equal(result.code, 1, `${label}: ${result.stderr}`);
-      assert.match(result.stderr, /^gatehouse: cannot use the storage postgres:\/\/gatehouse@127\.0\.0\.1:9\/gatehouse: .*ECONNREFUSED.*\n$/, label);
+      assert.match(
+        result.stderr,
+        /^gatehouse: cannot use the storage postgres:\/\/gatehouse@127\.0\.0\.1:9\/gatehouse: .*ECONNREFUSED.*\n$/,
+        label,
+      );
     });
   });
 });
@@ -81,12 +103,25 @@ describe('storage that cannot be reached', () => {
 describe('a SQLite store that does not exist yet', () => {
   it('commands that read it say so and how to make it, create nothing (found by a newcomer: "the directory does not exist")', async () => {
     const db = path.join(dir, 'not-yet', 'gatehouse.db');
-    const config = writeConfig('not-yet.json5', `{ gateway: { upstream: { target: "${TARGET}" } }, storage: { path: "${db}" } }`);
+    const config = writeConfig(
+      'not-yet.json5',
+      `{ gateway: { upstream: { target: "${TARGET}" } }, storage: { path: "${db}" } }`,
+    );
     const env = { GATEHOUSE_SECRET_KEY: Buffer.alloc(32, 7).toString('base64') };
-    for (const args of [['storage', 'status'], ['storage', 'reseal'], ['webhooks', 'deliveries', 'list'], ['channels', 'list'], ['channels', 'status']]) {
+    for (const args of [
+      ['storage', 'status'],
+      ['storage', 'reseal'],
+      ['webhooks', 'deliveries', 'list'],
+      ['channels', 'list'],
+      ['channels', 'status'],
+    ]) {
       const result = await runCli([...args, '--config', config], { env });
       assert.equal(result.code, 1, args.join(' '));
-      assert.equal(result.stderr, `gatehouse: no store at ${db} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\`\n`, args.join(' '));
+      assert.equal(
+        result.stderr,
+        `gatehouse: no store at ${db} (storage.path) yet: gatehouse creates it at its first start, or run \`gatehouse storage migrate\`\n`,
+        args.join(' '),
+      );
     }
     assert.equal(existsSync(path.dirname(db)), false, 'nothing created');
   });
@@ -99,20 +134,45 @@ describe('a storage.path that cannot be a SQLite store, a config that is not an 
     const notSqlite = path.join(dir, 'not-sqlite.db');
     writeFileSync(notSqlite, 'just text, no database');
     const cases: [string[], string, RegExp][] = [
-      [['storage', 'migrate'], folder, /^gatehouse: cannot open the event store .*a-folder\.db \(storage\.path\): unable to open database file\n$/],
-      [['storage', 'migrate'], notSqlite, /^gatehouse: cannot open the event store .*not-sqlite\.db \(storage\.path\): file is not a database\n$/],
-      [['storage', 'migrate'], path.join(notSqlite, 'under-a-file.db'), /^gatehouse: cannot open the event store .*under-a-file\.db \(storage\.path\): E(EXIST|NOTDIR)[^\n]*\n$/],
+      [
+        ['storage', 'migrate'],
+        folder,
+        /^gatehouse: cannot open the event store .*a-folder\.db \(storage\.path\): unable to open database file\n$/,
+      ],
+      [
+        ['storage', 'migrate'],
+        notSqlite,
+        /^gatehouse: cannot open the event store .*not-sqlite\.db \(storage\.path\): file is not a database\n$/,
+      ],
+      [
+        ['storage', 'migrate'],
+        path.join(notSqlite, 'under-a-file.db'),
+        /^gatehouse: cannot open the event store .*under-a-file\.db \(storage\.path\): E(EXIST|NOTDIR)[^\n]*\n$/,
+      ],
     ];
     for (const [args, db, expected] of cases) {
-      const config = writeConfig('bad-path.json5', `{ gateway: { upstream: { target: "${TARGET}" } }, storage: { path: ${JSON.stringify(db)} } }`);
+      const config = writeConfig(
+        'bad-path.json5',
+        `{ gateway: { upstream: { target: "${TARGET}" } }, storage: { path: ${JSON.stringify(db)} } }`,
+      );
       const result = await runCli([...args, '--config', config]);
       assert.equal(result.code, 1, `${args.join(' ')} ${db}`);
       assert.match(result.stderr, expected);
     }
-    const start = await runCli(['start', '--config', writeConfig('bad-start.json5', `{ gateway: { listen: { port: 0 }, upstream: { target: "${TARGET}" } }, storage: { path: ${JSON.stringify(folder)} },
-      webhooks: { enabled: true, listen: { port: 0 }, targets: { message: { url: "${TARGET}" } } } }`)]);
+    const start = await runCli([
+      'start',
+      '--config',
+      writeConfig(
+        'bad-start.json5',
+        `{ gateway: { listen: { port: 0 }, upstream: { target: "${TARGET}" } }, storage: { path: ${JSON.stringify(folder)} },
+      webhooks: { enabled: true, listen: { port: 0 }, targets: { message: { url: "${TARGET}" } } } }`,
+      ),
+    ]);
     assert.equal(start.code, 1);
-    assert.match(start.stderr, /^gatehouse: cannot open the event store .*a-folder\.db \(storage\.path\): unable to open database file\n$/);
+    assert.match(
+      start.stderr,
+      /^gatehouse: cannot open the event store .*a-folder\.db \(storage\.path\): unable to open database file\n$/,
+    );
     for (const text of ['[]', 'null', '42']) {
       const result = await runCli(['storage', 'status', '--config', writeConfig('not-object.json5', text)]);
       assert.equal(result.code, 1, text);
@@ -124,7 +184,11 @@ describe('a storage.path that cannot be a SQLite store, a config that is not an 
 describe('output piped into a reader that stops early', () => {
   it('`… | head -1` prints no EPIPE stack and ends cleanly', async () => {
     // 70 kB of schema: more than a pipe holds, so writes continue after head has gone.
-    const child = spawn('bash', ['-c', `set -o pipefail; "${process.execPath}" --import tsx "${ROOT}src/bin.ts" config schema | head -1`], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(
+      'bash',
+      ['-c', `set -o pipefail; "${process.execPath}" --import tsx "${ROOT}src/bin.ts" config schema | head -1`],
+      { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] },
+    );
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d) => (stdout += d));
@@ -139,7 +203,10 @@ describe('output piped into a reader that stops early', () => {
 describe('config check: warnings, --json; config print', () => {
   const soon = new Date(Date.now() + 2 * 86_400_000).toISOString();
   const past = new Date(Date.now() - 86_400_000).toISOString();
-  const warned = () => writeConfig('warned.json5', `{
+  const warned = () =>
+    writeConfig(
+      'warned.json5',
+      `{
     gateway: { upstream: { target: "${TARGET}" }, auth: { apiKeys: [
       { id: "old", hash: "${hashApiKey('a'.repeat(40))}", expiresAt: "${past}" },
       { id: "soon", hash: "${hashApiKey('b'.repeat(40))}", expiresAt: "${soon}" },
@@ -149,11 +216,15 @@ describe('config check: warnings, --json; config print', () => {
       endpoints: [{ path: "/webhook/a", secret: "0123456789abcdef0123", action: "message", template: "hello {{name" }],
       targets: { message: { url: "http://127.0.0.1:5100" } },
     },
-  }`);
+  }`,
+    );
 
   it('likely mistakes are warnings (exit 0): expired and expiring keys, endpoints while webhooks are off, an unbalanced template', async () => {
     const file = warned();
-    const [text, json] = await Promise.all([runCli(['config', 'check', '--config', file]), runCli(['config', 'check', '--json', '--config', file])]);
+    const [text, json] = await Promise.all([
+      runCli(['config', 'check', '--config', file]),
+      runCli(['config', 'check', '--json', '--config', file]),
+    ]);
     assert.equal(text.code, 0, text.stderr);
     assert.match(text.stderr, /^warning: gateway\.auth\.apiKeys\[0\]\.expiresAt: key "old" expired/m);
     assert.match(text.stderr, /^warning: gateway\.auth\.apiKeys\[1\]\.expiresAt: key "soon" expires in \d+ h/m);
@@ -163,26 +234,44 @@ describe('config check: warnings, --json; config print', () => {
     const report = JSON.parse(json.stdout);
     assert.equal(report.ok, true);
     assert.deepEqual(report.problems, []);
-    assert.deepEqual(report.warnings.map((w: { path: string }) => w.path),
-      ['gateway.auth.apiKeys[0].expiresAt', 'gateway.auth.apiKeys[1].expiresAt', 'webhooks.enabled', 'webhooks.endpoints[0].template']);
+    assert.deepEqual(
+      report.warnings.map((w: { path: string }) => w.path),
+      [
+        'gateway.auth.apiKeys[0].expiresAt',
+        'gateway.auth.apiKeys[1].expiresAt',
+        'webhooks.enabled',
+        'webhooks.endpoints[0].template',
+      ],
+    );
   });
 
   it('no credential configured is a warning; gateway and webhooks on one address and port is an error', async () => {
     const none = writeConfig('no-credential.json5', `{ gateway: { upstream: { target: "${TARGET}" } } }`);
-    const clash = writeConfig('clash.json5', `{ gateway: { listen: { port: 7080 }, upstream: { target: "${TARGET}" } },
-      webhooks: { enabled: true, listen: { port: 7080 } } }`);
-    const [warning, error] = await Promise.all([runCli(['config', 'check', '--config', none]), runCli(['config', 'check', '--json', '--config', clash])]);
+    const clash = writeConfig(
+      'clash.json5',
+      `{ gateway: { listen: { port: 7080 }, upstream: { target: "${TARGET}" } },
+      webhooks: { enabled: true, listen: { port: 7080 } } }`,
+    );
+    const [warning, error] = await Promise.all([
+      runCli(['config', 'check', '--config', none]),
+      runCli(['config', 'check', '--json', '--config', clash]),
+    ]);
     assert.equal(warning.code, 0);
     assert.match(warning.stderr, /^warning: gateway\.auth: no credential is configured/m);
     assert.equal(error.code, 1);
     const report = JSON.parse(error.stdout);
     assert.equal(report.ok, false);
-    assert.deepEqual(report.problems.map((p: { path: string }) => p.path), ['webhooks.listen.port']);
+    assert.deepEqual(
+      report.problems.map((p: { path: string }) => p.path),
+      ['webhooks.listen.port'],
+    );
     assert.match(report.problems[0].message, /cannot both listen on 127\.0\.0\.1:7080/);
   });
 
   it('config print: the effective config with defaults, every secret redacted (keys, secrets, tokens, database passwords)', async () => {
-    const file = writeConfig('secrets.json5', `{
+    const file = writeConfig(
+      'secrets.json5',
+      `{
       storage: { driver: "postgres", url: "postgres://gatehouse:db-pass-w0rd@db.internal:5432/gatehouse" },
       gateway: { upstream: { target: "${TARGET}" }, auth: { apiKey: "plain-api-key-0123456789abcdefghijkl", bearer: { jwt: { secret: "${'j'.repeat(40)}" } } } },
       webhooks: {
@@ -194,25 +283,44 @@ describe('config check: warnings, --json; config print', () => {
         ],
         targets: { message: { url: "http://127.0.0.1:5100", secret: "target-secret-0123456789" } },
       },
-    }`);
+    }`,
+    );
     const result = await runCli(['config', 'print', '--config', file]);
     assert.equal(result.code, 0, result.stderr);
-    for (const secret of ['db-pass-w0rd', 'plain-api-key', 'j'.repeat(40), 'endpoint-secret', 'github-secret', 'telegram-token', 'target-secret']) {
+    for (const secret of [
+      'db-pass-w0rd',
+      'plain-api-key',
+      'j'.repeat(40),
+      'endpoint-secret',
+      'github-secret',
+      'telegram-token',
+      'target-secret',
+    ]) {
       assert.ok(!result.stdout.includes(secret), `${secret} printed`);
     }
     const config = JSON.parse(result.stdout);
     assert.equal(config.storage.url, 'postgres://gatehouse:[redacted]@db.internal:5432/gatehouse');
     // URL credentials beyond user:pass@ (the attack review): query parameters, an unescaped '@'.
-    const odd = writeConfig('url-secrets.json5', `{
+    const odd = writeConfig(
+      'url-secrets.json5',
+      `{
       storage: { driver: "postgres", url: "postgres://u:P@SS-at@db.internal/gatehouse?sslpassword=ssl-pass-w0rd&password=query-pass-w0rd&application_name=gh" },
       gateway: { upstream: { target: "${TARGET}/?token=upstream-query-t0ken" }, auth: { apiKey: "plain-api-key-0123456789abcdefghijkl" } },
-    }`);
+    }`,
+    );
     const printed = await runCli(['config', 'print', '--config', odd]);
     assert.equal(printed.code, 0, printed.stderr);
-    for (const secret of ['SS-at', 'ssl-pass-w0rd', 'query-pass-w0rd', 'upstream-query-t0ken']) assert.ok(!printed.stdout.includes(secret), `${secret} printed`);
-    assert.equal(JSON.parse(printed.stdout).storage.url, 'postgres://u:[redacted]@db.internal/gatehouse?sslpassword=[redacted]&password=[redacted]&application_name=gh');
+    for (const secret of ['SS-at', 'ssl-pass-w0rd', 'query-pass-w0rd', 'upstream-query-t0ken'])
+      assert.ok(!printed.stdout.includes(secret), `${secret} printed`);
+    assert.equal(
+      JSON.parse(printed.stdout).storage.url,
+      'postgres://u:[redacted]@db.internal/gatehouse?sslpassword=[redacted]&password=[redacted]&application_name=gh',
+    );
     // A malformed URL in an error message is redacted too (it reaches journald from start).
-    const broken = writeConfig('url-broken.json5', `{ gateway: { upstream: { target: "http://svc:Sup3rS3cretPW@target.internal:99999/x" } } }`);
+    const broken = writeConfig(
+      'url-broken.json5',
+      `{ gateway: { upstream: { target: "http://svc:Sup3rS3cretPW@target.internal:99999/x" } } }`,
+    );
     const checked = await runCli(['config', 'check', '--json', '--config', broken]);
     assert.equal(checked.code, 1);
     assert.ok(!checked.stdout.includes('Sup3rS3cretPW') && !checked.stderr.includes('Sup3rS3cretPW'), checked.stdout);
@@ -228,12 +336,15 @@ describe('config check: warnings, --json; config print', () => {
 
 describe('read-only commands need only what they read', () => {
   it('storage migrate and deliveries list work without the JWT or GitHub secrets in the environment; config check still needs them', async () => {
-    const file = writeConfig('partial-env.json5', `{
+    const file = writeConfig(
+      'partial-env.json5',
+      `{
       storage: { path: "${path.join(dir, 'partial.db')}" },
       gateway: { upstream: { target: "${TARGET}" }, auth: { bearer: { jwt: { secret: "\${JWT_SECRET}" } } } },
       webhooks: { enabled: true, endpoints: [{ path: "/webhook/gh", verify: { type: "github", secret: "\${GITHUB_WEBHOOK_SECRET}" }, action: "message" }],
         targets: { message: { url: "http://127.0.0.1:5100" } } },
-    }`);
+    }`,
+    );
     const env = { JWT_SECRET: undefined, GITHUB_WEBHOOK_SECRET: undefined } as unknown as NodeJS.ProcessEnv;
     const migrate = await runCli(['storage', 'migrate', '--config', file], { env });
     assert.equal(migrate.code, 0, migrate.stderr);
@@ -245,13 +356,19 @@ describe('read-only commands need only what they read', () => {
     assert.equal(list.stdout, 'no events\n');
     assert.equal(check.code, 1);
     assert.match(check.stderr, /gateway\.auth\.bearer\.jwt\.secret: environment variable JWT_SECRET is not set/);
-    assert.match(check.stderr, /webhooks\.endpoints\[0\]\.verify\.secret: environment variable GITHUB_WEBHOOK_SECRET is not set/);
+    assert.match(
+      check.stderr,
+      /webhooks\.endpoints\[0\]\.verify\.secret: environment variable GITHUB_WEBHOOK_SECRET is not set/,
+    );
   });
 });
 
 describe('gatehouse start', () => {
   it('the start line carries the pid in its text (pretty terminal output drops the pid field)', async () => {
-    const file = writeConfig('start.json5', `{ storage: { path: "${path.join(dir, 'start.db')}" }, gateway: { listen: { port: 0 }, upstream: { target: "${TARGET}" }, auth: { apiKey: "start-line-key-0123456789abcdefghijklm" } } }`);
+    const file = writeConfig(
+      'start.json5',
+      `{ storage: { path: "${path.join(dir, 'start.db')}" }, gateway: { listen: { port: 0 }, upstream: { target: "${TARGET}" }, auth: { apiKey: "start-line-key-0123456789abcdefghijklm" } } }`,
+    );
     const server = startServerProcess(file);
     try {
       const line = await server.waitFor((l) => typeof l.msg === 'string' && l.msg.startsWith('gatehouse started'));

@@ -31,20 +31,28 @@ describe('gatehouse config check', () => {
   });
 
   it('a JWKS without audience: exit 0, with a warning naming the key (any client of the provider would pass)', async () => {
-    const file = writeConfig('jwks-no-audience.json5', `{ gateway: { upstream: { target: "http://127.0.0.1:3000" },
-      auth: { bearer: { jwt: { jwksUri: "https://idp.example/.well-known/jwks.json", issuer: "https://idp.example/" } } } } }`);
+    const file = writeConfig(
+      'jwks-no-audience.json5',
+      `{ gateway: { upstream: { target: "http://127.0.0.1:3000" },
+      auth: { bearer: { jwt: { jwksUri: "https://idp.example/.well-known/jwks.json", issuer: "https://idp.example/" } } } } }`,
+    );
     const result = await runCli(['config', 'check', '--config', file]);
     assert.equal(result.code, 0, result.stderr);
     assert.match(result.stderr, /^warning: gateway\.auth\.bearer\.jwt\.audience: not set/m);
-    const withAudience = writeConfig('jwks-audience.json5', `{ gateway: { upstream: { target: "http://127.0.0.1:3000" },
-      auth: { bearer: { jwt: { jwksUri: "https://idp.example/.well-known/jwks.json", audience: "orders-api" } } } } }`);
+    const withAudience = writeConfig(
+      'jwks-audience.json5',
+      `{ gateway: { upstream: { target: "http://127.0.0.1:3000" },
+      auth: { bearer: { jwt: { jwksUri: "https://idp.example/.well-known/jwks.json", audience: "orders-api" } } } } }`,
+    );
     const quiet = await runCli(['config', 'check', '--config', withAudience]);
     assert.equal(quiet.code, 0, quiet.stderr);
     assert.doesNotMatch(quiet.stderr, /warning/);
   });
 
   it('a bad config: exit 1 and every problem listed with its path', async () => {
-    const file = writeConfig('bad.json5', `{
+    const file = writeConfig(
+      'bad.json5',
+      `{
       // comments are fine in JSON5
       gateway: {
         upstream: { target: "/relative" },
@@ -55,7 +63,8 @@ describe('gatehouse config check', () => {
           bogus: true,
         },
       },
-    }`);
+    }`,
+    );
     const result = await runCli(['config', 'check', '--config', file]);
     assert.equal(result.code, 1);
     assert.equal(result.stdout, '');
@@ -65,12 +74,18 @@ describe('gatehouse config check', () => {
       'gateway.auth.apiKey:',
       'gateway.auth.apiKeys[1].id: duplicate key id "a"',
       'gateway.auth.bogus: unknown key',
-    ]) assert.ok(result.stderr.includes(expected), `missing "${expected}" in:\n${result.stderr}`);
+    ])
+      assert.ok(result.stderr.includes(expected), `missing "${expected}" in:\n${result.stderr}`);
   });
 
   it('a missing environment variable is named', async () => {
-    const file = writeConfig('env.json5', '{ gateway: { upstream: { target: "http://127.0.0.1:1" }, auth: { apiKey: "${GATEHOUSE_TEST_UNSET_VAR}" } } }');
-    const result = await runCli(['config', 'check', '--config', file], { env: { GATEHOUSE_TEST_UNSET_VAR: undefined } });
+    const file = writeConfig(
+      'env.json5',
+      '{ gateway: { upstream: { target: "http://127.0.0.1:1" }, auth: { apiKey: "${GATEHOUSE_TEST_UNSET_VAR}" } } }',
+    );
+    const result = await runCli(['config', 'check', '--config', file], {
+      env: { GATEHOUSE_TEST_UNSET_VAR: undefined },
+    });
     assert.equal(result.code, 1);
     assert.match(result.stderr, /gateway\.auth\.apiKey: environment variable GATEHOUSE_TEST_UNSET_VAR is not set/);
   });
@@ -86,7 +101,10 @@ describe('gatehouse start', () => {
   });
 
   it('refuses an open gateway on a non-loopback address: exit 1, nothing listens', async () => {
-    const file = writeConfig('open.json5', `{ gateway: { listen: { host: "0.0.0.0", port: 0 }, upstream: { target: "${upstream.url}" }, auth: { enabled: false } } }`);
+    const file = writeConfig(
+      'open.json5',
+      `{ gateway: { listen: { host: "0.0.0.0", port: 0 }, upstream: { target: "${upstream.url}" }, auth: { enabled: false } } }`,
+    );
     const result = await runCli(['start', '--config', file]);
     assert.equal(result.code, 1);
     assert.match(result.stderr, /gateway\.auth: auth is disabled while listening on non-loopback 0\.0\.0\.0/);
@@ -94,8 +112,11 @@ describe('gatehouse start', () => {
   });
 
   it('a webhook port already in use: exit 1 with the reason, and the process does not hang', async () => {
-    const file = writeConfig('port-taken.json5', `{ storage: { path: "${path.join(dir, 'taken.db')}" }, gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "port-taken-key-0123456789abcdefghijklmnop" } },
-      webhooks: { enabled: true, listen: { port: ${upstream.port} }, endpoints: [{ path: "/webhook/x", secret: "port-taken-secret-0123", action: "message" }], targets: { message: { url: "${upstream.url}" } } } }`);
+    const file = writeConfig(
+      'port-taken.json5',
+      `{ storage: { path: "${path.join(dir, 'taken.db')}" }, gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "port-taken-key-0123456789abcdefghijklmnop" } },
+      webhooks: { enabled: true, listen: { port: ${upstream.port} }, endpoints: [{ path: "/webhook/x", secret: "port-taken-secret-0123", action: "message" }], targets: { message: { url: "${upstream.url}" } } } }`,
+    );
     const result = await runCli(['start', '--config', file], { timeoutMs: 15_000 });
     assert.equal(result.code, 1, 'killed by the timeout means it hung');
     // One line naming the listener and the address: no stack, no errno code.
@@ -104,16 +125,23 @@ describe('gatehouse start', () => {
   });
 
   it('a gateway port already in use: the same one line, naming gateway.listen', async () => {
-    const file = writeConfig('gateway-port-taken.json5', `{ gateway: { listen: { port: ${upstream.port} }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "port-taken-key-0123456789abcdefghijklmnop" } } }`);
+    const file = writeConfig(
+      'gateway-port-taken.json5',
+      `{ gateway: { listen: { port: ${upstream.port} }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "port-taken-key-0123456789abcdefghijklmnop" } } }`,
+    );
     const result = await runCli(['start', '--config', file], { timeoutMs: 15_000 });
     assert.equal(result.code, 1, 'killed by the timeout means it hung');
     assert.equal(result.stderr, `gatehouse: gateway.listen 127.0.0.1:${upstream.port} is already in use\n`);
   });
 
-  it('a second server on the same SQLite file: exit 1 naming the running one\'s pid; the CLI beside it still works', async () => {
+  it("a second server on the same SQLite file: exit 1 naming the running one's pid; the CLI beside it still works", async () => {
     const db = path.join(dir, 'single-writer.db');
-    const configOn = (name: string) => writeConfig(name, `{ storage: { path: "${db}" }, gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "single-writer-key-0123456789abcdefghijklmnop" } },
-      webhooks: { enabled: true, listen: { port: 0 }, endpoints: [{ path: "/webhook/x", secret: "single-writer-secret-0123", action: "message" }], targets: { message: { url: "${upstream.url}" } } } }`);
+    const configOn = (name: string) =>
+      writeConfig(
+        name,
+        `{ storage: { path: "${db}" }, gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "single-writer-key-0123456789abcdefghijklmnop" } },
+      webhooks: { enabled: true, listen: { port: 0 }, endpoints: [{ path: "/webhook/x", secret: "single-writer-secret-0123", action: "message" }], targets: { message: { url: "${upstream.url}" } } } }`,
+      );
     const first = startServerProcess(configOn('single-writer-a.json5'));
     try {
       await first.waitFor((l) => l.msg === 'webhook receiver listening');
@@ -133,7 +161,8 @@ describe('gatehouse start', () => {
   it('SIGHUP swaps in a new valid config (key rotation) and keeps the old one when the new is invalid', async () => {
     const oldKey = 'old-key-0123456789abcdefghijklmnopqrstuv';
     const newKey = 'new-key-0123456789abcdefghijklmnopqrstuv';
-    const configFor = (hash: string) => `{ gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKeys: [{ id: "k", hash: "${hash}" }] } } }`;
+    const configFor = (hash: string) =>
+      `{ gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKeys: [{ id: "k", hash: "${hash}" }] } } }`;
     const file = writeConfig('reload.json5', configFor(hashApiKey(oldKey)));
     const server = startServerProcess(file);
     try {
@@ -158,7 +187,8 @@ describe('gatehouse start', () => {
 
   it('a change to the config file is picked up without a signal (polled once a second)', async () => {
     const key = (n: number) => `watch-key-${n}-0123456789abcdefghijklmnopqrstuv`;
-    const configFor = (n: number) => `{ gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "${key(n)}" } } }`;
+    const configFor = (n: number) =>
+      `{ gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "${key(n)}" } } }`;
     const watched = writeConfig('watched.json5', configFor(1));
     const server = startServerProcess(watched);
     try {
@@ -175,7 +205,10 @@ describe('gatehouse start', () => {
   it('SIGHUP does not drop a request in flight', async () => {
     const slow = await startRecordingUpstream((_req, res) => setTimeout(() => res.end('slow-done'), 800));
     const key = 'flight-key-0123456789abcdefghijklmnopqrstuv';
-    const file = writeConfig('flight.json5', `{ gateway: { listen: { port: 0 }, upstream: { target: "${slow.url}" }, auth: { apiKey: "${key}" } } }`);
+    const file = writeConfig(
+      'flight.json5',
+      `{ gateway: { listen: { port: 0 }, upstream: { target: "${slow.url}" }, auth: { apiKey: "${key}" } } }`,
+    );
     const server = startServerProcess(file);
     try {
       const { url } = await server.waitFor((l) => l.msg === 'gateway listening');
@@ -196,7 +229,10 @@ describe('gatehouse start', () => {
 describe('gatehouse webhooks deliveries', () => {
   it('a storage.path with no store behind it is an error (exit 1), not a new empty database', async () => {
     const missing = path.join(dir, 'no-such-folder', 'gatehouse.db');
-    const file = writeConfig('nostore.json5', `{ storage: { path: ${JSON.stringify(missing)} }, gateway: { upstream: { target: "http://127.0.0.1:1" } } }`);
+    const file = writeConfig(
+      'nostore.json5',
+      `{ storage: { path: ${JSON.stringify(missing)} }, gateway: { upstream: { target: "http://127.0.0.1:1" } } }`,
+    );
     const result = await runCli(['webhooks', 'deliveries', 'list', '--config', file]);
     assert.equal(result.code, 1);
     assert.match(result.stderr, /storage\.path/);
@@ -231,4 +267,3 @@ describe('gatehouse gateway api-key generate', () => {
     assert.match(result.stderr, /--expires/);
   });
 });
-

@@ -11,7 +11,10 @@ import { ROOT } from '../helpers/process.js';
 async function occupy(): Promise<{ port: number; close: () => Promise<void> }> {
   const server = net.createServer((socket) => socket.destroy());
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  return { port: (server.address() as net.AddressInfo).port, close: () => new Promise((resolve) => server.close(() => resolve())) };
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    close: () => new Promise((resolve) => server.close(() => resolve())),
+  };
 }
 
 async function freePort(): Promise<number> {
@@ -23,14 +26,24 @@ async function freePort(): Promise<number> {
 function isListening(port: number): Promise<boolean> {
   return new Promise((resolve) => {
     const socket = net.connect(port, '127.0.0.1');
-    socket.once('connect', () => { socket.destroy(); resolve(true); });
+    socket.once('connect', () => {
+      socket.destroy();
+      resolve(true);
+    });
     socket.once('error', () => resolve(false));
   });
 }
 
 /** `npm start` as a user runs it (node examples/demo.js), to completion. */
-async function runDemo(env: Record<string, string>, cwd: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const child = spawn(process.execPath, [path.join(ROOT, 'examples/demo.js')], { cwd, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+async function runDemo(
+  env: Record<string, string>,
+  cwd: string,
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawn(process.execPath, [path.join(ROOT, 'examples/demo.js')], {
+    cwd,
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let stdout = '';
   let stderr = '';
   child.stdout.on('data', (d) => (stdout += d));
@@ -49,9 +62,19 @@ describe('npm start with a port in use', () => {
     const taken = await occupy();
     try {
       const [targetPort, gatewayPort] = [await freePort(), await freePort()];
-      const result = await runDemo({ DEMO_API_PORT: String(taken.port), DEMO_TARGET_PORT: String(targetPort), GATEHOUSE_PORT: String(gatewayPort) }, dir);
+      const result = await runDemo(
+        {
+          DEMO_API_PORT: String(taken.port),
+          DEMO_TARGET_PORT: String(targetPort),
+          GATEHOUSE_PORT: String(gatewayPort),
+        },
+        dir,
+      );
       assert.equal(result.code, 1);
-      assert.equal(result.stderr, `demo: the example internal API cannot listen on 127.0.0.1:${taken.port}: the port is already in use (set DEMO_API_PORT to another port)\n`);
+      assert.equal(
+        result.stderr,
+        `demo: the example internal API cannot listen on 127.0.0.1:${taken.port}: the port is already in use (set DEMO_API_PORT to another port)\n`,
+      );
       assert.equal(await isListening(targetPort), false);
       assert.equal(await isListening(gatewayPort), false, 'gatehouse was not started');
     } finally {
@@ -64,12 +87,27 @@ describe('npm start with a port in use', () => {
     const taken = await occupy();
     try {
       const [apiPort, targetPort, hooksPort] = [await freePort(), await freePort(), await freePort()];
-      const result = await runDemo({ DEMO_API_PORT: String(apiPort), DEMO_TARGET_PORT: String(targetPort), GATEHOUSE_PORT: String(taken.port), GATEHOUSE_WEBHOOKS_PORT: String(hooksPort) }, ROOT);
+      const result = await runDemo(
+        {
+          DEMO_API_PORT: String(apiPort),
+          DEMO_TARGET_PORT: String(targetPort),
+          GATEHOUSE_PORT: String(taken.port),
+          GATEHOUSE_WEBHOOKS_PORT: String(hooksPort),
+        },
+        ROOT,
+      );
       assert.equal(result.code, 1, result.stderr);
       // gateway.json5's port is "${GATEHOUSE_PORT:-8080}": the line names the variable, as the demo does for its own ports.
-      assert.match(result.stderr, new RegExp(`^gatehouse: gateway\\.listen 127\\.0\\.0\\.1:${taken.port} is already in use \\(set GATEHOUSE_PORT to another port\\)$`, 'm'));
+      assert.match(
+        result.stderr,
+        new RegExp(
+          `^gatehouse: gateway\\.listen 127\\.0\\.0\\.1:${taken.port} is already in use \\(set GATEHOUSE_PORT to another port\\)$`,
+          'm',
+        ),
+      );
       assert.doesNotMatch(result.stderr, /\n\s+at /, 'no stack');
-      for (const port of [apiPort, targetPort, hooksPort]) assert.equal(await isListening(port), false, `${port} still listening`);
+      for (const port of [apiPort, targetPort, hooksPort])
+        assert.equal(await isListening(port), false, `${port} still listening`);
     } finally {
       await taken.close();
     }

@@ -31,9 +31,13 @@ describe('demo: the README quick start works with the shipped config and example
     const config = JSON5.parse(readFileSync(path.join(ROOT, 'gateway.json5'), 'utf8'));
     config.storage.path = path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-demo-')), 'demo.db');
     config.gateway.listen.port = 0;
-    config.gateway.upstream.target = config.gateway.upstream.target.replace('${DEMO_API_PORT:-3000}', String(port(api)));
+    config.gateway.upstream.target = config.gateway.upstream.target.replace(
+      '${DEMO_API_PORT:-3000}',
+      String(port(api)),
+    );
     config.webhooks.listen.port = 0;
-    for (const t of Object.values(config.webhooks.targets) as { url: string }[]) t.url = t.url.replace('${DEMO_TARGET_PORT:-4000}', String(port(target)));
+    for (const t of Object.values(config.webhooks.targets) as { url: string }[])
+      t.url = t.url.replace('${DEMO_TARGET_PORT:-4000}', String(port(target)));
     gatehouse = await startTestGatehouse(config);
   });
   after(async () => {
@@ -59,7 +63,10 @@ describe('demo: the README quick start works with the shipped config and example
       body: '{"sender":{"name":"Ada"},"text":"hello"}',
     });
     assert.equal(reply.status, 202);
-    const action = await waitFor(() => actions.find((a) => a.body?.id === reply.json().id), { timeoutMs: 5_000, what: 'the demo target to act on the message' });
+    const action = await waitFor(() => actions.find((a) => a.body?.id === reply.json().id), {
+      timeoutMs: 5_000,
+      what: 'the demo target to act on the message',
+    });
     assert.equal(action.path, '/messages');
     assert.equal(action.action, 'message');
     assert.equal(action.body.message, 'New message from Ada: hello');

@@ -21,12 +21,18 @@ describe('gateway: authenticated requests reach the upstream as intended', () =>
       res.writeHead(200, { 'content-type': 'application/json' });
       res.end('{"ok":true}');
     });
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
-      gateway: { auth: { apiKeys: [
-        { id: 'ci', hash: hashApiKey(rotatedKey), expiresAt: '2999-01-01T00:00:00Z' },
-        { id: 'old', hash: hashApiKey(expiredKey), expiresAt: '2020-01-01T00:00:00Z' },
-      ] } },
-    }));
+    gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, {
+        gateway: {
+          auth: {
+            apiKeys: [
+              { id: 'ci', hash: hashApiKey(rotatedKey), expiresAt: '2999-01-01T00:00:00Z' },
+              { id: 'old', hash: hashApiKey(expiredKey), expiresAt: '2020-01-01T00:00:00Z' },
+            ],
+          },
+        },
+      }),
+    );
   });
   after(async () => {
     await gatehouse.close();
@@ -51,7 +57,9 @@ describe('gateway: authenticated requests reach the upstream as intended', () =>
   });
 
   it('with the plain key: proxied with identity headers, credentials stripped, path and query exact', async () => {
-    const reply = await request(gatehouse.url, '/api/things/42?b=2&a=1', { headers: { 'x-api-key': TEST_PLAIN_KEY, 'x-request-id': 'trace-abc.123' } });
+    const reply = await request(gatehouse.url, '/api/things/42?b=2&a=1', {
+      headers: { 'x-api-key': TEST_PLAIN_KEY, 'x-request-id': 'trace-abc.123' },
+    });
     assert.equal(reply.status, 200);
     assert.equal(reply.headers['x-request-id'], 'trace-abc.123');
     const got = upstream.received.at(-1)!;
@@ -66,7 +74,9 @@ describe('gateway: authenticated requests reach the upstream as intended', () =>
   });
 
   it('an insane X-Request-Id is replaced by a generated one', async () => {
-    const reply = await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': TEST_PLAIN_KEY, 'x-request-id': 'has spaces and "quotes"' } });
+    const reply = await request(gatehouse.url, '/api/x', {
+      headers: { 'x-api-key': TEST_PLAIN_KEY, 'x-request-id': 'has spaces and "quotes"' },
+    });
     assert.equal(reply.status, 200);
     assert.match(reply.headers['x-request-id'] as string, /^[0-9a-f-]{36}$/);
     assert.equal(upstream.received.at(-1)!.headers['x-request-id'], reply.headers['x-request-id']);
@@ -85,14 +95,20 @@ describe('gateway: authenticated requests reach the upstream as intended', () =>
 
   it('streams request and response bodies through, status and headers intact', async () => {
     const body = 'x'.repeat(200_000);
-    const reply = await request(gatehouse.url, '/api/echo-body', { method: 'POST', body, headers: { 'x-api-key': TEST_PLAIN_KEY, 'content-type': 'text/plain' } });
+    const reply = await request(gatehouse.url, '/api/echo-body', {
+      method: 'POST',
+      body,
+      headers: { 'x-api-key': TEST_PLAIN_KEY, 'content-type': 'text/plain' },
+    });
     assert.equal(reply.status, 201);
     assert.equal(reply.headers['x-upstream'], 'yes');
     assert.equal(reply.body, `got:${body}`);
   });
 
   it('non-bearer Authorization (e.g. Basic) passes through to the upstream untouched', async () => {
-    await request(gatehouse.url, '/api/basic', { headers: { 'x-api-key': TEST_PLAIN_KEY, authorization: 'Basic dXNlcjpwYXNz' } });
+    await request(gatehouse.url, '/api/basic', {
+      headers: { 'x-api-key': TEST_PLAIN_KEY, authorization: 'Basic dXNlcjpwYXNz' },
+    });
     assert.equal(upstream.received.at(-1)!.headers.authorization, 'Basic dXNlcjpwYXNz');
   });
 
@@ -127,7 +143,9 @@ describe('gateway: upstream failures', () => {
   });
 
   it('upstream too slow: 504 upstream_timeout', async () => {
-    const upstream = await startRecordingUpstream(() => { /* never answers */ });
+    const upstream = await startRecordingUpstream(() => {
+      /* never answers */
+    });
     const gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { upstream: { timeoutMs: 300 } } }));
     try {
       const reply = await request(gatehouse.url, '/api/slow', { headers: { 'x-api-key': TEST_PLAIN_KEY } });
@@ -154,14 +172,18 @@ describe('gateway: upstream failures', () => {
   });
 });
 
-
 describe('gateway: what the upstream answers reaches the client intact', () => {
   let upstream: RecordingServer;
   let gatehouse: TestGatehouse;
   before(async () => {
     upstream = await startRecordingUpstream((req, res) => {
       if (req.url.startsWith('/base/api/chunked')) {
-        res.writeHead(207, 'Multi Things', { 'set-cookie': ['a=1; HttpOnly', 'b=2'], 'x-custom': 'v', 'keep-alive': 'timeout=99', connection: 'keep-alive' });
+        res.writeHead(207, 'Multi Things', {
+          'set-cookie': ['a=1; HttpOnly', 'b=2'],
+          'x-custom': 'v',
+          'keep-alive': 'timeout=99',
+          connection: 'keep-alive',
+        });
         res.write('part1-');
         setTimeout(() => res.end('part2'), 20);
         return;
@@ -187,7 +209,10 @@ describe('gateway: what the upstream answers reaches the client intact', () => {
   });
 
   it('HEAD gets the headers and no body', async () => {
-    const reply = await request(gatehouse.url, '/api/head', { method: 'HEAD', headers: { 'x-api-key': TEST_PLAIN_KEY } });
+    const reply = await request(gatehouse.url, '/api/head', {
+      method: 'HEAD',
+      headers: { 'x-api-key': TEST_PLAIN_KEY },
+    });
     assert.equal(reply.status, 200);
     assert.equal(reply.body, '');
     assert.equal(upstream.received.at(-1)!.method, 'HEAD');
@@ -201,15 +226,23 @@ describe('gateway: TLS', () => {
     const { fileURLToPath } = await import('node:url');
     const fixtures = fileURLToPath(new URL('../fixtures/tls/', import.meta.url));
     const upstream = await startRecordingUpstream();
-    const gatehouse = await startTestGatehouse(testConfig(upstream.url, { gateway: { tls: { cert: `${fixtures}cert.pem`, key: `${fixtures}key.pem` } } }));
+    const gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, { gateway: { tls: { cert: `${fixtures}cert.pem`, key: `${fixtures}key.pem` } } }),
+    );
     try {
       assert.match(gatehouse.url, /^https:\/\//);
       const body = await new Promise<string>((resolve, reject) => {
-        https.get(`${gatehouse.url}/api/secure`, { ca: readFileSync(`${fixtures}cert.pem`), headers: { 'x-api-key': TEST_PLAIN_KEY } }, (res) => {
-          let text = '';
-          res.on('data', (d) => (text += d));
-          res.on('end', () => resolve(`${res.statusCode} ${text}`));
-        }).on('error', reject);
+        https
+          .get(
+            `${gatehouse.url}/api/secure`,
+            { ca: readFileSync(`${fixtures}cert.pem`), headers: { 'x-api-key': TEST_PLAIN_KEY } },
+            (res) => {
+              let text = '';
+              res.on('data', (d) => (text += d));
+              res.on('end', () => resolve(`${res.statusCode} ${text}`));
+            },
+          )
+          .on('error', reject);
       });
       assert.equal(body, '200 {"ok":true}');
       assert.equal(upstream.received.at(-1)!.headers['x-forwarded-proto'], 'https');

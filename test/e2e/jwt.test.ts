@@ -3,7 +3,16 @@ import { createHmac } from 'node:crypto';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
-import { exportJWK, exportSPKI, generateKeyPair, SignJWT, UnsecuredJWT, type CryptoKey, type JWK, type JWTPayload } from 'jose';
+import {
+  exportJWK,
+  exportSPKI,
+  generateKeyPair,
+  SignJWT,
+  UnsecuredJWT,
+  type CryptoKey,
+  type JWK,
+  type JWTPayload,
+} from 'jose';
 import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
 import { request, type Reply } from '../helpers/http.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
@@ -19,7 +28,12 @@ const INVALID_TOKEN_CHALLENGE = 'Bearer realm="gatehouse", error="invalid_token"
  * value overridden with `undefined`, so the key is deleted here unless `keepApiKey`.
  * The lockout is raised so that the many deliberate failures below never turn into 429s.
  */
-function bearerConfig(upstreamUrl: string, jwt: Record<string, unknown>, auth: Record<string, unknown> = {}, keepApiKey = false): Record<string, any> {
+function bearerConfig(
+  upstreamUrl: string,
+  jwt: Record<string, unknown>,
+  auth: Record<string, unknown> = {},
+  keepApiKey = false,
+): Record<string, any> {
   const config = testConfig(upstreamUrl, { gateway: { auth: { bearer: { jwt }, failures: { max: 1000 }, ...auth } } });
   if (!keepApiKey) delete config.gateway.auth.apiKey;
   return config;
@@ -51,7 +65,11 @@ function assertInvalidToken(reply: Reply, upstream: RecordingServer, before: num
   assert.equal(upstream.received.length, before, 'the upstream must receive nothing');
 }
 
-async function expectRejected(gatehouse: TestGatehouse, upstream: RecordingServer, headers: Record<string, string>): Promise<void> {
+async function expectRejected(
+  gatehouse: TestGatehouse,
+  upstream: RecordingServer,
+  headers: Record<string, string>,
+): Promise<void> {
   const before = upstream.received.length;
   assertInvalidToken(await request(gatehouse.url, '/api/jwt', { headers }), upstream, before);
 }
@@ -63,7 +81,9 @@ describe('jwt: HS256 with a shared secret, issuer and audience pinned', () => {
 
   before(async () => {
     upstream = await startRecordingUpstream();
-    gatehouse = await startTestGatehouse(bearerConfig(upstream.url, { secret: SECRET, issuer: ISSUER, audience: AUDIENCE }));
+    gatehouse = await startTestGatehouse(
+      bearerConfig(upstream.url, { secret: SECRET, issuer: ISSUER, audience: AUDIENCE }),
+    );
   });
   after(async () => {
     await gatehouse.close();
@@ -71,7 +91,9 @@ describe('jwt: HS256 with a shared secret, issuer and audience pinned', () => {
   });
 
   it('a valid token passes: identity headers set, the bearer Authorization not forwarded', async () => {
-    const reply = await request(gatehouse.url, '/api/me', { headers: { ...bearer(await valid()), 'x-gatehouse-subject': 'forged' } });
+    const reply = await request(gatehouse.url, '/api/me', {
+      headers: { ...bearer(await valid()), 'x-gatehouse-subject': 'forged' },
+    });
     assert.equal(reply.status, 200);
     const got = upstream.received.at(-1)!;
     assert.equal(got.url, '/api/me');
@@ -83,9 +105,13 @@ describe('jwt: HS256 with a shared secret, issuer and audience pinned', () => {
 
   it('a token without `sub` is refused (requireSubject), and a client-sent X-Gatehouse-Subject never reaches the upstream', async () => {
     const before = upstream.received.length;
-    const refused = await request(gatehouse.url, '/api/nosub', { headers: { ...bearer(await hs256({ iss: ISSUER, aud: AUDIENCE })), 'x-gatehouse-subject': 'admin' } });
+    const refused = await request(gatehouse.url, '/api/nosub', {
+      headers: { ...bearer(await hs256({ iss: ISSUER, aud: AUDIENCE })), 'x-gatehouse-subject': 'admin' },
+    });
     assertInvalidToken(refused, upstream, before);
-    const reply = await request(gatehouse.url, '/api/sub', { headers: { ...bearer(await hs256({ iss: ISSUER, aud: AUDIENCE, sub: 'ana' })), 'x-gatehouse-subject': 'admin' } });
+    const reply = await request(gatehouse.url, '/api/sub', {
+      headers: { ...bearer(await hs256({ iss: ISSUER, aud: AUDIENCE, sub: 'ana' })), 'x-gatehouse-subject': 'admin' },
+    });
     assert.equal(reply.status, 200);
     assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-subject'], 'ana');
   });
@@ -115,10 +141,20 @@ describe('jwt: HS256 with a shared secret, issuer and audience pinned', () => {
 
   it('a non-numeric exp is refused, even far in the future', async () => {
     const farFuture = String(now() + 3600);
-    await expectRejected(gatehouse, upstream, bearer(handmadeHs256({ iss: ISSUER, aud: AUDIENCE, sub: 'x', exp: farFuture })));
-    await expectRejected(gatehouse, upstream, bearer(handmadeHs256({ iss: ISSUER, aud: AUDIENCE, sub: 'x', exp: null })));
+    await expectRejected(
+      gatehouse,
+      upstream,
+      bearer(handmadeHs256({ iss: ISSUER, aud: AUDIENCE, sub: 'x', exp: farFuture })),
+    );
+    await expectRejected(
+      gatehouse,
+      upstream,
+      bearer(handmadeHs256({ iss: ISSUER, aud: AUDIENCE, sub: 'x', exp: null })),
+    );
     // Control: the same hand-made token with a numeric exp passes, so the refusals above are about `exp`.
-    const control = await request(gatehouse.url, '/api/jwt', { headers: bearer(handmadeHs256({ iss: ISSUER, aud: AUDIENCE, sub: 'x', exp: now() + 3600 })) });
+    const control = await request(gatehouse.url, '/api/jwt', {
+      headers: bearer(handmadeHs256({ iss: ISSUER, aud: AUDIENCE, sub: 'x', exp: now() + 3600 })),
+    });
     assert.equal(control.status, 200);
   });
 
@@ -130,9 +166,15 @@ describe('jwt: HS256 with a shared secret, issuer and audience pinned', () => {
   });
 
   it('a token signed with another secret, or tampered with, is refused', async () => {
-    await expectRejected(gatehouse, upstream, bearer(await hs256({ iss: ISSUER, aud: AUDIENCE, sub: 'x' }, 'another-secret-0123456789abcdefghijklmnop')));
+    await expectRejected(
+      gatehouse,
+      upstream,
+      bearer(await hs256({ iss: ISSUER, aud: AUDIENCE, sub: 'x' }, 'another-secret-0123456789abcdefghijklmnop')),
+    );
     const [h, , s] = (await valid()).split('.');
-    const forgedPayload = Buffer.from(JSON.stringify({ iss: ISSUER, aud: AUDIENCE, sub: 'admin', exp: now() + 600 })).toString('base64url');
+    const forgedPayload = Buffer.from(
+      JSON.stringify({ iss: ISSUER, aud: AUDIENCE, sub: 'admin', exp: now() + 600 }),
+    ).toString('base64url');
     await expectRejected(gatehouse, upstream, bearer(`${h}.${forgedPayload}.${s}`));
   });
 
@@ -153,11 +195,13 @@ describe('jwt: HS256 with a shared secret, issuer and audience pinned', () => {
   });
 
   // A lone UTF-16 surrogate is valid JSON ("\ud800") and made encodeURIComponent throw (a 500) once.
-  it('a `sub` holding a lone surrogate is refused (it would reach the upstream as U+FFFD, another subject\'s name), not a 500', async () => {
+  it("a `sub` holding a lone surrogate is refused (it would reach the upstream as U+FFFD, another subject's name), not a 500", async () => {
     const before = upstream.received.length;
     const reply = await request(gatehouse.url, '/api/surrogate', { headers: bearer(await valid({ sub: 'a\ud800b' })) });
     assertInvalidToken(reply, upstream, before);
-    const accented = await request(gatehouse.url, '/api/accented', { headers: bearer(await valid({ sub: 'ana\u00e9 \ud83d\ude00' })) });
+    const accented = await request(gatehouse.url, '/api/accented', {
+      headers: bearer(await valid({ sub: 'ana\u00e9 \ud83d\ude00' })),
+    });
     assert.equal(accented.status, 200);
     assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-subject'], 'ana%C3%A9 %F0%9F%98%80');
   });
@@ -182,7 +226,10 @@ describe('jwt: RS256 with a PEM public key', () => {
   });
 
   it('a valid RS256 token passes', async () => {
-    const token = await new SignJWT({ sub: 'rsa-user' }).setProtectedHeader({ alg: 'RS256' }).setExpirationTime('5m').sign(privateKey);
+    const token = await new SignJWT({ sub: 'rsa-user' })
+      .setProtectedHeader({ alg: 'RS256' })
+      .setExpirationTime('5m')
+      .sign(privateKey);
     const reply = await request(gatehouse.url, '/api/rsa', { headers: bearer(token) });
     assert.equal(reply.status, 200);
     assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-subject'], 'rsa-user');
@@ -232,10 +279,11 @@ async function startJwksServer(keys: JWK[]): Promise<JwksServer> {
     publish(next) {
       current = next;
     },
-    close: () => new Promise((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }
 
@@ -273,7 +321,10 @@ describe('jwt: RS256 via a JWKS URL', () => {
 
   it('a JWKS without audience is warned about at start (tokens for any client of the provider would pass)', () => {
     const warnings = gatehouse.logs.filter((l) => l.level === 40).map((l) => l.msg as string);
-    assert.ok(warnings.some((m) => m.startsWith('gateway.auth.bearer.jwt.audience: not set')), warnings.join('\n'));
+    assert.ok(
+      warnings.some((m) => m.startsWith('gateway.auth.bearer.jwt.audience: not set')),
+      warnings.join('\n'),
+    );
   });
 
   it('a valid token with a published kid passes, and requests never refetch a cached key set', async () => {
@@ -292,7 +343,9 @@ describe('jwt: RS256 via a JWKS URL', () => {
   it('key rotation: an unknown kid triggers a refetch, the new key passes, a never-published key does not', async () => {
     jwks.publish([second.jwk]);
     const before = jwks.fetches;
-    const reply = await request(gatehouse.url, '/api/rotated', { headers: bearer(await sign(second, 'k2', 'rotated-user')) });
+    const reply = await request(gatehouse.url, '/api/rotated', {
+      headers: bearer(await sign(second, 'k2', 'rotated-user')),
+    });
     assert.equal(reply.status, 200);
     assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-subject'], 'rotated-user');
     assert.equal(jwks.fetches, before + 1);
@@ -332,7 +385,9 @@ describe('jwt: require all / any with an API key and a bearer token', () => {
   });
 
   it('require all: key and token together pass, with both methods, the JWT subject and the key id', async () => {
-    const reply = await request(all.url, '/api/all', { headers: { 'x-api-key': TEST_PLAIN_KEY, ...bearer(await token()) } });
+    const reply = await request(all.url, '/api/all', {
+      headers: { 'x-api-key': TEST_PLAIN_KEY, ...bearer(await token()) },
+    });
     assert.equal(reply.status, 200);
     const got = upstream.received.at(-1)!;
     assert.equal(got.headers['x-gatehouse-auth'], 'api-key,bearer');
@@ -344,7 +399,9 @@ describe('jwt: require all / any with an API key and a bearer token', () => {
 
   it('require all: a valid key with a bad token is invalid_token', async () => {
     const before = upstream.received.length;
-    const reply = await request(all.url, '/api/all', { headers: { 'x-api-key': TEST_PLAIN_KEY, ...bearer(await hs256({ sub: 'x', exp: now() - 3600 })) } });
+    const reply = await request(all.url, '/api/all', {
+      headers: { 'x-api-key': TEST_PLAIN_KEY, ...bearer(await hs256({ sub: 'x', exp: now() - 3600 })) },
+    });
     assertInvalidToken(reply, upstream, before);
   });
 
@@ -356,20 +413,34 @@ describe('jwt: require all / any with an API key and a bearer token', () => {
   });
 
   it('require any: a valid key never lets a bad token ride along', async () => {
-    for (const bad of [await hs256({ sub: 'x' }, 'wrong-secret-0123456789abcdefghijklmnop'), await hs256({ sub: 'x', exp: now() - 3600 })]) {
+    for (const bad of [
+      await hs256({ sub: 'x' }, 'wrong-secret-0123456789abcdefghijklmnop'),
+      await hs256({ sub: 'x', exp: now() - 3600 }),
+    ]) {
       const before = upstream.received.length;
       const reply = await request(any.url, '/api/any', { headers: { 'x-api-key': TEST_PLAIN_KEY, ...bearer(bad) } });
       assertInvalidToken(reply, upstream, before);
     }
     const before = upstream.received.length;
-    assertInvalidToken(await request(any.url, '/api/any', { headers: { 'x-api-key': TEST_PLAIN_KEY, authorization: 'Bearer' } }), upstream, before);
+    assertInvalidToken(
+      await request(any.url, '/api/any', { headers: { 'x-api-key': TEST_PLAIN_KEY, authorization: 'Bearer' } }),
+      upstream,
+      before,
+    );
   });
 
-  it('several Authorization lines are refused whatever the first one\'s scheme (found by an outside attack: a Basic line hid the Bearer behind it)', async () => {
+  it("several Authorization lines are refused whatever the first one's scheme (found by an outside attack: a Basic line hid the Bearer behind it)", async () => {
     const bad = await hs256({ sub: 'x' }, 'wrong-secret-0123456789abcdefghijklmnop');
-    for (const lines of [['Basic YTpi', `Bearer ${bad}`], ['Basic YTpi', 'Basic Yzpk'], [`Bearer ${await token()}`, 'Basic YTpi']]) {
+    for (const lines of [
+      ['Basic YTpi', `Bearer ${bad}`],
+      ['Basic YTpi', 'Basic Yzpk'],
+      [`Bearer ${await token()}`, 'Basic YTpi'],
+    ]) {
       const before = upstream.received.length;
-      const headers: [string, string][] = [['x-api-key', TEST_PLAIN_KEY], ...lines.map((l): [string, string] => ['authorization', l])];
+      const headers: [string, string][] = [
+        ['x-api-key', TEST_PLAIN_KEY],
+        ...lines.map((l): [string, string] => ['authorization', l]),
+      ];
       assertInvalidToken(await request(any.url, '/api/any', { headers }), upstream, before);
     }
   });

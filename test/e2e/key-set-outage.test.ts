@@ -32,17 +32,34 @@ describe('key set outage: 503, never 401 + lockout', () => {
     const jwksUri = `http://127.0.0.1:${(jwks.address() as AddressInfo).port}/jwks.json`;
     const { privateKey } = await generateKeyPair('RS256');
     token = await new SignJWT({ sub: 'u', email: 'push@p.iam.gserviceaccount.com', email_verified: true })
-      .setProtectedHeader({ alg: 'RS256', kid: 'k1' }).setIssuer('https://accounts.google.com').setAudience('aud').setExpirationTime('1h').sign(privateKey);
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, {
-      storage: { path: path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-outage-')), 'db.sqlite') },
-      gateway: { auth: { bearer: { jwt: { jwksUri, jwksCooldownSeconds: 0 } }, failures: { max: 3 } } },
-      webhooks: {
-        enabled: true,
-        listen: { port: 0 },
-        endpoints: [{ path: '/webhook/pubsub', action: 'system-event', verify: { type: 'pubsub-oidc', audience: 'aud', serviceAccountEmail: 'push@p.iam.gserviceaccount.com', jwksUri } }],
-        targets: { 'system-event': { url: `${upstream.url}/events` } },
-      },
-    }));
+      .setProtectedHeader({ alg: 'RS256', kid: 'k1' })
+      .setIssuer('https://accounts.google.com')
+      .setAudience('aud')
+      .setExpirationTime('1h')
+      .sign(privateKey);
+    gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, {
+        storage: { path: path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-outage-')), 'db.sqlite') },
+        gateway: { auth: { bearer: { jwt: { jwksUri, jwksCooldownSeconds: 0 } }, failures: { max: 3 } } },
+        webhooks: {
+          enabled: true,
+          listen: { port: 0 },
+          endpoints: [
+            {
+              path: '/webhook/pubsub',
+              action: 'system-event',
+              verify: {
+                type: 'pubsub-oidc',
+                audience: 'aud',
+                serviceAccountEmail: 'push@p.iam.gserviceaccount.com',
+                jwksUri,
+              },
+            },
+          ],
+          targets: { 'system-event': { url: `${upstream.url}/events` } },
+        },
+      }),
+    );
   });
   after(async () => {
     await gatehouse.close();

@@ -13,7 +13,10 @@ function packageWithBin(dist?: Record<string, string>): string {
   const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-bin-'));
   dirs.push(dir);
   cpSync(path.join(ROOT, 'bin'), path.join(dir, 'bin'), { recursive: true });
-  writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ name: 'gatehouse', version: '0.0.0', type: 'module' }));
+  writeFileSync(
+    path.join(dir, 'package.json'),
+    JSON.stringify({ name: 'gatehouse', version: '0.0.0', type: 'module' }),
+  );
   if (dist) {
     mkdirSync(path.join(dir, 'dist'));
     for (const [name, text] of Object.entries(dist)) writeFileSync(path.join(dir, 'dist', name), text);
@@ -21,7 +24,10 @@ function packageWithBin(dist?: Record<string, string>): string {
   return dir;
 }
 function runBin(dir: string, args: string[]) {
-  return spawnSync(process.execPath, [path.join(dir, 'bin/gatehouse.js'), ...args], { encoding: 'utf8', timeout: 30_000 });
+  return spawnSync(process.execPath, [path.join(dir, 'bin/gatehouse.js'), ...args], {
+    encoding: 'utf8',
+    timeout: 30_000,
+  });
 }
 after(() => {
   for (const dir of dirs) rmSync(dir, { recursive: true, force: true });

@@ -50,7 +50,13 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
     upstream = await startRecordingUpstream();
     target = await startRecordingUpstream((req, res) => {
       const envelope = JSON.parse(req.body);
-      const receipt: Receipt = { id: envelope.id, seq: envelope.payload.seq, by: req.url.split('/').pop()!, answered: false, at: Date.now() };
+      const receipt: Receipt = {
+        id: envelope.id,
+        seq: envelope.payload.seq,
+        by: req.url.split('/').pop()!,
+        answered: false,
+        at: Date.now(),
+      };
       receipts.push(receipt);
       onDelivery(receipt);
       if (receipt.by === 'i0' && killed) return; // the dead instance's socket: nobody would read an answer
@@ -95,18 +101,33 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
       const reply = await request(instances[i % 3]!.gatewayUrl, '/api/thing', { headers: bad, localAddress: client });
       statuses.push(reply.status);
     }
-    assert.deepEqual(statuses, [...Array(FAILURES_MAX).fill(401), 429, 429, 429], 'the max-th failure, on whichever instance, locks');
+    assert.deepEqual(
+      statuses,
+      [...Array(FAILURES_MAX).fill(401), 429, 429, 429],
+      'the max-th failure, on whichever instance, locks',
+    );
     // Locked everywhere: even the right key is refused on each instance, and nothing reaches the upstream.
     const before = upstream.received.length;
     for (const instance of instances) {
-      const reply = await request(instance.gatewayUrl, '/api/thing', { headers: { 'x-api-key': API_KEY }, localAddress: client });
+      const reply = await request(instance.gatewayUrl, '/api/thing', {
+        headers: { 'x-api-key': API_KEY },
+        localAddress: client,
+      });
       assert.equal(reply.status, 429, `${instance.name} refuses the locked client`);
       assert.equal(reply.json().error.code, 'too_many_failures');
     }
     assert.equal(upstream.received.length, before, 'no upstream request after the lock, on any instance');
     // Another client is not affected, on any instance.
     for (const instance of instances) {
-      assert.equal((await request(instance.gatewayUrl, '/api/thing', { headers: { 'x-api-key': API_KEY }, localAddress: '127.0.0.6' })).status, 200);
+      assert.equal(
+        (
+          await request(instance.gatewayUrl, '/api/thing', {
+            headers: { 'x-api-key': API_KEY },
+            localAddress: '127.0.0.6',
+          })
+        ).status,
+        200,
+      );
     }
     assert.equal(upstream.received.length, before + 3);
 
@@ -114,24 +135,46 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
     // bound (README): an instance's first checks of a client, before it has seen it fail there, take
     // no reservation (no database call for a client that has not failed), so between max and, at
     // worst, 3·max are checked; what the run saw is reported.
-    const burst = await Promise.all(Array.from({ length: FAILURES_MAX * 6 }, (_, i) =>
-      request(instances[i % 3]!.gatewayUrl, '/api/thing', { headers: bad, localAddress: '127.0.0.7' }).then((r) => r.status)));
+    const burst = await Promise.all(
+      Array.from({ length: FAILURES_MAX * 6 }, (_, i) =>
+        request(instances[i % 3]!.gatewayUrl, '/api/thing', { headers: bad, localAddress: '127.0.0.7' }).then(
+          (r) => r.status,
+        ),
+      ),
+    );
     const checked = burst.filter((s) => s === 401).length;
-    assert.ok(checked >= FAILURES_MAX && checked <= FAILURES_MAX * 3, `between max and 3·max guesses were checked: ${burst.join(',')}`);
+    assert.ok(
+      checked >= FAILURES_MAX && checked <= FAILURES_MAX * 3,
+      `between max and 3·max guesses were checked: ${burst.join(',')}`,
+    );
     assert.equal(burst.filter((s) => s === 429).length, FAILURES_MAX * 6 - checked);
-    t.diagnostic(`burst of ${FAILURES_MAX * 6} bad keys at once over three instances: ${checked} checked (max ${FAILURES_MAX})`);
+    t.diagnostic(
+      `burst of ${FAILURES_MAX * 6} bad keys at once over three instances: ${checked} checked (max ${FAILURES_MAX})`,
+    );
     for (const instance of instances) {
-      assert.equal((await request(instance.gatewayUrl, '/api/thing', { headers: { 'x-api-key': API_KEY }, localAddress: '127.0.0.7' })).status, 429);
+      assert.equal(
+        (
+          await request(instance.gatewayUrl, '/api/thing', {
+            headers: { 'x-api-key': API_KEY },
+            localAddress: '127.0.0.7',
+          })
+        ).status,
+        429,
+      );
     }
     assert.equal(upstream.received.length, before + 3);
   });
 
   it('one delivery id sent to two instances at once is stored once and delivered once', async () => {
     const KEYS = 20;
-    const replies = await Promise.all(Array.from({ length: KEYS }, (_, k) => Promise.all([
-      postWebhook(instances[1]!.hooksUrl, ENDPOINT, SECRET, { seq: -1 - k }, `dedupe-${k}`),
-      postWebhook(instances[2]!.hooksUrl, ENDPOINT, SECRET, { seq: -1 - k }, `dedupe-${k}`),
-    ])));
+    const replies = await Promise.all(
+      Array.from({ length: KEYS }, (_, k) =>
+        Promise.all([
+          postWebhook(instances[1]!.hooksUrl, ENDPOINT, SECRET, { seq: -1 - k }, `dedupe-${k}`),
+          postWebhook(instances[2]!.hooksUrl, ENDPOINT, SECRET, { seq: -1 - k }, `dedupe-${k}`),
+        ]),
+      ),
+    );
     const ids = new Set<string>();
     for (const [k, pair] of replies.entries()) {
       const statuses = pair.map((r) => r.status).sort();
@@ -139,22 +182,36 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
       assert.equal(pair[0]!.json().id, pair[1]!.json().id, `dedupe-${k}: both answers name the same event`);
       ids.add(pair[0]!.json().id);
     }
-    const { rows } = await db.query<{ n: string }>("SELECT count(*) AS n FROM events WHERE idempotency_key LIKE 'dedupe-%'");
+    const { rows } = await db.query<{ n: string }>(
+      "SELECT count(*) AS n FROM events WHERE idempotency_key LIKE 'dedupe-%'",
+    );
     assert.equal(Number(rows[0]!.n), KEYS, 'stored once per delivery id');
-    await waitFor(() => [...ids].every((id) => receipts.some((r) => r.id === id && r.answered)), { what: 'every deduplicated event delivered' });
+    await waitFor(() => [...ids].every((id) => receipts.some((r) => r.id === id && r.answered)), {
+      what: 'every deduplicated event delivered',
+    });
     // A second event would be counted above; a second claim can only be made while the event is
     // queued. So once the store holds each as delivered and the target has answered every request
     // it got, no second delivery can still come.
-    await waitFor(async () => {
-      const { rows: left } = await db.query<{ n: string }>("SELECT count(*) AS n FROM events WHERE idempotency_key LIKE 'dedupe-%' AND status <> 'delivered'");
-      return Number(left[0]!.n) === 0 && receipts.every((r) => r.answered);
-    }, { what: 'every deduplicated event stored as delivered and every request answered' });
+    await waitFor(
+      async () => {
+        const { rows: left } = await db.query<{ n: string }>(
+          "SELECT count(*) AS n FROM events WHERE idempotency_key LIKE 'dedupe-%' AND status <> 'delivered'",
+        );
+        return Number(left[0]!.n) === 0 && receipts.every((r) => r.answered);
+      },
+      { what: 'every deduplicated event stored as delivered and every request answered' },
+    );
     // One event per delivery id, delivered once: a second request for it only after an attempt the
     // instance itself logged as failed (on an overloaded machine, a 40 ms answer not read in time).
     for (const [k, id] of [...ids].entries()) {
       const got = receipts.filter((r) => r.seq === -1 - k);
-      assert.ok(got.every((r) => r.id === id), `dedupe-${k} reached the target as one event`);
-      const failed = instances.flatMap((i) => i.process.lines).filter((l) => l.id === id && l.msg === 'delivery attempt failed; will retry').length;
+      assert.ok(
+        got.every((r) => r.id === id),
+        `dedupe-${k} reached the target as one event`,
+      );
+      const failed = instances
+        .flatMap((i) => i.process.lines)
+        .filter((l) => l.id === id && l.msg === 'delivery attempt failed; will retry').length;
       assert.equal(got.length, 1 + failed, `${id} delivered once (${failed} logged failed attempts)`);
     }
   });
@@ -192,8 +249,18 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
       for (let tryNo = 0; tryNo < 6; tryNo++) {
         const instance = instances[(seq + tryNo) % 3]!;
         try {
-          const reply = await postWebhook(instance.hooksUrl, ENDPOINT, SECRET, { seq }, `seq-${seq}`, agents[(seq + tryNo) % 3]);
-          assert.ok(reply.status === 202 || (reply.status === 200 && retried), `seq ${seq} on ${instance.name}: ${reply.status} ${reply.body}`);
+          const reply = await postWebhook(
+            instance.hooksUrl,
+            ENDPOINT,
+            SECRET,
+            { seq },
+            `seq-${seq}`,
+            agents[(seq + tryNo) % 3],
+          );
+          assert.ok(
+            reply.status === 202 || (reply.status === 200 && retried),
+            `seq ${seq} on ${instance.name}: ${reply.status} ${reply.body}`,
+          );
           accepted++;
           outcome.set(seq, { id: reply.json().id, retried });
           return;
@@ -208,9 +275,11 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
       }
       assert.fail(`seq ${seq} was never accepted`);
     };
-    await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
-      while (next < TOTAL) await postOne(next++);
-    }));
+    await Promise.all(
+      Array.from({ length: CONCURRENCY }, async () => {
+        while (next < TOTAL) await postOne(next++);
+      }),
+    );
     const postedMs = Date.now() - startedAt;
     assert.ok(killed, 'the kill landed while posts were still being sent');
     assert.ok(postsLeftAtKill > 0, `posts were left to send at the kill (${postsLeftAtKill})`);
@@ -222,26 +291,42 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
     // are made again by the live ones once their lease has run out.
     const acceptedIds = new Set([...outcome.values()].map((o) => o.id));
     // Those in flight at the kill, and those whose request the dead instance had written just before it.
-    const mustTakeOver = new Set([...unansweredAtKill, ...receipts.filter((r) => r.by === 'i0' && !r.answered)].map((r) => r.id));
+    const mustTakeOver = new Set(
+      [...unansweredAtKill, ...receipts.filter((r) => r.by === 'i0' && !r.answered)].map((r) => r.id),
+    );
     const answered = () => new Set(receipts.filter((r) => r.answered).map((r) => r.id));
     const drainStarted = Date.now();
-    await waitFor(() => {
-      const got = answered();
-      return [...acceptedIds].every((id) => got.has(id));
-    }, { timeoutMs: 30_000, what: () => {
-      const got = answered();
-      const missing = [...acceptedIds].filter((id) => !got.has(id));
-      return `every accepted event delivered; ${missing.length} never were (${missing.slice(0, 5).join(', ')}…)`;
-    } });
+    await waitFor(
+      () => {
+        const got = answered();
+        return [...acceptedIds].every((id) => got.has(id));
+      },
+      {
+        timeoutMs: 30_000,
+        what: () => {
+          const got = answered();
+          const missing = [...acceptedIds].filter((id) => !got.has(id));
+          return `every accepted event delivered; ${missing.length} never were (${missing.slice(0, 5).join(', ')}…)`;
+        },
+      },
+    );
     const drainMs = Date.now() - drainStarted;
     for (const id of mustTakeOver) {
       const again = receipts.filter((r) => r.id === id && r.by !== 'i0' && r.answered);
       assert.ok(again.length >= 1, `${id}, in flight on the dead instance, was delivered by a live one`);
     }
     // When the last of them was picked up again: bounded by the lease (timeout + 5 s margin) and a poll.
-    const takeoverMs = Math.max(...[...mustTakeOver].map((id) => receipts.find((r) => r.id === id && r.by !== 'i0')!.at - killedAt));
-    const { rows } = await db.query<{ status: string; n: string }>("SELECT status, count(*) AS n FROM events WHERE idempotency_key LIKE 'seq-%' GROUP BY status");
-    assert.deepEqual(rows.map((r) => [r.status, Number(r.n)]), [['delivered', TOTAL]], 'each post stored once, all delivered');
+    const takeoverMs = Math.max(
+      ...[...mustTakeOver].map((id) => receipts.find((r) => r.id === id && r.by !== 'i0')!.at - killedAt),
+    );
+    const { rows } = await db.query<{ status: string; n: string }>(
+      "SELECT status, count(*) AS n FROM events WHERE idempotency_key LIKE 'seq-%' GROUP BY status",
+    );
+    assert.deepEqual(
+      rows.map((r) => [r.status, Number(r.n)]),
+      [['delivered', TOTAL]],
+      'each post stored once, all delivered',
+    );
 
     // Each delivery carries the body posted under its id; nothing arrived that was not posted.
     const seqOf = new Map([...outcome].map(([seq, o]) => [o.id, seq]));
@@ -253,21 +338,35 @@ describe('three gatehouse instances on one PostgreSQL', { skip, timeout: 120_000
     // instance had posted it before dying (bytes it wrote just before the signal may reach the
     // target after it: any of its receipts counts), or when a live instance logged that attempt as
     // failed (its answer not read within timeoutMs on a loaded machine: a retry, as designed).
-    const retriedAttempt = (id: string) => live.flatMap((i) => i.process.lines).find((l) => l.id === id && l.msg === 'delivery attempt failed; will retry');
+    const retriedAttempt = (id: string) =>
+      live.flatMap((i) => i.process.lines).find((l) => l.id === id && l.msg === 'delivery attempt failed; will retry');
     let retriedDuplicates = 0;
     const retryErrors = new Map<string, number>();
     for (const id of duplicates) {
       if (receipts.some((r) => r.id === id && r.by === 'i0')) continue;
       const retry = retriedAttempt(id);
-      assert.ok(retry, `${id} was delivered twice, explained neither by the kill nor by a failed attempt: ${JSON.stringify(receipts.filter((r) => r.id === id).map((r) => ({ ...r, at: r.at - killedAt })))}`);
+      assert.ok(
+        retry,
+        `${id} was delivered twice, explained neither by the kill nor by a failed attempt: ${JSON.stringify(receipts.filter((r) => r.id === id).map((r) => ({ ...r, at: r.at - killedAt })))}`,
+      );
       retriedDuplicates++;
       const reason = String(retry.error ?? retry.status).replace(/\d+/g, 'N');
       retryErrors.set(reason, (retryErrors.get(reason) ?? 0) + 1);
     }
-    const byInstance = Object.fromEntries(instances.map((i) => [i.name, receipts.filter((r) => r.by === i.name).length]));
-    t.diagnostic(`posts: ${TOTAL} accepted in ${postedMs} ms; ${refused} refused by the dead instance and sent elsewhere, ${cut} cut mid-flight and retried with their delivery id`);
-    t.diagnostic(`kill: ${postsLeftAtKill} posts left to send, ${mustTakeOver.size} deliveries in flight on the dead instance, all taken over by ${live.map((i) => i.name).join('/')} within ${takeoverMs} ms`);
-    t.diagnostic(`target: ${receipts.length} requests for ${perId.size} events, ${duplicates.length} delivered more than once (${duplicates.length - retriedDuplicates} posted by the dead instance, ${retriedDuplicates} after an attempt a live instance saw fail: ${JSON.stringify(Object.fromEntries(retryErrors))}); by instance ${JSON.stringify(byInstance)}`);
-    t.diagnostic(`timings: drained ${drainMs} ms after the last post, ${Date.now() - killedAt} ms after the kill; total ${Date.now() - startedAt} ms`);
+    const byInstance = Object.fromEntries(
+      instances.map((i) => [i.name, receipts.filter((r) => r.by === i.name).length]),
+    );
+    t.diagnostic(
+      `posts: ${TOTAL} accepted in ${postedMs} ms; ${refused} refused by the dead instance and sent elsewhere, ${cut} cut mid-flight and retried with their delivery id`,
+    );
+    t.diagnostic(
+      `kill: ${postsLeftAtKill} posts left to send, ${mustTakeOver.size} deliveries in flight on the dead instance, all taken over by ${live.map((i) => i.name).join('/')} within ${takeoverMs} ms`,
+    );
+    t.diagnostic(
+      `target: ${receipts.length} requests for ${perId.size} events, ${duplicates.length} delivered more than once (${duplicates.length - retriedDuplicates} posted by the dead instance, ${retriedDuplicates} after an attempt a live instance saw fail: ${JSON.stringify(Object.fromEntries(retryErrors))}); by instance ${JSON.stringify(byInstance)}`,
+    );
+    t.diagnostic(
+      `timings: drained ${drainMs} ms after the last post, ${Date.now() - killedAt} ms after the kill; total ${Date.now() - startedAt} ms`,
+    );
   });
 });

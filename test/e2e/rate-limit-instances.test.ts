@@ -31,12 +31,18 @@ function assertWithinBound(allowed: number, elapsedMs: number, what: string): vo
   const refill = Math.floor((elapsedMs / 60_000) * N) + 1;
   const overshoot = Math.ceil(1_000 / (2 * PACE_MS)) + 1;
   assert.ok(allowed >= N, `${what}: at least the limit is allowed: ${allowed}`);
-  assert.ok(allowed <= N + refill + overshoot, `${what}: at most N + ${refill} refill + ${overshoot} overshoot: ${allowed}`);
+  assert.ok(
+    allowed <= N + refill + overshoot,
+    `${what}: at most N + ${refill} refill + ${overshoot} overshoot: ${allowed}`,
+  );
   assert.ok(allowed < 2 * N - 5, `${what}: clearly less than each process allowing N: ${allowed}`);
 }
 
 /** `count` requests, one every PACE_MS, the i-th through `send(i)`; the statuses and the time taken. */
-async function paced(count: number, send: (i: number) => Promise<number>): Promise<{ statuses: number[]; elapsedMs: number }> {
+async function paced(
+  count: number,
+  send: (i: number) => Promise<number>,
+): Promise<{ statuses: number[]; elapsedMs: number }> {
   const startedAt = Date.now();
   const statuses: number[] = [];
   for (let i = 0; i < count; i++) {
@@ -64,7 +70,12 @@ describe('a rate limit shared by two instances on one PostgreSQL', { skip, timeo
         listen: { host: '127.0.0.1', port: 0 },
         upstream: { target: upstream.url },
         rateLimits: [{ by: 'key', requests: N, per: '1m' }],
-        auth: { apiKeys: [{ id: 'shared', hash: hashApiKey(SHARED_KEY) }, { id: 'outage', hash: hashApiKey(OUTAGE_KEY) }] },
+        auth: {
+          apiKeys: [
+            { id: 'shared', hash: hashApiKey(SHARED_KEY) },
+            { id: 'outage', hash: hashApiKey(OUTAGE_KEY) },
+          ],
+        },
       },
       webhooks: {
         enabled: true,
@@ -81,7 +92,8 @@ describe('a rate limit shared by two instances on one PostgreSQL', { skip, timeo
     if (!('skip' in cluster)) await cluster.destroy();
   });
 
-  const call = (instance: Instance, key: string) => request(instance.gatewayUrl, '/api/limited', { headers: { 'x-api-key': key } });
+  const call = (instance: Instance, key: string) =>
+    request(instance.gatewayUrl, '/api/limited', { headers: { 'x-api-key': key } });
 
   it(`${REQUESTS} requests alternating over both: about ${N} allowed in total, within the documented bound, then 429 on both`, async (t) => {
     const before = upstream.received.length;
@@ -94,7 +106,9 @@ describe('a rate limit shared by two instances on one PostgreSQL', { skip, timeo
       return reply.status;
     });
     const total = allowed[0]! + allowed[1]!;
-    t.diagnostic(`allowed ${total} (${allowed.join(' + ')}) of ${REQUESTS} in ${elapsedMs} ms; statuses ${statuses.join(' ')}`);
+    t.diagnostic(
+      `allowed ${total} (${allowed.join(' + ')}) of ${REQUESTS} in ${elapsedMs} ms; statuses ${statuses.join(' ')}`,
+    );
     assertWithinBound(total, elapsedMs, 'two instances');
     assert.ok(allowed[0]! > 0 && allowed[1]! > 0, 'both instances served the client');
     assert.equal(upstream.received.length - before, total, 'the upstream received exactly the allowed requests');
@@ -106,37 +120,62 @@ describe('a rate limit shared by two instances on one PostgreSQL', { skip, timeo
     for (const instance of instances) {
       const reply = await call(instance, SHARED_KEY);
       assert.equal(reply.status, 429, `${instance.name} refuses`);
-      assert.ok(Number(reply.headers['retry-after']) >= 1, `${instance.name}: Retry-After ${reply.headers['retry-after']}`);
+      assert.ok(
+        Number(reply.headers['retry-after']) >= 1,
+        `${instance.name}: Retry-After ${reply.headers['retry-after']}`,
+      );
     }
     assert.equal(upstream.received.length - before, total);
   });
 
   it('gateway.workers: 2 on PostgreSQL: each worker holds whole buckets and shares them', async (t) => {
     const file = path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-ratelimit-pg-workers-')), 'workers.json5');
-    writeFileSync(file, JSON.stringify({
-      gateway: {
-        listen: { host: '127.0.0.1', port: 0 },
-        workers: 2,
-        upstream: { target: upstream.url },
-        rateLimits: [{ by: 'key', requests: N, per: '1m' }],
-        auth: { apiKeys: [{ id: 'one-connection', hash: hashApiKey(SHARED_KEY) }, { id: 'spread', hash: hashApiKey(OUTAGE_KEY) }] },
-      },
-      storage: { driver: 'postgres', url },
-    }));
+    writeFileSync(
+      file,
+      JSON.stringify({
+        gateway: {
+          listen: { host: '127.0.0.1', port: 0 },
+          workers: 2,
+          upstream: { target: upstream.url },
+          rateLimits: [{ by: 'key', requests: N, per: '1m' }],
+          auth: {
+            apiKeys: [
+              { id: 'one-connection', hash: hashApiKey(SHARED_KEY) },
+              { id: 'spread', hash: hashApiKey(OUTAGE_KEY) },
+            ],
+          },
+        },
+        storage: { driver: 'postgres', url },
+      }),
+    );
     const server = startServerProcess(file, { env: { NODE_CLUSTER_SCHED_POLICY: 'rr' } });
     const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
     try {
       const { url: gatewayUrl } = await server.waitFor((l) => l.msg === 'gateway workers listening', 45_000);
       // One keep-alive connection: one worker serves it all, with the whole limit (1/N of it on SQLite).
       const single: number[] = [];
-      for (let i = 0; i < N + 10; i++) single.push((await request(gatewayUrl, '/api/limited', { headers: { 'x-api-key': SHARED_KEY }, agent })).status);
+      for (let i = 0; i < N + 10; i++)
+        single.push(
+          (await request(gatewayUrl, '/api/limited', { headers: { 'x-api-key': SHARED_KEY }, agent })).status,
+        );
       const singleAllowed = single.filter((s) => s === 200).length;
-      assert.ok(singleAllowed >= N && singleAllowed <= N + 1, `one connection, one worker: the whole limit: ${single.join(' ')}`);
+      assert.ok(
+        singleAllowed >= N && singleAllowed <= N + 1,
+        `one connection, one worker: the whole limit: ${single.join(' ')}`,
+      );
       // A connection per request: the primary hands them to the workers in turn, which share the bucket.
-      const { statuses, elapsedMs } = await paced(REQUESTS, async () => (await request(gatewayUrl, '/api/limited', { headers: { 'x-api-key': OUTAGE_KEY } })).status);
+      const { statuses, elapsedMs } = await paced(
+        REQUESTS,
+        async () => (await request(gatewayUrl, '/api/limited', { headers: { 'x-api-key': OUTAGE_KEY } })).status,
+      );
       const allowed = statuses.filter((s) => s === 200).length;
-      t.diagnostic(`workers: one connection ${singleAllowed} of ${N + 10}; spread ${allowed} of ${REQUESTS} in ${elapsedMs} ms; ${statuses.join(' ')}`);
-      assert.ok(statuses.every((s) => s === 200 || s === 429), statuses.join(' '));
+      t.diagnostic(
+        `workers: one connection ${singleAllowed} of ${N + 10}; spread ${allowed} of ${REQUESTS} in ${elapsedMs} ms; ${statuses.join(' ')}`,
+      );
+      assert.ok(
+        statuses.every((s) => s === 200 || s === 429),
+        statuses.join(' '),
+      );
       assertWithinBound(allowed, elapsedMs, 'two workers');
       assert.deepEqual(statuses.slice(-4), [429, 429, 429, 429]);
     } finally {
@@ -162,23 +201,40 @@ describe('a rate limit shared by two instances on one PostgreSQL', { skip, timeo
       if (i % 8 === 7) await new Promise((r) => setTimeout(r, 200)); // let failed syncs happen meanwhile
     }
     t.diagnostic(`while down: allowed ${allowed.join(' + ')} of ${3 * N}; statuses ${statuses.join(' ')}`);
-    assert.ok(statuses.every((s) => s === 200 || s === 429), `only 200 and 429 while PostgreSQL is down: ${statuses.join(' ')}`);
+    assert.ok(
+      statuses.every((s) => s === 200 || s === 429),
+      `only 200 and 429 while PostgreSQL is down: ${statuses.join(' ')}`,
+    );
     // Each instance alone: its whole bucket (plus at most a token or two of refill over the run).
     for (const [i, n] of allowed.entries()) assert.ok(n >= N && n <= N + 2, `instance ${i} allowed its own ${N}: ${n}`);
     for (const instance of instances) {
-      await instance.process.waitFor((l) => l.msg === 'postgres unreachable: rate limits are counted by this process alone until it is back', 5_000);
-      assert.equal(instance.process.lines.filter((l) => l.msg === 'postgres unreachable: rate limits are counted by this process alone until it is back').length, 1, `${instance.name} logged it once`);
+      await instance.process.waitFor(
+        (l) => l.msg === 'postgres unreachable: rate limits are counted by this process alone until it is back',
+        5_000,
+      );
+      assert.equal(
+        instance.process.lines.filter(
+          (l) => l.msg === 'postgres unreachable: rate limits are counted by this process alone until it is back',
+        ).length,
+        1,
+        `${instance.name} logged it once`,
+      );
     }
 
     await pgc.start();
     restarted = true;
     // Sharing resumes at the next sync with a spend: a request on each (a token has come back meanwhile, or a 429).
-    await waitFor(async () => {
-      for (const instance of instances) {
-        const reply = await call(instance, SHARED_KEY);
-        assert.ok(reply.status === 200 || reply.status === 429, `${instance.name}: ${reply.status}`);
-      }
-      return instances.every((i) => i.process.lines.some((l) => l.msg === 'postgres reachable again: rate limits are shared again'));
-    }, { timeoutMs: 20_000, intervalMs: 50, what: 'every instance to log that PostgreSQL is back' }); // each check spends tokens: not too often
+    await waitFor(
+      async () => {
+        for (const instance of instances) {
+          const reply = await call(instance, SHARED_KEY);
+          assert.ok(reply.status === 200 || reply.status === 429, `${instance.name}: ${reply.status}`);
+        }
+        return instances.every((i) =>
+          i.process.lines.some((l) => l.msg === 'postgres reachable again: rate limits are shared again'),
+        );
+      },
+      { timeoutMs: 20_000, intervalMs: 50, what: 'every instance to log that PostgreSQL is back' },
+    ); // each check spends tokens: not too often
   });
 });

@@ -20,9 +20,12 @@ before(async () => {
 after(() => upstream.close());
 
 function writeConfig(file: string, limit: string, rules = ''): void {
-  writeFileSync(file, `{ gateway: { listen: { port: 0 }, workers: 2, upstream: { target: "${upstream.url}" },
+  writeFileSync(
+    file,
+    `{ gateway: { listen: { port: 0 }, workers: 2, upstream: { target: "${upstream.url}" },
     rateLimits: [${limit}],
-    auth: { apiKey: "${KEY}", rules: [${rules}] } } }`);
+    auth: { apiKey: "${KEY}", rules: [${rules}] } } }`,
+  );
 }
 
 /** `n` requests, each on a new connection (round robin: alternately to each worker); their statuses. */
@@ -45,7 +48,10 @@ describe('rate limits with gateway.workers: 2', () => {
       assert.equal(statuses.filter((s) => s === 429).length, 4, `statuses: ${statuses.join(' ')}`);
       assert.equal(upstream.received.length - before, 4, 'the upstream received only the allowed ones');
       // Both workers served some (request lines are flushed every 250 ms).
-      await server.waitFor(() => new Set(server.lines.filter((l) => l.msg === 'request' && l.status === 200).map((l) => l.worker)).size === 2);
+      await server.waitFor(
+        () =>
+          new Set(server.lines.filter((l) => l.msg === 'request' && l.status === 200).map((l) => l.worker)).size === 2,
+      );
 
       // Same limit, a rule added: every worker keeps its (empty) buckets.
       writeConfig(file, '{ by: "key", requests: 4, per: "1h" }', '{ paths: ["/api/admin/**"], scopes: ["admin"] }');
@@ -58,7 +64,11 @@ describe('rate limits with gateway.workers: 2', () => {
       // The limit changed: fresh buckets, 6 in total.
       writeConfig(file, '{ by: "key", requests: 6, per: "1h" }');
       server.child.kill('SIGHUP');
-      await server.waitFor((l) => l.msg === 'configuration reloaded' && server.lines.filter((x) => x.msg === 'configuration reloaded').length === 2);
+      await server.waitFor(
+        (l) =>
+          l.msg === 'configuration reloaded' &&
+          server.lines.filter((x) => x.msg === 'configuration reloaded').length === 2,
+      );
       const renewed = await burst(url, 8);
       assert.equal(renewed.filter((s) => s === 200).length, 6, `statuses: ${renewed.join(' ')}`);
     } finally {

@@ -34,7 +34,10 @@ before(async () => {
 after(() => upstream.close());
 
 /** Puts a pair at the paths the config names (as a renewal does: same names, new contents). */
-function install(pair: { cert: string; key: string }, at = { cert: path.join(dir, 'cert.pem'), key: path.join(dir, 'key.pem') }) {
+function install(
+  pair: { cert: string; key: string },
+  at = { cert: path.join(dir, 'cert.pem'), key: path.join(dir, 'key.pem') },
+) {
   copyFileSync(pair.cert, at.cert);
   copyFileSync(pair.key, at.key);
   return at;
@@ -42,18 +45,26 @@ function install(pair: { cert: string; key: string }, at = { cert: path.join(dir
 
 function writeConfig(name: string, files: { cert: string; key: string }, workers = 1): string {
   const file = path.join(dir, name);
-  writeFileSync(file, JSON.stringify({
-    gateway: { listen: { port: 0 }, workers, tls: files, upstream: { target: upstream.url }, auth: { apiKey: KEY } },
-    webhooks: { enabled: false },
-    admin: { listen: { port: 0 } },
-  }));
+  writeFileSync(
+    file,
+    JSON.stringify({
+      gateway: { listen: { port: 0 }, workers, tls: files, upstream: { target: upstream.url }, auth: { apiKey: KEY } },
+      webhooks: { enabled: false },
+      admin: { listen: { port: 0 } },
+    }),
+  );
   return file;
 }
 
 /** A TLS connection that trusts both pairs; its socket stays open for requests until ended. */
 async function connect(url: string): Promise<tls.TLSSocket> {
   const { hostname, port } = new URL(url);
-  const socket = tls.connect({ host: hostname, port: Number(port), ca: [readFileSync(FIRST.cert), readFileSync(RENEWED.cert)], servername: 'localhost' });
+  const socket = tls.connect({
+    host: hostname,
+    port: Number(port),
+    ca: [readFileSync(FIRST.cert), readFileSync(RENEWED.cert)],
+    servername: 'localhost',
+  });
   await new Promise<void>((resolve, reject) => socket.once('secureConnect', resolve).once('error', reject));
   return socket;
 }
@@ -89,7 +100,9 @@ async function servedFingerprint(url: string): Promise<string> {
 /** gatehouse_tls_certificate_expires_in_seconds{listener="gateway"} from a scrape. */
 async function expiresIn(adminUrl: string): Promise<number | undefined> {
   const text = (await request(adminUrl, '/metrics')).body;
-  const line = text.split('\n').find((l) => l.startsWith('gatehouse_tls_certificate_expires_in_seconds{listener="gateway"}'));
+  const line = text
+    .split('\n')
+    .find((l) => l.startsWith('gatehouse_tls_certificate_expires_in_seconds{listener="gateway"}'));
   return line === undefined ? undefined : Number(line.split(' ').at(-1));
 }
 
@@ -99,11 +112,16 @@ function assertExpiresAt(seconds: number | undefined, certFile: string) {
   assert.ok(Math.abs(seconds - expected) < 120, `expires in ${seconds} s, expected about ${expected} s (${certFile})`);
 }
 
-const reloads = (server: ServerProcess, outcome: 'configuration reloaded' | 'reload rejected: the previous configuration stays in force') =>
-  server.lines.filter((l) => l.msg === outcome).length;
+const reloads = (
+  server: ServerProcess,
+  outcome: 'configuration reloaded' | 'reload rejected: the previous configuration stays in force',
+) => server.lines.filter((l) => l.msg === outcome).length;
 
 async function start(file: string): Promise<{ server: ServerProcess; url: string; adminUrl: string }> {
-  const server = startServerProcess(file, { command: ['start', '--no-watch'], env: { NODE_CLUSTER_SCHED_POLICY: 'rr' } });
+  const server = startServerProcess(file, {
+    command: ['start', '--no-watch'],
+    env: { NODE_CLUSTER_SCHED_POLICY: 'rr' },
+  });
   const listening = await server.waitFor((l) => l.msg === 'gateway listening' || l.msg === 'gateway workers listening');
   const admin = await server.waitFor((l) => l.msg === 'admin listener on /metrics, /readyz, /healthz');
   return { server, url: listening.url, adminUrl: admin.url };
@@ -140,25 +158,52 @@ describe('gateway.tls: a reload serves a renewed certificate', () => {
       server.child.kill('SIGHUP');
       await server.waitFor(() => reloads(server, 'configuration reloaded') === 2);
       assert.equal(await servedFingerprint(url), fingerprintOf(FIRST.cert));
-      assert.deepEqual(server.lines.filter((l) => /next restart/.test(l.msg ?? '')).map((l) => l.msg), []);
+      assert.deepEqual(
+        server.lines.filter((l) => /next restart/.test(l.msg ?? '')).map((l) => l.msg),
+        [],
+      );
     } finally {
       await server.stop();
     }
   });
 
   it('with gateway.workers: 2, every worker serves the renewed pair after SIGHUP, and the scrape reports it', async () => {
-    const { server, url, adminUrl } = await start(writeConfig('workers.json5', install(FIRST, { cert: path.join(dir, 'w-cert.pem'), key: path.join(dir, 'w-key.pem') }), 2));
+    const { server, url, adminUrl } = await start(
+      writeConfig(
+        'workers.json5',
+        install(FIRST, { cert: path.join(dir, 'w-cert.pem'), key: path.join(dir, 'w-key.pem') }),
+        2,
+      ),
+    );
     try {
       // Round robin: four new connections reach both workers.
       const before = server.lines.length;
-      for (let i = 0; i < 4; i++) assert.equal(await servedFingerprint(url), fingerprintOf(FIRST.cert), `connection ${i}`);
-      await server.waitFor(() => new Set(server.lines.slice(before).filter((l) => l.msg === 'request').map((l) => l.worker)).size === 2);
+      for (let i = 0; i < 4; i++)
+        assert.equal(await servedFingerprint(url), fingerprintOf(FIRST.cert), `connection ${i}`);
+      await server.waitFor(
+        () =>
+          new Set(
+            server.lines
+              .slice(before)
+              .filter((l) => l.msg === 'request')
+              .map((l) => l.worker),
+          ).size === 2,
+      );
       install(RENEWED, { cert: path.join(dir, 'w-cert.pem'), key: path.join(dir, 'w-key.pem') });
       server.child.kill('SIGHUP');
       await server.waitFor(() => reloads(server, 'configuration reloaded') === 1);
       const from = server.lines.length;
-      for (let i = 0; i < 4; i++) assert.equal(await servedFingerprint(url), fingerprintOf(RENEWED.cert), `connection ${i}`);
-      await server.waitFor(() => new Set(server.lines.slice(from).filter((l) => l.msg === 'request').map((l) => l.worker)).size === 2);
+      for (let i = 0; i < 4; i++)
+        assert.equal(await servedFingerprint(url), fingerprintOf(RENEWED.cert), `connection ${i}`);
+      await server.waitFor(
+        () =>
+          new Set(
+            server.lines
+              .slice(from)
+              .filter((l) => l.msg === 'request')
+              .map((l) => l.worker),
+          ).size === 2,
+      );
       assertExpiresAt(await expiresIn(adminUrl), RENEWED.cert);
     } finally {
       await server.stop();
@@ -175,9 +220,21 @@ describe('gateway.tls: a reload serves a renewed certificate', () => {
       process.kill(pids[0]!, 'SIGKILL');
       await server.waitFor((l) => l.msg === 'gateway listening' && l.worker === 3);
       const from = server.lines.length;
-      for (let i = 0; i < 4; i++) assert.equal(await servedFingerprint(url), fingerprintOf(FIRST.cert), `connection ${i}`);
-      await server.waitFor(() => new Set(server.lines.slice(from).filter((l) => l.msg === 'request').map((l) => l.worker)).size === 2);
-      assert.deepEqual(server.lines.filter((l) => l.msg === 'replacement gateway worker failed to start'), []);
+      for (let i = 0; i < 4; i++)
+        assert.equal(await servedFingerprint(url), fingerprintOf(FIRST.cert), `connection ${i}`);
+      await server.waitFor(
+        () =>
+          new Set(
+            server.lines
+              .slice(from)
+              .filter((l) => l.msg === 'request')
+              .map((l) => l.worker),
+          ).size === 2,
+      );
+      assert.deepEqual(
+        server.lines.filter((l) => l.msg === 'replacement gateway worker failed to start'),
+        [],
+      );
     } finally {
       await server.stop();
     }
@@ -195,14 +252,29 @@ describe('gateway.tls: a reload serves a renewed certificate', () => {
       install(RENEWED, at);
       const sentAt = Date.now();
       server.child.kill('SIGHUP');
-      await server.waitFor((l) => l.msg === 'configuration reloaded' || l.msg === 'reload rejected: the previous configuration stays in force');
-      assert.ok(server.lines.some((l) => l.msg === 'configuration reloaded'), 'the reload is not refused');
+      await server.waitFor(
+        (l) =>
+          l.msg === 'configuration reloaded' || l.msg === 'reload rejected: the previous configuration stays in force',
+      );
+      assert.ok(
+        server.lines.some((l) => l.msg === 'configuration reloaded'),
+        'the reload is not refused',
+      );
       assert.ok(Date.now() - sentAt < 15_000, 'nor held up by the worker still starting');
       await server.waitFor((l) => l.msg === 'gateway listening' && l.worker === 3);
       await new Promise((r) => setTimeout(r, 500)); // a catch-up, if the replacement asked during the reload
       const from = server.lines.length;
-      for (let i = 0; i < 6; i++) assert.equal(await servedFingerprint(url), fingerprintOf(RENEWED.cert), `connection ${i}`);
-      await server.waitFor(() => new Set(server.lines.slice(from).filter((l) => l.msg === 'request').map((l) => l.worker)).size === 2);
+      for (let i = 0; i < 6; i++)
+        assert.equal(await servedFingerprint(url), fingerprintOf(RENEWED.cert), `connection ${i}`);
+      await server.waitFor(
+        () =>
+          new Set(
+            server.lines
+              .slice(from)
+              .filter((l) => l.msg === 'request')
+              .map((l) => l.worker),
+          ).size === 2,
+      );
     } finally {
       await server.stop();
     }
@@ -210,29 +282,62 @@ describe('gateway.tls: a reload serves a renewed certificate', () => {
 
   it('a reload given the pair already read (what each gateway worker gets from the primary) serves that pair, whatever the files say now', async () => {
     const files = install(FIRST, { cert: path.join(dir, 'given-cert.pem'), key: path.join(dir, 'given-key.pem') });
-    const config = parseConfig({ gateway: { listen: { host: '127.0.0.1', port: 0 }, tls: files, upstream: { target: upstream.url }, auth: { apiKey: KEY } }, webhooks: { enabled: false } });
-    const gateway = await startGateway(config, { logger: pino({ level: 'silent' }), lockoutStore: new MemoryLockoutStore() });
+    const config = parseConfig({
+      gateway: {
+        listen: { host: '127.0.0.1', port: 0 },
+        tls: files,
+        upstream: { target: upstream.url },
+        auth: { apiKey: KEY },
+      },
+      webhooks: { enabled: false },
+    });
+    const gateway = await startGateway(config, {
+      logger: pino({ level: 'silent' }),
+      lockoutStore: new MemoryLockoutStore(),
+    });
     try {
       const renewed = readTlsPem('test', RENEWED);
       await gateway.reload(config, renewed); // the files still hold FIRST
       assert.equal(await servedFingerprint(gateway.url), fingerprintOf(RENEWED.cert));
       assert.equal((await gateway.probe({ metrics: false })).certificateNotAfter, notAfterOf(RENEWED.cert));
-      await assert.rejects(gateway.reload(config, { certPem: renewed.certPem, keyPem: readTlsPem('test', FIRST).keyPem }), (err: Error) =>
-        err instanceof UsageError && /cannot serve TLS with the pair the primary read/.test(err.message));
-      assert.equal(await servedFingerprint(gateway.url), fingerprintOf(RENEWED.cert), 'a pair that does not load changes nothing');
+      await assert.rejects(
+        gateway.reload(config, { certPem: renewed.certPem, keyPem: readTlsPem('test', FIRST).keyPem }),
+        (err: Error) =>
+          err instanceof UsageError && /cannot serve TLS with the pair the primary read/.test(err.message),
+      );
+      assert.equal(
+        await servedFingerprint(gateway.url),
+        fingerprintOf(RENEWED.cert),
+        'a pair that does not load changes nothing',
+      );
     } finally {
       await gateway.close(0);
     }
   });
 
   it('a pair that does not load changes nothing: one line naming the files, and the listener keeps its certificate', async () => {
-    const limits = { maxHeaderCount: 100, maxHeaderBytes: 16_384, headersTimeoutMs: 10_000, requestTimeoutMs: 30_000, keepAliveTimeoutMs: 5_000 };
-    const listening = await listen('gateway.listen', { host: '127.0.0.1', port: 0 }, FIRST, limits, (_req, res) => res.end('ok'));
+    const limits = {
+      maxHeaderCount: 100,
+      maxHeaderBytes: 16_384,
+      headersTimeoutMs: 10_000,
+      requestTimeoutMs: 30_000,
+      keepAliveTimeoutMs: 5_000,
+    };
+    const listening = await listen('gateway.listen', { host: '127.0.0.1', port: 0 }, FIRST, limits, (_req, res) =>
+      res.end('ok'),
+    );
     try {
       const mismatched = { cert: RENEWED.cert, key: FIRST.key };
-      assert.throws(() => listening.certificate!.replace(mismatched), (err: Error) => err instanceof UsageError
-        && err.message.startsWith(`gateway.listen: cannot serve TLS with ${RENEWED.cert} and ${FIRST.key}:`));
-      assert.throws(() => listening.certificate!.replace({ cert: path.join(dir, 'missing.pem'), key: FIRST.key }), UsageError);
+      assert.throws(
+        () => listening.certificate!.replace(mismatched),
+        (err: Error) =>
+          err instanceof UsageError &&
+          err.message.startsWith(`gateway.listen: cannot serve TLS with ${RENEWED.cert} and ${FIRST.key}:`),
+      );
+      assert.throws(
+        () => listening.certificate!.replace({ cert: path.join(dir, 'missing.pem'), key: FIRST.key }),
+        UsageError,
+      );
       assert.equal(listening.certificate!.notAfter, notAfterOf(FIRST.cert));
       const socket = await connect(listening.url);
       assert.equal(socket.getPeerCertificate().fingerprint256, fingerprintOf(FIRST.cert));

@@ -48,7 +48,8 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
   const ids: Record<'a1' | 'a2' | 'a3' | 'b1' | 'b2', string> = { a1: '', a2: '', a3: '', b1: '', b2: '' };
   const bodies: Record<string, Record<string, unknown>> = {};
 
-  const cli = (...args: string[]): Promise<CliResult> => runCli(['webhooks', 'deliveries', ...args, '--config', configFile]);
+  const cli = (...args: string[]): Promise<CliResult> =>
+    runCli(['webhooks', 'deliveries', ...args, '--config', configFile]);
   const cliJson = async <T>(...args: string[]): Promise<T> => {
     const result = await cli(...args, '--json');
     assert.equal(result.code, 0, result.stderr);
@@ -62,10 +63,13 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
   /** Polls `show` (the CLI, a separate process) until the event has `status`. */
   async function showUntil(id: string, status: Summary['status'], timeoutMs = 15_000): Promise<Shown> {
     let shown: Shown | undefined;
-    return waitFor(async () => {
-      shown = await show(id);
-      return shown.event.status === status && shown;
-    }, { timeoutMs, intervalMs: 200, what: () => `${id} to be ${status}, still ${shown?.event.status}` });
+    return waitFor(
+      async () => {
+        shown = await show(id);
+        return shown.event.status === status && shown;
+      },
+      { timeoutMs, intervalMs: 200, what: () => `${id} to be ${status}, still ${shown?.event.status}` },
+    );
   }
 
   before(async () => {
@@ -77,7 +81,9 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
       res.end('{}');
     });
     configFile = path.join(dir, 'gatehouse.json5');
-    writeFileSync(configFile, `// the CLI and the server read the same file
+    writeFileSync(
+      configFile,
+      `// the CLI and the server read the same file
 {
   storage: { path: ${JSON.stringify(dbFile)} },
   log: { level: "debug" }, // the test follows successful deliveries in the log
@@ -96,12 +102,17 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     delivery: { maxAttempts: 5, initialBackoffMs: 50, maxBackoffMs: 200, timeoutMs: 2000 },
   },
 }
-`);
+`,
+    );
     server = startServerProcess(configFile);
     hooks = (await server.waitFor((l) => l.msg === 'webhook receiver listening')).url;
 
     const post = async (endpoint: string, secret: string, body: Record<string, unknown>): Promise<string> => {
-      const reply = await request(hooks, endpoint, { method: 'POST', headers: { 'content-type': 'application/json', 'x-webhook-secret': secret }, body: JSON.stringify(body) });
+      const reply = await request(hooks, endpoint, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-webhook-secret': secret },
+        body: JSON.stringify(body),
+      });
       assert.equal(reply.status, 202, reply.body);
       const { id } = reply.json();
       bodies[id] = body;
@@ -113,8 +124,10 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     ids.b1 = await post('/webhook/y', Y_SECRET, { name: 'b1' });
     ids.b2 = await post('/webhook/y', Y_SECRET, { name: 'b2', fail: true });
     // Wait on the server's own account of each settled attempt.
-    for (const key of ['a1', 'b1'] as const) await server.waitFor((l) => l.id === ids[key] && l.outcome === 'delivered');
-    for (const key of ['a2', 'a3', 'b2'] as const) await server.waitFor((l) => l.id === ids[key] && l.outcome === 'dead');
+    for (const key of ['a1', 'b1'] as const)
+      await server.waitFor((l) => l.id === ids[key] && l.outcome === 'delivered');
+    for (const key of ['a2', 'a3', 'b2'] as const)
+      await server.waitFor((l) => l.id === ids[key] && l.outcome === 'dead');
   });
 
   after(async () => {
@@ -126,14 +139,38 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
   it('list --json: every event with its status, newest first', async () => {
     const events = await list();
     assert.deepEqual(statuses(events), {
-      [ids.a1]: 'delivered', [ids.a2]: 'dead', [ids.a3]: 'dead', [ids.b1]: 'delivered', [ids.b2]: 'dead',
+      [ids.a1]: 'delivered',
+      [ids.a2]: 'dead',
+      [ids.a3]: 'dead',
+      [ids.b1]: 'delivered',
+      [ids.b2]: 'dead',
     });
     assert.equal(events.length, 5);
     const received = events.map((e) => Date.parse(e.receivedAt));
-    assert.deepEqual(received, [...received].sort((p, q) => q - p), 'newest first');
+    assert.deepEqual(
+      received,
+      [...received].sort((p, q) => q - p),
+      'newest first',
+    );
     const a2 = events.find((e) => e.id === ids.a2)!;
-    assert.deepEqual({ endpoint: a2.endpoint, action: a2.action, attempts: a2.attempts, lastError: a2.lastError, deliveredAt: a2.deliveredAt, nextAttemptAt: a2.nextAttemptAt },
-      { endpoint: '/webhook/x', action: 'system-event', attempts: 1, lastError: 'HTTP 400', deliveredAt: null, nextAttemptAt: null });
+    assert.deepEqual(
+      {
+        endpoint: a2.endpoint,
+        action: a2.action,
+        attempts: a2.attempts,
+        lastError: a2.lastError,
+        deliveredAt: a2.deliveredAt,
+        nextAttemptAt: a2.nextAttemptAt,
+      },
+      {
+        endpoint: '/webhook/x',
+        action: 'system-event',
+        attempts: 1,
+        lastError: 'HTTP 400',
+        deliveredAt: null,
+        nextAttemptAt: null,
+      },
+    );
     const b1 = events.find((e) => e.id === ids.b1)!;
     assert.equal(b1.action, 'message');
     assert.ok(b1.deliveredAt !== null && Date.parse(b1.deliveredAt) >= Date.parse(b1.receivedAt));
@@ -152,7 +189,10 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     assert.ok(dead.every((e) => e.status === 'dead'));
     assert.deepEqual(new Set(onX.map((e) => e.id)), new Set([ids.a1, ids.a2, ids.a3]));
     assert.ok(onX.every((e) => e.endpoint === '/webhook/x'));
-    assert.deepEqual(deadOnY.map((e) => e.id), [ids.b2]);
+    assert.deepEqual(
+      deadOnY.map((e) => e.id),
+      [ids.b2],
+    );
     assert.deepEqual(queued, []);
     assert.deepEqual(nowhere, []);
   });
@@ -165,7 +205,10 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     assert.equal(shown.event.envelope.endpoint, '/webhook/x');
     assert.equal(shown.event.envelope.action, 'system-event');
     assert.deepEqual(shown.event.envelope.payload, bodies[ids.a2]);
-    assert.deepEqual(shown.attempts.map((a) => [a.attempt, a.status, a.error]), [[1, 400, null]]);
+    assert.deepEqual(
+      shown.attempts.map((a) => [a.attempt, a.status, a.error]),
+      [[1, 400, null]],
+    );
     // Every date in --json output is ISO 8601, the attempts' too.
     assert.match(shown.attempts[0]!.at, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
     assert.ok(Date.parse(shown.attempts[0]!.at) >= Date.parse(shown.event.receivedAt));
@@ -175,7 +218,10 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
 
     const delivered = await show(ids.a1);
     assert.equal(delivered.event.status, 'delivered');
-    assert.deepEqual(delivered.attempts.map((a) => [a.attempt, a.status]), [[1, 200]]);
+    assert.deepEqual(
+      delivered.attempts.map((a) => [a.attempt, a.status]),
+      [[1, 200]],
+    );
   });
 
   it('usage errors exit 1 and change nothing', async () => {
@@ -209,7 +255,13 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     const result = await cli('retry', ids.a2);
     assert.equal(result.code, 0, result.stderr);
     const shown = await showUntil(ids.a2, 'delivered');
-    assert.deepEqual(shown.attempts.map((a) => [a.attempt, a.status]), [[1, 400], [2, 200]]);
+    assert.deepEqual(
+      shown.attempts.map((a) => [a.attempt, a.status]),
+      [
+        [1, 400],
+        [2, 200],
+      ],
+    );
     assert.equal(receivedFor(ids.a2).length, 2);
     // Only that one: the other dead events stay dead and are not sent again.
     assert.deepEqual(new Set((await list('--status', 'dead')).map((e) => e.id)), new Set([ids.a3, ids.b2]));
@@ -223,7 +275,9 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     const fresh = new Database(dbFile, { fileMustExist: true });
     try {
       fresh.pragma('busy_timeout = 5000');
-      assert.ok(fresh.prepare('UPDATE events SET delivered_at = ? WHERE status = \'delivered\'').run(Date.now()).changes >= 2);
+      assert.ok(
+        fresh.prepare("UPDATE events SET delivered_at = ? WHERE status = 'delivered'").run(Date.now()).changes >= 2,
+      );
     } finally {
       fresh.close();
     }
@@ -237,7 +291,9 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     try {
       db.pragma('busy_timeout = 5000');
       const eightDaysAgo = Date.now() - 8 * DAY_MS;
-      const aged = db.prepare('UPDATE events SET delivered_at = ? WHERE id IN (?, ?) AND status = \'delivered\'').run(eightDaysAgo, ids.a1, ids.b1);
+      const aged = db
+        .prepare("UPDATE events SET delivered_at = ? WHERE id IN (?, ?) AND status = 'delivered'")
+        .run(eightDaysAgo, ids.a1, ids.b1);
       assert.equal(aged.changes, 2);
       db.prepare('UPDATE events SET received_at = ? WHERE id = ?').run(eightDaysAgo, ids.a3);
     } finally {
@@ -253,8 +309,10 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
 
     const check = new Database(dbFile, { readonly: true, fileMustExist: true });
     try {
-      const orphans = check.prepare<[string, string], { n: number }>('SELECT COUNT(*) AS n FROM attempts WHERE event_id IN (?, ?)').get(ids.a1, ids.b1)!;
-      assert.equal(orphans.n, 0, 'the purged events\' attempts went with them');
+      const orphans = check
+        .prepare<[string, string], { n: number }>('SELECT COUNT(*) AS n FROM attempts WHERE event_id IN (?, ?)')
+        .get(ids.a1, ids.b1)!;
+      assert.equal(orphans.n, 0, "the purged events' attempts went with them");
     } finally {
       check.close();
     }
@@ -265,14 +323,20 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     assert.equal(result.code, 0, result.stderr);
     assert.match(result.stdout, /\b2\b/);
     for (const shown of await Promise.all([ids.a3, ids.b2].map((id) => showUntil(id, 'delivered')))) {
-      assert.deepEqual(shown.attempts.map((a) => [a.attempt, a.status]), [[1, 400], [2, 200]]);
+      assert.deepEqual(
+        shown.attempts.map((a) => [a.attempt, a.status]),
+        [
+          [1, 400],
+          [2, 200],
+        ],
+      );
       assert.equal(receivedFor(shown.event.id).length, 2);
     }
     assert.equal(receivedFor(ids.a2).length, 2, 'a delivered event is not part of --dead');
     const none = await cli('retry', '--dead');
     assert.equal(none.code, 0, none.stderr);
     assert.match(none.stdout, /\b0\b/);
-    assert.deepEqual((await list('--status', 'dead')), []);
+    assert.deepEqual(await list('--status', 'dead'), []);
   });
 
   it('the daily purge of examples/gatehouse-purge.service runs as written: delivered events older than 30 days go', async () => {
@@ -287,7 +351,7 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     try {
       db.pragma('busy_timeout = 5000');
       // Two delivered events, whatever the cases before left them as: one 31 days old, one 29.
-      const deliveredAt = db.prepare('UPDATE events SET status = \'delivered\', delivered_at = ? WHERE id = ?');
+      const deliveredAt = db.prepare("UPDATE events SET status = 'delivered', delivered_at = ? WHERE id = ?");
       deliveredAt.run(Date.now() - 31 * DAY_MS, ids.a2);
       deliveredAt.run(Date.now() - 29 * DAY_MS, ids.a3);
     } finally {
@@ -313,29 +377,40 @@ describe('gatehouse webhooks deliveries retry: queued events waiting for a retry
   let down = true;
   /** Event ids the target answered 200 to. */
   const delivered: string[] = [];
-  const cli = (...args: string[]): Promise<CliResult> => runCli(['webhooks', 'deliveries', ...args, '--config', configFile]);
+  const cli = (...args: string[]): Promise<CliResult> =>
+    runCli(['webhooks', 'deliveries', ...args, '--config', configFile]);
   const deliveredTo = (id: string) => delivered.filter((d) => d === id).length;
 
   before(async () => {
     dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-retry-queued-'));
     target = await startRecordingUpstream((req, res) => {
       if (!down) delivered.push(JSON.parse(req.body).id);
-      res.writeHead(down ? 503 : 200, { 'content-type': 'application/json', ...(down ? { 'retry-after': '3600' } : {}) });
+      res.writeHead(down ? 503 : 200, {
+        'content-type': 'application/json',
+        ...(down ? { 'retry-after': '3600' } : {}),
+      });
       res.end('{}');
     });
     configFile = path.join(dir, 'gatehouse.json5');
-    writeFileSync(configFile, JSON.stringify({
-      storage: { path: path.join(dir, 'gatehouse.db') },
-      log: { level: 'debug' }, // the test follows successful deliveries in the log
-      gateway: { listen: { host: '127.0.0.1', port: 0 }, upstream: { target: target.url }, auth: { apiKey: API_KEY } },
-      webhooks: {
-        enabled: true,
-        listen: { host: '127.0.0.1', port: 0 },
-        endpoints: [{ path: '/webhook/x', secret: X_SECRET, action: 'message' }],
-        targets: { message: { url: `${target.url}/message` } },
-        delivery: { maxBackoffMs: 7_200_000, timeoutMs: 2000 },
-      },
-    }));
+    writeFileSync(
+      configFile,
+      JSON.stringify({
+        storage: { path: path.join(dir, 'gatehouse.db') },
+        log: { level: 'debug' }, // the test follows successful deliveries in the log
+        gateway: {
+          listen: { host: '127.0.0.1', port: 0 },
+          upstream: { target: target.url },
+          auth: { apiKey: API_KEY },
+        },
+        webhooks: {
+          enabled: true,
+          listen: { host: '127.0.0.1', port: 0 },
+          endpoints: [{ path: '/webhook/x', secret: X_SECRET, action: 'message' }],
+          targets: { message: { url: `${target.url}/message` } },
+          delivery: { maxBackoffMs: 7_200_000, timeoutMs: 2000 },
+        },
+      }),
+    );
     server = startServerProcess(configFile);
   });
   after(async () => {
@@ -348,13 +423,20 @@ describe('gatehouse webhooks deliveries retry: queued events waiting for a retry
     const hooks = (await server.waitFor((l) => l.msg === 'webhook receiver listening')).url;
     const ids: string[] = [];
     for (const n of [1, 2, 3]) {
-      const reply = await request(hooks, '/webhook/x', { method: 'POST', headers: { 'content-type': 'application/json', 'x-webhook-secret': X_SECRET }, body: JSON.stringify({ n }) });
+      const reply = await request(hooks, '/webhook/x', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-webhook-secret': X_SECRET },
+        body: JSON.stringify({ n }),
+      });
       assert.equal(reply.status, 202, reply.body);
       ids.push(reply.json().id);
     }
     for (const id of ids) await server.waitFor((l) => l.id === id && l.outcome === 'queued');
     const waiting = JSON.parse((await cli('show', ids[0]!, '--json')).stdout).event;
-    assert.ok(Date.parse(waiting.nextAttemptAt) - Date.now() > 3_000_000, `next attempt in about an hour (${waiting.nextAttemptAt})`);
+    assert.ok(
+      Date.parse(waiting.nextAttemptAt) - Date.now() > 3_000_000,
+      `next attempt in about an hour (${waiting.nextAttemptAt})`,
+    );
     down = false;
 
     const one = await cli('retry', ids[0]!);
@@ -371,7 +453,10 @@ describe('gatehouse webhooks deliveries retry: queued events waiting for a retry
     const none = await cli('retry', '--queued');
     assert.match(none.stdout, /^0 queued event/m);
 
-    for (const args of [['retry', '--dead', '--queued'], ['retry', ids[0]!, '--queued']]) {
+    for (const args of [
+      ['retry', '--dead', '--queued'],
+      ['retry', ids[0]!, '--queued'],
+    ]) {
       const refused = await cli(...args);
       assert.equal(refused.code, 1, args.join(' '));
       assert.match(refused.stderr, /^gatehouse: give one of: an event id, --dead, --queued\n$/);

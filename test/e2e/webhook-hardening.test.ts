@@ -48,25 +48,60 @@ const jwksServer = http.createServer((_req, res) => {
 });
 await new Promise<void>((resolve) => jwksServer.listen(0, '127.0.0.1', resolve));
 const JWKS_URI = `http://127.0.0.1:${(jwksServer.address() as AddressInfo).port}/oauth2/v3/certs`;
-after(() => new Promise<void>((resolve) => {
-  jwksServer.closeAllConnections();
-  jwksServer.close(() => resolve());
-}));
+after(
+  () =>
+    new Promise<void>((resolve) => {
+      jwksServer.closeAllConnections();
+      jwksServer.close(() => resolve());
+    }),
+);
 
-const googleToken = () => new SignJWT({ iss: 'https://accounts.google.com', aud: PUSH_AUDIENCE, email: PUSH_ACCOUNT, email_verified: true, sub: '1137742644' })
-  .setProtectedHeader({ alg: 'RS256', kid: 'hardening-kid', typ: 'JWT' }).setIssuedAt().setExpirationTime('1h').sign(googleKey.privateKey);
+const googleToken = () =>
+  new SignJWT({
+    iss: 'https://accounts.google.com',
+    aud: PUSH_AUDIENCE,
+    email: PUSH_ACCOUNT,
+    email_verified: true,
+    sub: '1137742644',
+  })
+    .setProtectedHeader({ alg: 'RS256', kid: 'hardening-kid', typ: 'JWT' })
+    .setIssuedAt()
+    .setExpirationTime('1h')
+    .sign(googleKey.privateKey);
 
-function hardeningConfig(upstreamUrl: string, targetUrl: string, webhooks: Record<string, unknown> = {}): Record<string, any> {
+function hardeningConfig(
+  upstreamUrl: string,
+  targetUrl: string,
+  webhooks: Record<string, unknown> = {},
+): Record<string, any> {
   return testConfig(upstreamUrl, {
     storage: { path: path.join(mkdtempSync(path.join(tmpdir(), 'gatehouse-hardening-')), 'gatehouse.db') },
     webhooks: {
       enabled: true,
       listen: { host: '127.0.0.1', port: 0 },
       endpoints: [
-        { path: '/webhook/github', verify: { type: 'github', secret: GITHUB_SECRET }, action: 'message', template: '{{sender.login}}: {{data}}' },
-        { path: '/webhook/whatsapp', verify: { type: 'meta', appSecret: META_APP_SECRET, verifyToken: 'verify-token-1234' }, action: 'message' },
+        {
+          path: '/webhook/github',
+          verify: { type: 'github', secret: GITHUB_SECRET },
+          action: 'message',
+          template: '{{sender.login}}: {{data}}',
+        },
+        {
+          path: '/webhook/whatsapp',
+          verify: { type: 'meta', appSecret: META_APP_SECRET, verifyToken: 'verify-token-1234' },
+          action: 'message',
+        },
         { path: '/webhook/deploys', secret: DEPLOY_SECRET, action: 'system-event', template: 'deploy {{data}}' },
-        { path: '/webhook/pubsub', verify: { type: 'pubsub-oidc', audience: PUSH_AUDIENCE, serviceAccountEmail: PUSH_ACCOUNT, jwksUri: JWKS_URI }, action: 'system-event' },
+        {
+          path: '/webhook/pubsub',
+          verify: {
+            type: 'pubsub-oidc',
+            audience: PUSH_AUDIENCE,
+            serviceAccountEmail: PUSH_ACCOUNT,
+            jwksUri: JWKS_URI,
+          },
+          action: 'system-event',
+        },
       ],
       targets: { message: { url: `${targetUrl}/messages` }, 'system-event': { url: `${targetUrl}/events` } },
       delivery: { maxAttempts: 3, initialBackoffMs: 20, maxBackoffMs: 100, timeoutMs: 2000 },
@@ -99,16 +134,23 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
     await Promise.all([upstream?.close(), target?.close()]);
   });
 
-  const post = (p: string, body: string, headers: Record<string, string> = {}) => request(hooks, p, { method: 'POST', body, headers: { ...json, ...headers } });
+  const post = (p: string, body: string, headers: Record<string, string> = {}) =>
+    request(hooks, p, { method: 'POST', body, headers: { ...json, ...headers } });
   const githubPost = async (body: string, delivery: string, signature?: string) =>
-    post('/webhook/github', body, { 'x-github-event': 'push', 'x-github-delivery': delivery, 'x-hub-signature-256': signature ?? await githubSign(GITHUB_SECRET, body) });
+    post('/webhook/github', body, {
+      'x-github-event': 'push',
+      'x-github-delivery': delivery,
+      'x-hub-signature-256': signature ?? (await githubSign(GITHUB_SECRET, body)),
+    });
   /**
    * Bodies the target received that carry `marker`, once no event is queued: an event is stored before
    * its request is answered and stays queued until its delivery settles, after the target got it; so
    * anything wrongly accepted by the requests answered so far is counted.
    */
   const deliveredWith = async (marker: string) => {
-    await waitFor(async () => (await gatehouse.webhooks!.store.list({ status: 'queued', limit: 1 })).length === 0, { what: 'no queued event' });
+    await waitFor(async () => (await gatehouse.webhooks!.store.list({ status: 'queued', limit: 1 })).length === 0, {
+      what: 'no queued event',
+    });
     return target.received.filter((r) => r.body.includes(marker));
   };
   const storedCount = async () => (await gatehouse.webhooks!.store.list({ limit: 10_000 })).length;
@@ -123,7 +165,8 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
     }
   };
   /** Error lines (a stack, a refusing store) logged since `mark` (a count of log lines). */
-  const unexpectedErrors = (mark: number) => gatehouse.logs.slice(mark).filter((l) => l.msg === 'unexpected error' || l.msg === 'event store refused a webhook');
+  const unexpectedErrors = (mark: number) =>
+    gatehouse.logs.slice(mark).filter((l) => l.msg === 'unexpected error' || l.msg === 'event store refused a webhook');
 
   describe('finding 8: signed replays of senders that sign no timestamp', () => {
     it('github: the same signed body with a new X-GitHub-Delivery is a duplicate, stored and delivered once', async () => {
@@ -139,13 +182,22 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       assert.deepEqual(replay.json(), { id, status: 'duplicate' });
       assert.equal(replay.headers['x-gatehouse-event-id'], id);
       // The same signature in upper-case hex verifies too: it must not count as a new request.
-      const upper = await githubPost(body, 'delivery-upper-hex', `sha256=${(await githubSign(GITHUB_SECRET, body)).slice(7).toUpperCase()}`);
+      const upper = await githubPost(
+        body,
+        'delivery-upper-hex',
+        `sha256=${(await githubSign(GITHUB_SECRET, body)).slice(7).toUpperCase()}`,
+      );
       assert.deepEqual(upper.json(), { id, status: 'duplicate' });
 
       assert.equal(await storedCount(), stored, 'nothing new stored');
       assert.equal((await deliveredWith('replay-gh-1')).length, 1, 'the target got the event once');
-      const keys = (await gatehouse.webhooks!.store.list({ endpoint: '/webhook/github', limit: 100 })).map((e) => e.idempotencyKey);
-      assert.ok(!keys.includes('delivery-forged-by-replayer'), 'the replayed delivery id is not remembered as a new event');
+      const keys = (await gatehouse.webhooks!.store.list({ endpoint: '/webhook/github', limit: 100 })).map(
+        (e) => e.idempotencyKey,
+      );
+      assert.ok(
+        !keys.includes('delivery-forged-by-replayer'),
+        'the replayed delivery id is not remembered as a new event',
+      );
     });
 
     it('github: a replay after the idempotency window (delivery id forgotten) is still a duplicate', async () => {
@@ -186,7 +238,17 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
     });
 
     it('meta: a signed notification replayed after its dedupe id aged out of the window is a duplicate, delivered once', async () => {
-      const body = JSON.stringify({ object: 'whatsapp_business_account', entry: [{ id: 'WABA', changes: [{ field: 'messages', value: { messages: [{ id: 'wamid.replay-meta-1', text: { body: 'hi' } }] } }] }] });
+      const body = JSON.stringify({
+        object: 'whatsapp_business_account',
+        entry: [
+          {
+            id: 'WABA',
+            changes: [
+              { field: 'messages', value: { messages: [{ id: 'wamid.replay-meta-1', text: { body: 'hi' } }] } },
+            ],
+          },
+        ],
+      });
       const first = await post('/webhook/whatsapp', body, { 'x-hub-signature-256': metaSignature(body) });
       assert.equal(first.status, 202, first.body);
       const { id } = first.json();
@@ -217,9 +279,20 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
 
     it('POST /_gatehouse/channels/<Object.prototype name>/messages with a valid key: 404 not_found, nothing sent, no stack', async () => {
       const mark = gatehouse.logs.length;
-      for (const name of ['constructor', 'tostring', 'valueof', 'hasownproperty', 'isprototypeof', '__proto__', 'toString', 'hasOwnProperty']) {
+      for (const name of [
+        'constructor',
+        'tostring',
+        'valueof',
+        'hasownproperty',
+        'isprototypeof',
+        '__proto__',
+        'toString',
+        'hasOwnProperty',
+      ]) {
         const reply = await request(gatehouse.url, `/_gatehouse/channels/${name}/messages`, {
-          method: 'POST', headers: { ...json, 'x-api-key': TEST_PLAIN_KEY }, body: JSON.stringify({ to: 'anyone', text: 'hello' }),
+          method: 'POST',
+          headers: { ...json, 'x-api-key': TEST_PLAIN_KEY },
+          body: JSON.stringify({ to: 'anyone', text: 'hello' }),
         });
         assert.equal(reply.status, 404, `${name}: ${reply.body}`);
         assert.deepEqual(reply.json(), notFound, name);
@@ -228,16 +301,30 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       assert.equal(upstream.received.length, 0);
     });
 
-    it('the webhook listener\'s /webhook/channels/<name>/… routes: 404 not_found for Object.prototype names', async () => {
+    it("the webhook listener's /webhook/channels/<name>/… routes: 404 not_found for Object.prototype names", async () => {
       const mark = gatehouse.logs.length;
       const probes: [string, string][] = [];
       for (const name of ['__proto__', 'constructor', 'toString', 'hasOwnProperty', 'valueOf']) {
-        probes.push(['POST', `/webhook/channels/${name}`], ['POST', `/webhook/channels/${name}/pair/ABCDEFGH`], ['GET', `/webhook/channels/${name}/outbox`], ['GET', `/webhook/channels/${name}/oauth/callback?state=x`]);
+        probes.push(
+          ['POST', `/webhook/channels/${name}`],
+          ['POST', `/webhook/channels/${name}/pair/ABCDEFGH`],
+          ['GET', `/webhook/channels/${name}/outbox`],
+          ['GET', `/webhook/channels/${name}/oauth/callback?state=x`],
+        );
       }
-      probes.push(['GET', '/webhook/channels/phone/constructor'], ['GET', '/webhook/channels/phone/__proto__'], ['POST', '/webhook/constructor'], ['POST', '/webhook/__proto__']);
+      probes.push(
+        ['GET', '/webhook/channels/phone/constructor'],
+        ['GET', '/webhook/channels/phone/__proto__'],
+        ['POST', '/webhook/constructor'],
+        ['POST', '/webhook/__proto__'],
+      );
       const stored = await storedCount();
       for (const [method, p] of probes) {
-        const reply = await request(hooks, p, { method, headers: { ...json, authorization: 'Bearer x' }, body: method === 'POST' ? '{"deviceName":"x","text":"y"}' : undefined });
+        const reply = await request(hooks, p, {
+          method,
+          headers: { ...json, authorization: 'Bearer x' },
+          body: method === 'POST' ? '{"deviceName":"x","text":"y"}' : undefined,
+        });
         assert.equal(reply.status, 404, `${method} ${p}: ${reply.body}`);
         assert.deepEqual(reply.json(), notFound, `${method} ${p}`);
       }
@@ -263,7 +350,13 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       const body = nestedUnder('"sender":{"login":"deep-gh"},', 49_000);
       assert.ok(body.length > 97_000);
       await refused(() => githubPost(body, 'delivery-deep'), 'deep-gh');
-      await refused(() => post('/webhook/deploys', nestedUnder('"marker":"deep-secret",', 49_000), { 'x-webhook-secret': DEPLOY_SECRET }), 'deep-secret');
+      await refused(
+        () =>
+          post('/webhook/deploys', nestedUnder('"marker":"deep-secret",', 49_000), {
+            'x-webhook-secret': DEPLOY_SECRET,
+          }),
+        'deep-secret',
+      );
       assert.deepEqual(unexpectedErrors(mark), []);
     });
 
@@ -271,45 +364,86 @@ describe('webhook hardening (review findings 8, 10, 11)', () => {
       // The top-level object is level 1: 63 arrays under it make 64.
       const ok = await githubPost(nestedUnder('"sender":{"login":"depth-64"},', 63), 'delivery-depth-64');
       assert.equal(ok.status, 202, ok.body);
-      const got = await waitFor(() => target.received.find((r) => r.body.includes(ok.json().id)), { what: 'the 64-level event' });
+      const got = await waitFor(() => target.received.find((r) => r.body.includes(ok.json().id)), {
+        what: 'the 64-level event',
+      });
       assert.equal(JSON.parse(got.body).message, `depth-64: ${'['.repeat(63)}${']'.repeat(63)}`);
-      await refused(() => githubPost(nestedUnder('"sender":{"login":"depth-65"},', 64), 'delivery-depth-65'), 'depth-65');
+      await refused(
+        () => githubPost(nestedUnder('"sender":{"login":"depth-65"},', 64), 'delivery-depth-65'),
+        'depth-65',
+      );
     });
 
     it('brackets inside strings, escaped quotes and backslashes do not count', async () => {
       const deepText = `\\\\\\"${'[{'.repeat(500)}\\"`;
-      const reply = await post('/webhook/deploys', `{"marker":"in-strings","data":"${deepText}","k\\"[[[":[[1]]}`, { 'x-webhook-secret': DEPLOY_SECRET });
+      const reply = await post('/webhook/deploys', `{"marker":"in-strings","data":"${deepText}","k\\"[[[":[[1]]}`, {
+        'x-webhook-secret': DEPLOY_SECRET,
+      });
       assert.equal(reply.status, 202, reply.body);
-      const got = await waitFor(() => target.received.find((r) => r.body.includes(reply.json().id)), { what: 'the event with brackets in strings' });
+      const got = await waitFor(() => target.received.find((r) => r.body.includes(reply.json().id)), {
+        what: 'the event with brackets in strings',
+      });
       assert.equal(JSON.parse(got.body).payload.data, JSON.parse(`"${deepText}"`));
     });
 
     it('channel routes use the same reader: a deep device message and a deep pairing body are 400 invalid_json', async () => {
       const code = (await channelStore.createPairing('phone', 60_000, Date.now()))!;
-      await refused(() => post(`/webhook/channels/phone/pair/${code}`, nestedUnder('"deviceName":"deep",', 5_000)), 'deep');
+      await refused(
+        () => post(`/webhook/channels/phone/pair/${code}`, nestedUnder('"deviceName":"deep",', 5_000)),
+        'deep',
+      );
       const paired = await post(`/webhook/channels/phone/pair/${code}`, '{"deviceName":"Hardening phone"}');
       assert.equal(paired.status, 201, 'the refused body did not use up the pairing code');
       const token = paired.json().token as string;
-      await refused(() => post('/webhook/channels/phone', nestedUnder('"id":"m-deep","text":"deep-device",', 49_000), { authorization: `Bearer ${token}` }), 'deep-device');
-      const fine = await post('/webhook/channels/phone', '{"id":"m-ok","text":"shallow-device"}', { authorization: `Bearer ${token}` });
+      await refused(
+        () =>
+          post('/webhook/channels/phone', nestedUnder('"id":"m-deep","text":"deep-device",', 49_000), {
+            authorization: `Bearer ${token}`,
+          }),
+        'deep-device',
+      );
+      const fine = await post('/webhook/channels/phone', '{"id":"m-ok","text":"shallow-device"}', {
+        authorization: `Bearer ${token}`,
+      });
       assert.equal(fine.status, 202, fine.body);
     });
 
-    it('Pub/Sub push (the Gmail push route\'s verifier): a deep body is 400; deep JSON inside base64 data reaches the target as text', async () => {
+    it("Pub/Sub push (the Gmail push route's verifier): a deep body is 400; deep JSON inside base64 data reaches the target as text", async () => {
       const mark = gatehouse.logs.length;
       const deepBody = nestedUnder(`"message":{"messageId":"m-deep-push"},`, 49_000);
-      await refused(async () => post('/webhook/pubsub', deepBody, { authorization: `Bearer ${await googleToken()}` }), 'm-deep-push');
+      await refused(
+        async () => post('/webhook/pubsub', deepBody, { authorization: `Bearer ${await googleToken()}` }),
+        'm-deep-push',
+      );
 
       const deepData = '['.repeat(40_000) + ']'.repeat(40_000);
-      const push = { message: { data: Buffer.from(deepData).toString('base64'), messageId: 'm-deep-data', publishTime: '2026-01-01T00:00:00Z' }, subscription: 'projects/p/subscriptions/s' };
-      const reply = await post('/webhook/pubsub', JSON.stringify(push), { authorization: `Bearer ${await googleToken()}` });
+      const push = {
+        message: {
+          data: Buffer.from(deepData).toString('base64'),
+          messageId: 'm-deep-data',
+          publishTime: '2026-01-01T00:00:00Z',
+        },
+        subscription: 'projects/p/subscriptions/s',
+      };
+      const reply = await post('/webhook/pubsub', JSON.stringify(push), {
+        authorization: `Bearer ${await googleToken()}`,
+      });
       assert.equal(reply.status, 202, reply.body);
-      const got = await waitFor(() => target.received.find((r) => r.body.includes(reply.json().id)), { what: 'the push with deep data' });
+      const got = await waitFor(() => target.received.find((r) => r.body.includes(reply.json().id)), {
+        what: 'the push with deep data',
+      });
       assert.equal(JSON.parse(got.body).payload.data, deepData, 'too deep to parse: delivered as the decoded text');
 
-      const shallow = { ...push, message: { ...push.message, data: Buffer.from('{"n":[1]}').toString('base64'), messageId: 'm-shallow-data' } };
-      const ok = await post('/webhook/pubsub', JSON.stringify(shallow), { authorization: `Bearer ${await googleToken()}` });
-      const delivered = await waitFor(() => target.received.find((r) => r.body.includes(ok.json().id)), { what: 'the push with shallow data' });
+      const shallow = {
+        ...push,
+        message: { ...push.message, data: Buffer.from('{"n":[1]}').toString('base64'), messageId: 'm-shallow-data' },
+      };
+      const ok = await post('/webhook/pubsub', JSON.stringify(shallow), {
+        authorization: `Bearer ${await googleToken()}`,
+      });
+      const delivered = await waitFor(() => target.received.find((r) => r.body.includes(ok.json().id)), {
+        what: 'the push with shallow data',
+      });
       assert.deepEqual(JSON.parse(delivered.body).payload.data, { n: [1] });
       assert.deepEqual(unexpectedErrors(mark), []);
     });
@@ -321,7 +455,12 @@ describe('webhooks.maxJsonDepth', () => {
     const [upstream, target] = await Promise.all([startRecordingUpstream(), startRecordingUpstream()]);
     const gatehouse = await startTestGatehouse(hardeningConfig(upstream.url, target.url, { maxJsonDepth: 3 }));
     try {
-      const send = (body: string) => request(gatehouse.webhooks!.url, '/webhook/deploys', { method: 'POST', body, headers: { ...json, 'x-webhook-secret': DEPLOY_SECRET } });
+      const send = (body: string) =>
+        request(gatehouse.webhooks!.url, '/webhook/deploys', {
+          method: 'POST',
+          body,
+          headers: { ...json, 'x-webhook-secret': DEPLOY_SECRET },
+        });
       assert.equal((await send('{"data":[[1]]}')).status, 202);
       const deep = await send('{"data":[[[1]]]}');
       assert.equal(deep.status, 400);

@@ -32,7 +32,9 @@ describe('delivery retries: a time budget (retryFor), not an attempt count', () 
       res.end();
     });
     configFile = path.join(dir, 'gatehouse.json5');
-    writeFileSync(configFile, `{
+    writeFileSync(
+      configFile,
+      `{
       storage: { path: ${JSON.stringify(path.join(dir, 'gatehouse.db'))} },
       gateway: { listen: { port: 0 }, upstream: { target: "${target.url}" }, auth: { apiKey: "retry-budget-key-0123456789abcdefghijklmn" } },
       webhooks: {
@@ -45,7 +47,8 @@ describe('delivery retries: a time budget (retryFor), not an attempt count', () 
         targets: { message: { url: "${target.url}/down" }, agent: { url: "${target.url}/slow" } },
         delivery: { retryFor: "${BUDGET_MS / 1000}s", initialBackoffMs: 50, maxBackoffMs: ${MAX_BACKOFF_MS}, timeoutMs: 2000 },
       },
-    }`);
+    }`,
+    );
     server = startServerProcess(configFile);
     hooks = (await server.waitFor((l) => l.msg === 'webhook receiver listening')).url;
   });
@@ -57,14 +60,21 @@ describe('delivery retries: a time budget (retryFor), not an attempt count', () 
   });
 
   const post = async (endpoint: string): Promise<string> => {
-    const reply = await request(hooks, endpoint, { method: 'POST', headers: { 'content-type': 'application/json', 'x-webhook-secret': SECRET }, body: '{"n":1}' });
+    const reply = await request(hooks, endpoint, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-webhook-secret': SECRET },
+      body: '{"n":1}',
+    });
     assert.equal(reply.status, 202, reply.body);
     return reply.json().id as string;
   };
   const show = async (id: string) => {
     const result = await runCli(['webhooks', 'deliveries', 'show', id, '--json', '--config', configFile]);
     assert.equal(result.code, 0, result.stderr);
-    return JSON.parse(result.stdout) as { event: { status: string; receivedAt: string }; attempts: { at: string; status: number | null }[] };
+    return JSON.parse(result.stdout) as {
+      event: { status: string; receivedAt: string };
+      attempts: { at: string; status: number | null }[];
+    };
   };
 
   it('retried until the budget is spent, then dead: the last attempt at the deadline', async () => {
@@ -79,7 +89,10 @@ describe('delivery retries: a time budget (retryFor), not an attempt count', () 
     assert.ok(shown.attempts.every((a) => a.status === 503));
     // The deadline itself is tried (the attack review saw events die up to maxBackoffMs early).
     assert.ok(times.at(-1)! >= BUDGET_MS - 5, `last attempt ${times.at(-1)} ms after acceptance`);
-    assert.ok(times.slice(0, -1).every((t) => t < BUDGET_MS), `only the last attempt at or past the deadline: ${times}`);
+    assert.ok(
+      times.slice(0, -1).every((t) => t < BUDGET_MS),
+      `only the last attempt at or past the deadline: ${times}`,
+    );
     assert.ok(times.at(-1)! <= BUDGET_MS + 2_000, `no attempt long after the budget: ${times.at(-1)} ms`);
     assert.ok(shown.attempts.length >= 6, `${shown.attempts.length} attempts`);
     assert.equal(target.received.filter((r) => r.url === '/down').length, shown.attempts.length);
@@ -87,7 +100,11 @@ describe('delivery retries: a time budget (retryFor), not an attempt count', () 
     // Retry-After: 1 is kept (1 s apart, not the jittered 50-1500 ms backoff): 0, 1, 2, 3 s and the deadline.
     const slowShown = await show(slow);
     const slowTimes = slowShown.attempts.map((a) => Date.parse(a.at));
-    for (let i = 1; i < slowTimes.length - 1; i++) assert.ok(slowTimes[i]! - slowTimes[i - 1]! >= 950, `attempts ${i} and ${i + 1} ${slowTimes[i]! - slowTimes[i - 1]!} ms apart`);
+    for (let i = 1; i < slowTimes.length - 1; i++)
+      assert.ok(
+        slowTimes[i]! - slowTimes[i - 1]! >= 950,
+        `attempts ${i} and ${i + 1} ${slowTimes[i]! - slowTimes[i - 1]!} ms apart`,
+      );
     assert.ok(slowTimes.length >= 4 && slowTimes.length <= 6, `${slowTimes.length} attempts`);
   });
 });

@@ -29,7 +29,12 @@ function webhooksConfig(targetUrl: string, overrides: Record<string, any> = {}):
       bodyTimeoutMs: 500,
       endpoints: [
         { path: '/webhook/deploys', secret: SECRET, action: 'system-event' },
-        { path: '/webhook/chat', secret: CHAT_SECRET, action: 'message', template: 'New message from {{sender.name}}: {{text}}' },
+        {
+          path: '/webhook/chat',
+          secret: CHAT_SECRET,
+          action: 'message',
+          template: 'New message from {{sender.name}}: {{text}}',
+        },
       ],
       targets: {
         'system-event': { url: `${targetUrl}/events` },
@@ -49,7 +54,9 @@ describe('webhook receiver: statuses, envelope and signature', () => {
   before(async () => {
     upstream = await startRecordingUpstream();
     target = await startRecordingUpstream();
-    gatehouse = await startTestGatehouse(testConfig(upstream.url, { ...webhooksConfig(target.url), gateway: { auth: { failures: { max: 5 } } } }));
+    gatehouse = await startTestGatehouse(
+      testConfig(upstream.url, { ...webhooksConfig(target.url), gateway: { auth: { failures: { max: 5 } } } }),
+    );
     hooks = gatehouse.webhooks!.url;
   });
   after(async () => {
@@ -92,16 +99,22 @@ describe('webhook receiver: statuses, envelope and signature', () => {
   });
 
   it('message action: template rendered, Standard Webhooks signature verifies with the standardwebhooks package', async () => {
-    const reply = await post('/webhook/chat', '{"sender":{"name":"Ada"},"text":"hi there"}', { 'x-webhook-secret': CHAT_SECRET });
+    const reply = await post('/webhook/chat', '{"sender":{"name":"Ada"},"text":"hi there"}', {
+      'x-webhook-secret': CHAT_SECRET,
+    });
     assert.equal(reply.status, 202);
     const { id } = reply.json();
     const got = await waitFor(() => target.received.find((r) => r.body.includes(id)), { what: `${id} at the target` });
     assert.equal(got.url, '/messages');
     assert.equal(JSON.parse(got.body).message, 'New message from Ada: hi there');
     assert.equal(got.headers['webhook-id'], id);
-    const verified = new Webhook(SIGNING_SECRET).verify(got.body, got.headers as Record<string, string>) as { id: string };
+    const verified = new Webhook(SIGNING_SECRET).verify(got.body, got.headers as Record<string, string>) as {
+      id: string;
+    };
     assert.equal(verified.id, id);
-    assert.throws(() => new Webhook(SIGNING_SECRET).verify(got.body.replace('Ada', 'Eve'), got.headers as Record<string, string>));
+    assert.throws(() =>
+      new Webhook(SIGNING_SECRET).verify(got.body.replace('Ada', 'Eve'), got.headers as Record<string, string>),
+    );
   });
 
   it('a repeated delivery id answers 200 with the original id and is delivered once', async () => {
@@ -116,7 +129,8 @@ describe('webhook receiver: statuses, envelope and signature', () => {
       assert.equal(second.json().status, 'duplicate');
       firstIds.push(first.json().id);
     }
-    for (const id of firstIds) await waitFor(() => target.received.find((r) => r.body.includes(id)), { what: `${id} at the target` });
+    for (const id of firstIds)
+      await waitFor(() => target.received.find((r) => r.body.includes(id)), { what: `${id} at the target` });
     await deploysSettled(gatehouse);
     for (const id of firstIds) assert.equal(target.received.filter((r) => r.body.includes(id)).length, 1);
     assert.equal(target.received.filter((r) => r.body.includes('"n":2')).length, 0, 'the repeat is never delivered');
@@ -124,19 +138,64 @@ describe('webhook receiver: statuses, envelope and signature', () => {
 
   const rejections: [string, () => Promise<{ status: number; json(): any; headers: any }>, number, string][] = [
     ['unknown path', () => post('/webhook/nope', '{}', { 'x-webhook-secret': SECRET }), 404, 'not_found'],
-    ['path with a trailing slash', () => post('/webhook/deploys/', '{}', { 'x-webhook-secret': SECRET }), 404, 'not_found'],
-    ['GET on an endpoint', () => request(hooks, '/webhook/deploys', { headers: { 'x-webhook-secret': SECRET } }), 405, 'method_not_allowed'],
+    [
+      'path with a trailing slash',
+      () => post('/webhook/deploys/', '{}', { 'x-webhook-secret': SECRET }),
+      404,
+      'not_found',
+    ],
+    [
+      'GET on an endpoint',
+      () => request(hooks, '/webhook/deploys', { headers: { 'x-webhook-secret': SECRET } }),
+      405,
+      'method_not_allowed',
+    ],
     ['missing secret', () => post('/webhook/deploys', '{"a":1}'), 401, 'invalid_webhook_secret'],
-    ['wrong secret', () => post('/webhook/deploys', '{"a":1}', { 'x-webhook-secret': SECRET + 'x' }), 401, 'invalid_webhook_secret'],
-    ['another endpoint\'s secret', () => post('/webhook/deploys', '{"a":1}', { 'x-webhook-secret': CHAT_SECRET }), 401, 'invalid_webhook_secret'],
-    ['secret in the query string', () => post(`/webhook/deploys?secret=${SECRET}&x-webhook-secret=${SECRET}`, '{"a":1}'), 401, 'invalid_webhook_secret'],
-    ['text/plain body', () => post('/webhook/deploys', '{"a":1}', { 'x-webhook-secret': SECRET, 'content-type': 'text/plain' }), 415, 'unsupported_media_type'],
-    ['no content type', () => request(hooks, '/webhook/deploys', { method: 'POST', body: '{"a":1}', headers: { 'x-webhook-secret': SECRET } }), 415, 'unsupported_media_type'],
+    [
+      'wrong secret',
+      () => post('/webhook/deploys', '{"a":1}', { 'x-webhook-secret': SECRET + 'x' }),
+      401,
+      'invalid_webhook_secret',
+    ],
+    [
+      "another endpoint's secret",
+      () => post('/webhook/deploys', '{"a":1}', { 'x-webhook-secret': CHAT_SECRET }),
+      401,
+      'invalid_webhook_secret',
+    ],
+    [
+      'secret in the query string',
+      () => post(`/webhook/deploys?secret=${SECRET}&x-webhook-secret=${SECRET}`, '{"a":1}'),
+      401,
+      'invalid_webhook_secret',
+    ],
+    [
+      'text/plain body',
+      () => post('/webhook/deploys', '{"a":1}', { 'x-webhook-secret': SECRET, 'content-type': 'text/plain' }),
+      415,
+      'unsupported_media_type',
+    ],
+    [
+      'no content type',
+      () =>
+        request(hooks, '/webhook/deploys', {
+          method: 'POST',
+          body: '{"a":1}',
+          headers: { 'x-webhook-secret': SECRET },
+        }),
+      415,
+      'unsupported_media_type',
+    ],
     ['invalid JSON', () => post('/webhook/deploys', '{"a":', { 'x-webhook-secret': SECRET }), 400, 'invalid_json'],
     ['a JSON array', () => post('/webhook/deploys', '[1,2]', { 'x-webhook-secret': SECRET }), 400, 'invalid_json'],
     ['a JSON string', () => post('/webhook/deploys', '"hi"', { 'x-webhook-secret': SECRET }), 400, 'invalid_json'],
     ['JSON null', () => post('/webhook/deploys', 'null', { 'x-webhook-secret': SECRET }), 400, 'invalid_json'],
-    ['a body over maxBodyBytes', () => post('/webhook/deploys', JSON.stringify({ pad: 'x'.repeat(5000) }), { 'x-webhook-secret': SECRET }), 413, 'payload_too_large'],
+    [
+      'a body over maxBodyBytes',
+      () => post('/webhook/deploys', JSON.stringify({ pad: 'x'.repeat(5000) }), { 'x-webhook-secret': SECRET }),
+      413,
+      'payload_too_large',
+    ],
   ];
   for (const [name, send, status, code] of rejections) {
     it(`${name}: ${status} ${code}, nothing stored or delivered`, async () => {
@@ -153,7 +212,10 @@ describe('webhook receiver: statuses, envelope and signature', () => {
   }
 
   it('application/cloudevents+json with a charset is JSON', async () => {
-    const reply = await post('/webhook/deploys', '{"a":1}', { 'x-webhook-secret': SECRET, 'content-type': 'application/cloudevents+json; charset=utf-8' });
+    const reply = await post('/webhook/deploys', '{"a":1}', {
+      'x-webhook-secret': SECRET,
+      'content-type': 'application/cloudevents+json; charset=utf-8',
+    });
     assert.equal(reply.status, 202);
   });
 
@@ -164,7 +226,9 @@ describe('webhook receiver: statuses, envelope and signature', () => {
     socket.setEncoding('utf8');
     socket.on('data', (d: string) => (raw += d));
     const closed = new Promise((r) => socket.on('close', r));
-    socket.write(`POST /webhook/deploys HTTP/1.1\r\nHost: x\r\nX-Webhook-Secret: ${SECRET}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`);
+    socket.write(
+      `POST /webhook/deploys HTTP/1.1\r\nHost: x\r\nX-Webhook-Secret: ${SECRET}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`,
+    );
     const chunk = 'x'.repeat(3000);
     socket.write(`${chunk.length.toString(16)}\r\n${chunk}\r\n`);
     socket.write(`${chunk.length.toString(16)}\r\n${chunk}\r\n`);
@@ -181,20 +245,29 @@ describe('webhook receiver: statuses, envelope and signature', () => {
     socket.setEncoding('utf8');
     socket.on('data', (d: string) => (raw += d));
     const closed = new Promise((r) => socket.on('close', r));
-    socket.write(`POST /webhook/deploys HTTP/1.1\r\nHost: x\r\nX-Webhook-Secret: ${SECRET}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a":`);
+    socket.write(
+      `POST /webhook/deploys HTTP/1.1\r\nHost: x\r\nX-Webhook-Secret: ${SECRET}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a":`,
+    );
     await closed;
     assert.match(raw, /^HTTP\/1\.1 408/);
     assert.match(raw, /request_timeout/);
   });
 
   it('wrong secrets lock the client IP out (429 + Retry-After), other IPs unaffected, lockout counters separate from /api/', async () => {
-    for (let i = 0; i < 5; i++) assert.equal((await post('/webhook/deploys', '{}', { 'x-webhook-secret': 'bad-secret-value-xx' }, '127.0.0.9')).status, 401);
+    for (let i = 0; i < 5; i++)
+      assert.equal(
+        (await post('/webhook/deploys', '{}', { 'x-webhook-secret': 'bad-secret-value-xx' }, '127.0.0.9')).status,
+        401,
+      );
     const locked = await post('/webhook/deploys', '{}', { 'x-webhook-secret': SECRET }, '127.0.0.9');
     assert.equal(locked.status, 429);
     assert.ok(Number(locked.headers['retry-after']) > 0);
     assert.equal((await post('/webhook/deploys', '{}', { 'x-webhook-secret': SECRET }, '127.0.0.10')).status, 202);
     // The gateway's own counters are separate: the same IP is not locked out of /api/.
-    const api = await request(gatehouse.url, '/api/x', { headers: { 'x-api-key': 'test-plain-key-0123456789abcdefghijklmnop' }, localAddress: '127.0.0.9' });
+    const api = await request(gatehouse.url, '/api/x', {
+      headers: { 'x-api-key': 'test-plain-key-0123456789abcdefghijklmnop' },
+      localAddress: '127.0.0.9',
+    });
     assert.equal(api.status, 200);
   });
 
@@ -235,7 +308,10 @@ describe('webhook delivery: retries, Retry-After, dead', () => {
     try {
       const id = await postDeploy(gatehouse);
       const found = await pollStore(gatehouse, id, (e) => e.event.status === 'delivered');
-      assert.deepEqual(found.attempts.map((a) => a.status), [500, 500, 200]);
+      assert.deepEqual(
+        found.attempts.map((a) => a.status),
+        [500, 500, 200],
+      );
       assert.equal(new Set(target.received.map((r) => r.headers['idempotency-key'])).size, 1);
     } finally {
       await gatehouse.close();
@@ -253,7 +329,14 @@ describe('webhook delivery: retries, Retry-After, dead', () => {
       } else res.end('ok');
     });
     const times: number[] = [];
-    const gatehouse = await startTestGatehouse(testConfig(target.url, webhooksConfig(target.url, { delivery: { maxAttempts: 3, initialBackoffMs: 20, maxBackoffMs: 5000, timeoutMs: 2000, concurrency: 4 } })));
+    const gatehouse = await startTestGatehouse(
+      testConfig(
+        target.url,
+        webhooksConfig(target.url, {
+          delivery: { maxAttempts: 3, initialBackoffMs: 20, maxBackoffMs: 5000, timeoutMs: 2000, concurrency: 4 },
+        }),
+      ),
+    );
     try {
       const id = await postDeploy(gatehouse);
       const found = await pollStore(gatehouse, id, (e) => e.event.status === 'delivered');
@@ -277,18 +360,32 @@ describe('webhook delivery: retries, Retry-After, dead', () => {
     try {
       const retried = await post();
       const dead = await pollStore(gatehouse, retried, (e) => e.event.status === 'dead');
-      assert.deepEqual(dead.attempts.map((a) => a.status), [503, 503, 503]);
+      assert.deepEqual(
+        dead.attempts.map((a) => a.status),
+        [503, 503, 503],
+      );
 
       mode = 'reject';
       const rejected = await post();
       const deadAtOnce = await pollStore(gatehouse, rejected, (e) => e.event.status === 'dead');
-      assert.deepEqual(deadAtOnce.attempts.map((a) => a.status), [422]);
+      assert.deepEqual(
+        deadAtOnce.attempts.map((a) => a.status),
+        [422],
+      );
 
       mode = 'ok';
       assert.equal(await gatehouse.webhooks!.store.requeue(retried, Date.now()), true);
       gatehouse.webhooks!.deliverer.notify();
       const delivered = await pollStore(gatehouse, retried, (e) => e.event.status === 'delivered');
-      assert.deepEqual(delivered.attempts.map((a) => [a.attempt, a.status]), [[1, 503], [2, 503], [3, 503], [4, 200]]);
+      assert.deepEqual(
+        delivered.attempts.map((a) => [a.attempt, a.status]),
+        [
+          [1, 503],
+          [2, 503],
+          [3, 503],
+          [4, 200],
+        ],
+      );
     } finally {
       await gatehouse.close();
       await target.close();
@@ -301,9 +398,17 @@ describe('webhook delivery: retries, Retry-After, dead', () => {
       if (hang) hang = false;
       else res.end('ok');
     });
-    const gatehouse = await startTestGatehouse(testConfig(target.url, webhooksConfig(target.url, {
-      targets: { 'system-event': { url: `${target.url}/events`, timeoutMs: 300 }, message: { url: `${target.url}/messages` } },
-    })));
+    const gatehouse = await startTestGatehouse(
+      testConfig(
+        target.url,
+        webhooksConfig(target.url, {
+          targets: {
+            'system-event': { url: `${target.url}/events`, timeoutMs: 300 },
+            message: { url: `${target.url}/messages` },
+          },
+        }),
+      ),
+    );
     try {
       const id = await postDeploy(gatehouse);
       const found = await pollStore(gatehouse, id, (e) => e.event.status === 'delivered');
@@ -333,7 +438,11 @@ describe('webhook receiver disabled', () => {
 
 /** A signed `{"a":1}` to the deploys endpoint. */
 function postDeployRaw(gatehouse: TestGatehouse) {
-  return request(gatehouse.webhooks!.url, '/webhook/deploys', { method: 'POST', body: '{"a":1}', headers: { ...json, 'x-webhook-secret': SECRET } });
+  return request(gatehouse.webhooks!.url, '/webhook/deploys', {
+    method: 'POST',
+    body: '{"a":1}',
+    headers: { ...json, 'x-webhook-secret': SECRET },
+  });
 }
 
 /** The same, returning the stored event's id. */
@@ -347,16 +456,25 @@ async function postDeploy(gatehouse: TestGatehouse): Promise<string> {
  * so far has reached the target by then (the explicit signal for a negative check on deliveries).
  */
 function deploysSettled(gatehouse: TestGatehouse) {
-  return waitFor(async () => (await gatehouse.webhooks!.store.list({ status: 'queued', endpoint: '/webhook/deploys', limit: 1 })).length === 0,
-    { what: 'no queued /webhook/deploys event' });
+  return waitFor(
+    async () =>
+      (await gatehouse.webhooks!.store.list({ status: 'queued', endpoint: '/webhook/deploys', limit: 1 })).length === 0,
+    { what: 'no queued /webhook/deploys event' },
+  );
 }
 
 /** The stored event `id` once `done` holds for it. */
-async function pollStore(gatehouse: TestGatehouse, id: string, done: (e: NonNullable<Awaited<ReturnType<NonNullable<TestGatehouse['webhooks']>['store']['get']>>>) => boolean) {
+async function pollStore(
+  gatehouse: TestGatehouse,
+  id: string,
+  done: (e: NonNullable<Awaited<ReturnType<NonNullable<TestGatehouse['webhooks']>['store']['get']>>>) => boolean,
+) {
   let found: Awaited<ReturnType<NonNullable<TestGatehouse['webhooks']>['store']['get']>>;
-  return waitFor(async () => {
-    found = await gatehouse.webhooks!.store.get(id);
-    return found && done(found) ? found : undefined;
-  }, { what: () => `event ${id} to settle: ${JSON.stringify(found)}` });
+  return waitFor(
+    async () => {
+      found = await gatehouse.webhooks!.store.get(id);
+      return found && done(found) ? found : undefined;
+    },
+    { what: () => `event ${id} to settle: ${JSON.stringify(found)}` },
+  );
 }
-

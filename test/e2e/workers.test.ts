@@ -22,8 +22,11 @@ after(() => upstream.close());
 
 function writeConfig(name: string, apiKey: string, extra = ''): string {
   const file = path.join(dir, name);
-  writeFileSync(file, `{ gateway: { listen: { port: 0 }, workers: 2, upstream: { target: "${upstream.url}" },
-    auth: { apiKey: "${apiKey}", failures: { max: 4, windowSeconds: 60, lockoutSeconds: 60 } } }${extra} }`);
+  writeFileSync(
+    file,
+    `{ gateway: { listen: { port: 0 }, workers: 2, upstream: { target: "${upstream.url}" },
+    auth: { apiKey: "${apiKey}", failures: { max: 4, windowSeconds: 60, lockoutSeconds: 60 } } }${extra} }`,
+  );
   return file;
 }
 
@@ -34,7 +37,8 @@ function writeConfig(name: string, apiKey: string, extra = ''): string {
  */
 async function lockOut(server: ServerProcess, url: string): Promise<void> {
   const statuses: number[] = [];
-  for (let i = 0; i < 8; i++) statuses.push((await request(url, '/api/guess', { headers: { 'x-api-key': WRONG } })).status);
+  for (let i = 0; i < 8; i++)
+    statuses.push((await request(url, '/api/guess', { headers: { 'x-api-key': WRONG } })).status);
   assert.equal(statuses.filter((s) => s === 401).length, 4, `statuses: ${statuses.join(' ')}`);
   assert.equal(statuses.filter((s) => s === 429).length, 4, `statuses: ${statuses.join(' ')}`);
   await server.waitFor(() => server.lines.filter((l) => l.error === 'invalid_api_key').length === 4);
@@ -50,7 +54,12 @@ async function startCluster(file: string): Promise<{ server: ServerProcess; url:
 
 /** The worker numbers that logged a request line, for requests made since `from` lines. */
 function servingWorkers(server: ServerProcess, from: number): Set<number> {
-  return new Set(server.lines.slice(from).filter((l) => l.msg === 'request').map((l) => l.worker));
+  return new Set(
+    server.lines
+      .slice(from)
+      .filter((l) => l.msg === 'request')
+      .map((l) => l.worker),
+  );
 }
 
 const isAlive = (pid: number) => {
@@ -97,8 +106,13 @@ describe('gateway.workers: 2', () => {
       await server.waitFor(locked);
       // A worker's own line would be written as it learnt the verdict, before it refused the four
       // requests above: once their request lines are in, so is any such line.
-      await server.waitFor(() => server.lines.filter((l) => l.msg === 'request' && l.path === '/api/after-lockout').length === 4);
-      assert.deepEqual(server.lines.filter(locked).map((l) => [l.ip, l.seconds, l.level]), [['127.0.0.1', 60, 40]]);
+      await server.waitFor(
+        () => server.lines.filter((l) => l.msg === 'request' && l.path === '/api/after-lockout').length === 4,
+      );
+      assert.deepEqual(
+        server.lines.filter(locked).map((l) => [l.ip, l.seconds, l.level]),
+        [['127.0.0.1', 60, 40]],
+      );
     } finally {
       await server.stop();
     }
@@ -112,15 +126,19 @@ describe('gateway.workers: 2', () => {
       server.child.kill('SIGHUP');
       await server.waitFor((l) => l.msg === 'configuration reloaded');
       // Alternating connections reach both workers; two refusals stay under a worker's share (2) of max 4.
-      for (let i = 0; i < 4; i++) assert.equal((await request(url, '/api/r', { headers: { 'x-api-key': NEW_KEY } })).status, 200);
-      for (let i = 0; i < 2; i++) assert.equal((await request(url, '/api/r', { headers: { 'x-api-key': KEY } })).status, 401);
+      for (let i = 0; i < 4; i++)
+        assert.equal((await request(url, '/api/r', { headers: { 'x-api-key': NEW_KEY } })).status, 200);
+      for (let i = 0; i < 2; i++)
+        assert.equal((await request(url, '/api/r', { headers: { 'x-api-key': KEY } })).status, 401);
     } finally {
       await server.stop();
     }
   });
 
   it('a SIGHUP while the workers are still starting does not end gatehouse: the reload is made once started (found by an outside attack: exit 129, no log line)', async () => {
-    const server = startServerProcess(writeConfig('early-hup.json5', KEY), { env: { NODE_CLUSTER_SCHED_POLICY: 'rr' } });
+    const server = startServerProcess(writeConfig('early-hup.json5', KEY), {
+      env: { NODE_CLUSTER_SCHED_POLICY: 'rr' },
+    });
     try {
       // Before the workers are up (they take a second or more to start).
       await server.waitFor((l) => l.msg?.startsWith('gatehouse starting'));
@@ -156,7 +174,11 @@ describe('gateway.workers: 2', () => {
       await server.waitFor((l) => l.msg === 'gateway listening' && l.worker === 3);
       const before = upstream.received.length;
       for (let i = 0; i < 4; i++) {
-        assert.equal((await request(url, '/api/after-restart', { headers: { 'x-api-key': KEY } })).status, 429, `request ${i}`);
+        assert.equal(
+          (await request(url, '/api/after-restart', { headers: { 'x-api-key': KEY } })).status,
+          429,
+          `request ${i}`,
+        );
       }
       assert.equal(upstream.received.length, before);
     } finally {
@@ -167,7 +189,10 @@ describe('gateway.workers: 2', () => {
   it('a port already in use fails the start with exit 1', async () => {
     const taken = upstream.url.split(':').pop();
     const file = path.join(dir, 'taken.json5');
-    writeFileSync(file, `{ gateway: { listen: { port: ${taken} }, workers: 2, upstream: { target: "${upstream.url}" }, auth: { apiKey: "${KEY}" } } }`);
+    writeFileSync(
+      file,
+      `{ gateway: { listen: { port: ${taken} }, workers: 2, upstream: { target: "${upstream.url}" }, auth: { apiKey: "${KEY}" } } }`,
+    );
     const server = startServerProcess(file);
     assert.equal(await server.stop('SIGCONT'), 1); // stop() waits for the exit; SIGCONT is harmless
   });

@@ -3,7 +3,12 @@ import { describe, it } from 'node:test';
 import { parseExpiry } from '../../src/cli/gateway.js';
 import { parseConfig } from '../../src/config/load.js';
 import { ConfigError, UsageError } from '../../src/errors.js';
-import { ApiKeyVerifier, generateApiKey, hasValidKeyChecksum, hashApiKey } from '../../src/gateway/credentials/api-key.js';
+import {
+  ApiKeyVerifier,
+  generateApiKey,
+  hasValidKeyChecksum,
+  hashApiKey,
+} from '../../src/gateway/credentials/api-key.js';
 
 const BASE62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz';
 const KEY_FORMAT = /^gth_[0-9A-Za-z]{38}$/;
@@ -43,7 +48,17 @@ describe('api key format: hasValidKeyChecksum', () => {
 
   it('is false for wrong lengths, prefixes and characters', () => {
     const key = generateApiKey();
-    for (const bad of ['', 'gth_', key.slice(0, -1), key + 'a', key.replace('gth_', 'ghp_'), key.replace('gth_', 'GTH_'), key.slice(0, 10) + '-' + key.slice(11), ` ${key}`, `${key}\n`]) {
+    for (const bad of [
+      '',
+      'gth_',
+      key.slice(0, -1),
+      key + 'a',
+      key.replace('gth_', 'ghp_'),
+      key.replace('gth_', 'GTH_'),
+      key.slice(0, 10) + '-' + key.slice(11),
+      ` ${key}`,
+      `${key}\n`,
+    ]) {
       assert.equal(hasValidKeyChecksum(bad), false, JSON.stringify(bad));
     }
   });
@@ -75,15 +90,27 @@ describe('api key verification: ApiKeyVerifier', () => {
   });
 
   it('the plain gateway.auth.apiKey is reported as id "default"', () => {
-    assert.deepEqual(verifier.verify(plainKey, now), { ok: true, id: 'default', grant: { id: 'default', scopes: [], rateLimit: undefined } });
+    assert.deepEqual(verifier.verify(plainKey, now), {
+      ok: true,
+      id: 'default',
+      grant: { id: 'default', scopes: [], rateLimit: undefined },
+    });
   });
 
   it('a hashed key is reported under its id', () => {
-    assert.deepEqual(verifier.verify(current, now), { ok: true, id: 'ci', grant: { id: 'ci', scopes: [], rateLimit: undefined } });
+    assert.deepEqual(verifier.verify(current, now), {
+      ok: true,
+      id: 'ci',
+      grant: { id: 'ci', scopes: [], rateLimit: undefined },
+    });
   });
 
   it('a key is valid until just before expiresAt and expired from then on', () => {
-    assert.deepEqual(verifier.verify(expiring, now - 1), { ok: true, id: 'old', grant: { id: 'old', scopes: [], rateLimit: undefined } });
+    assert.deepEqual(verifier.verify(expiring, now - 1), {
+      ok: true,
+      id: 'old',
+      grant: { id: 'old', scopes: [], rateLimit: undefined },
+    });
     assert.deepEqual(verifier.verify(expiring, now), { ok: false, reason: 'expired' });
     assert.deepEqual(verifier.verify(expiring, now + 86_400_000), { ok: false, reason: 'expired' });
   });
@@ -113,13 +140,18 @@ describe('api key verification: ApiKeyVerifier', () => {
 
   it('a hand-made plain apiKey using the gth_ prefix is refused at config load (it could never match)', () => {
     const lookalike = 'gth_my-own-handmade-secret-0123456789abcdef';
-    assert.deepEqual(new ApiKeyVerifier({ apiKey: lookalike, apiKeys: [] }).verify(lookalike, now), { ok: false, reason: 'malformed' });
+    assert.deepEqual(new ApiKeyVerifier({ apiKey: lookalike, apiKeys: [] }).verify(lookalike, now), {
+      ok: false,
+      reason: 'malformed',
+    });
     assert.throws(
       () => parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: lookalike } } }),
       (err: unknown) => err instanceof ConfigError && err.problems.some((p) => p.startsWith('gateway.auth.apiKey:')),
     );
     const generated = generateApiKey();
-    assert.doesNotThrow(() => parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: generated } } }));
+    assert.doesNotThrow(() =>
+      parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: generated } } }),
+    );
   });
 });
 
@@ -141,7 +173,20 @@ describe('api key expiry: parseExpiry (gatehouse gateway api-key generate --expi
   });
 
   it('throws UsageError on values that are neither', () => {
-    for (const bad of ['', 'soon', '90', 'd', '90D', '-1d', '1.5d', '90 d', '3s', 'tomorrow', '01/02/2030', '2030-13-01']) {
+    for (const bad of [
+      '',
+      'soon',
+      '90',
+      'd',
+      '90D',
+      '-1d',
+      '1.5d',
+      '90 d',
+      '3s',
+      'tomorrow',
+      '01/02/2030',
+      '2030-13-01',
+    ]) {
       assert.throws(() => parseExpiry(bad, now), UsageError, JSON.stringify(bad));
     }
   });

@@ -13,7 +13,11 @@ describe('client ip: without trusted proxies the socket address is the client', 
   const resolve = createClientIpResolver([]);
 
   it('uses the socket address', () => {
-    assert.deepEqual(resolve(fakeRequest('203.0.113.9')), { ip: '203.0.113.9', chain: ['203.0.113.9'], viaTrustedProxy: false });
+    assert.deepEqual(resolve(fakeRequest('203.0.113.9')), {
+      ip: '203.0.113.9',
+      chain: ['203.0.113.9'],
+      viaTrustedProxy: false,
+    });
   });
 
   it('ignores X-Forwarded-For entirely', () => {
@@ -97,7 +101,11 @@ describe('client ip: with trusted proxies X-Forwarded-For is walked from the rig
   });
 
   it('no socket address: ip undefined, empty chain, not via a trusted proxy', () => {
-    assert.deepEqual(resolve(fakeRequest(undefined, '198.51.100.7')), { ip: undefined, chain: [], viaTrustedProxy: false });
+    assert.deepEqual(resolve(fakeRequest(undefined, '198.51.100.7')), {
+      ip: undefined,
+      chain: [],
+      viaTrustedProxy: false,
+    });
   });
 
   it('trusted proxies given as IPv6 and CIDR', () => {

@@ -24,7 +24,17 @@ describe('ip allow-list: parseAddress accepts only canonical address forms', () 
   });
 
   it('rejects hex, octal, shortened and padded IPv4 forms that some parsers read as other addresses', () => {
-    for (const value of ['0x7f.0.0.1', '0177.0.0.1', '127.0.0.01', '127.1', '2130706433', '127.0.0.1.', ' 127.0.0.1', '127.0.0.1 ', '256.0.0.1']) {
+    for (const value of [
+      '0x7f.0.0.1',
+      '0177.0.0.1',
+      '127.0.0.01',
+      '127.1',
+      '2130706433',
+      '127.0.0.1.',
+      ' 127.0.0.1',
+      '127.0.0.1 ',
+      '256.0.0.1',
+    ]) {
       assert.equal(parseAddress(value), undefined, value);
     }
   });
@@ -37,11 +47,36 @@ describe('ip allow-list: parseAddress accepts only canonical address forms', () 
 });
 
 describe('ip allow-list: isValidAddressRange (config validation)', () => {
-  const valid = ['10.0.0.0/8', '10.0.0.0/32', '0.0.0.0/0', '192.168.1.1', '::1', 'fe80::/10', '::/0', '2001:db8::/128', '::ffff:10.0.0.0/104', '::ffff:10.0.0.1'];
+  const valid = [
+    '10.0.0.0/8',
+    '10.0.0.0/32',
+    '0.0.0.0/0',
+    '192.168.1.1',
+    '::1',
+    'fe80::/10',
+    '::/0',
+    '2001:db8::/128',
+    '::ffff:10.0.0.0/104',
+    '::ffff:10.0.0.1',
+  ];
   for (const value of valid) {
     it(`accepts ${value}`, () => assert.equal(isValidAddressRange(value), true));
   }
-  const invalid = ['10.0.0.0/33', '::/129', '10.0.0.0/', '10.0.0.0/-1', '10.0.0.0/8/8', '10.0.0.0/x', '10.0.0.0/1000', '::ffff:10.0.0.0/95', '::ffff:10.0.0.0/129', '127.1', '0x7f.0.0.1/8', 'foo', ''];
+  const invalid = [
+    '10.0.0.0/33',
+    '::/129',
+    '10.0.0.0/',
+    '10.0.0.0/-1',
+    '10.0.0.0/8/8',
+    '10.0.0.0/x',
+    '10.0.0.0/1000',
+    '::ffff:10.0.0.0/95',
+    '::ffff:10.0.0.0/129',
+    '127.1',
+    '0x7f.0.0.1/8',
+    'foo',
+    '',
+  ];
   for (const value of invalid) {
     it(`rejects ${JSON.stringify(value)}`, () => assert.equal(isValidAddressRange(value), false));
   }

@@ -7,15 +7,24 @@ import { JwtVerifier } from '../../src/gateway/credentials/jwt.js';
 const SECRET = 'jwt-cache-secret-0123456789abcdefghijkl';
 
 async function verifierWith(jwt: Record<string, unknown>) {
-  const config = parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { bearer: { jwt: { secret: SECRET, clockToleranceSeconds: 0, ...jwt } } } } });
+  const config = parseConfig({
+    gateway: {
+      upstream: { target: 'http://127.0.0.1:1' },
+      auth: { bearer: { jwt: { secret: SECRET, clockToleranceSeconds: 0, ...jwt } } },
+    },
+  });
   return JwtVerifier.create(config.gateway.auth.bearer!.jwt);
 }
 
 /** The verdict and subject (the claims ride along; the cache returns the same ones). */
-const subjectOf = (check: Awaited<ReturnType<JwtVerifier['verify']>>) => (check.ok ? { ok: true, subject: check.subject } : check);
+const subjectOf = (check: Awaited<ReturnType<JwtVerifier['verify']>>) =>
+  check.ok ? { ok: true, subject: check.subject } : check;
 
 const sign = (expSeconds: number, sub = 'cached-user') =>
-  new SignJWT({ sub }).setProtectedHeader({ alg: 'HS256' }).setExpirationTime(expSeconds).sign(new TextEncoder().encode(SECRET));
+  new SignJWT({ sub })
+    .setProtectedHeader({ alg: 'HS256' })
+    .setExpirationTime(expSeconds)
+    .sign(new TextEncoder().encode(SECRET));
 
 describe('jwt: the verified-token cache', () => {
   it('a cached token stops passing once its exp is reached', async () => {

@@ -1,14 +1,27 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { FailureLockout, MemoryLockoutStore, type LockoutAdmission, type LockoutSettings, type LockoutSlot } from '../../src/http/lockout.js';
+import {
+  FailureLockout,
+  MemoryLockoutStore,
+  type LockoutAdmission,
+  type LockoutSettings,
+  type LockoutSlot,
+} from '../../src/http/lockout.js';
 
 const settings: LockoutSettings = { max: 3, windowSeconds: 60, lockoutSeconds: 300 };
 
 /** A FailureLockout on a fresh memory store with a clock the test moves by hand. */
-function lockoutWithClock(options: { settings?: LockoutSettings; store?: MemoryLockoutStore; namespace?: string } = {}) {
+function lockoutWithClock(
+  options: { settings?: LockoutSettings; store?: MemoryLockoutStore; namespace?: string } = {},
+) {
   const clock = { now: 1_700_000_000_000 };
   const store = options.store ?? new MemoryLockoutStore();
-  const lockout = new FailureLockout(store, options.settings ?? settings, options.namespace ?? 'gateway', () => clock.now);
+  const lockout = new FailureLockout(
+    store,
+    options.settings ?? settings,
+    options.namespace ?? 'gateway',
+    () => clock.now,
+  );
   return { clock, store, lockout };
 }
 
@@ -28,7 +41,10 @@ function fail(lockout: FailureLockout, ip: string): number {
 /** Whether a promise has settled, after the microtasks queued so far have run. */
 async function settled<T>(promise: Promise<T>): Promise<{ done: true; value: T } | { done: false }> {
   const pending = Symbol('pending');
-  const value = await Promise.race([promise, new Promise<typeof pending>((resolve) => setImmediate(() => resolve(pending)))]);
+  const value = await Promise.race([
+    promise,
+    new Promise<typeof pending>((resolve) => setImmediate(() => resolve(pending))),
+  ]);
   return value === pending ? { done: false } : { done: true, value: value as T };
 }
 
@@ -194,9 +210,12 @@ describe('failure lockout: concurrent checks of one client (slots)', () => {
     ((await waiter) as LockoutSlot).succeeded();
   });
 
-  it('a waiter re-checks when woken: a lock that arrived meanwhile (another process\'s verdict) refuses it', async () => {
+  it("a waiter re-checks when woken: a lock that arrived meanwhile (another process's verdict) refuses it", async () => {
     const store = new MemoryLockoutStore();
-    const { clock, lockout } = lockoutWithClock({ store, settings: { max: 1, windowSeconds: 60, lockoutSeconds: 300 } });
+    const { clock, lockout } = lockoutWithClock({
+      store,
+      settings: { max: 1, windowSeconds: 60, lockoutSeconds: 300 },
+    });
     const a = slotNow(lockout, '192.0.2.1');
     const waiter = lockout.acquire('192.0.2.1') as Promise<LockoutAdmission>;
     store.lockUntil('gateway:192.0.2.1', clock.now + 42_000, clock.now);
@@ -204,7 +223,7 @@ describe('failure lockout: concurrent checks of one client (slots)', () => {
     assert.equal(await waiter, 42);
   });
 
-  it('other clients are not held up by a client\'s waiting requests', () => {
+  it("other clients are not held up by a client's waiting requests", () => {
     const { lockout } = lockoutWithClock({ settings: { max: 1, windowSeconds: 60, lockoutSeconds: 300 } });
     slotNow(lockout, 'e');
     assert.ok(lockout.acquire('e') instanceof Promise);
@@ -281,7 +300,10 @@ describe('failure lockout: the memory store at capacity', () => {
 
   it('locks are never dropped before they expire; past maxLocks, a client at max is refused for its window instead', () => {
     const store = new MemoryLockoutStore({ maxLocks: 2 });
-    const { clock, lockout } = lockoutWithClock({ store, settings: { max: 1, windowSeconds: 60, lockoutSeconds: 300 } });
+    const { clock, lockout } = lockoutWithClock({
+      store,
+      settings: { max: 1, windowSeconds: 60, lockoutSeconds: 300 },
+    });
     assert.equal(fail(lockout, 'a'), 300);
     assert.equal(fail(lockout, 'b'), 300);
     assert.equal(fail(lockout, 'c'), 0, 'the lock table is full of locks in force: no lock for c');
@@ -296,23 +318,37 @@ describe('failure lockout: the memory store at capacity', () => {
     assert.equal(lockout.lockedFor('a'), 0);
   });
 
-  it('activeLocks and lockUntil: the locks in force, and another process\'s verdict', () => {
+  it("activeLocks and lockUntil: the locks in force, and another process's verdict", () => {
     const store = new MemoryLockoutStore();
-    const { clock, lockout } = lockoutWithClock({ store, settings: { max: 1, windowSeconds: 60, lockoutSeconds: 300 } });
+    const { clock, lockout } = lockoutWithClock({
+      store,
+      settings: { max: 1, windowSeconds: 60, lockoutSeconds: 300 },
+    });
     fail(lockout, 'a');
     store.lockUntil('gateway:b', clock.now + 10_000, clock.now);
     store.lockUntil('gateway:a', clock.now + 1_000, clock.now); // an earlier end never shortens a lock
-    assert.deepEqual(store.activeLocks(clock.now), [['gateway:a', clock.now + 300_000], ['gateway:b', clock.now + 10_000]]);
+    assert.deepEqual(store.activeLocks(clock.now), [
+      ['gateway:a', clock.now + 300_000],
+      ['gateway:b', clock.now + 10_000],
+    ]);
     assert.equal(lockout.lockedFor('b'), 10);
     clock.now += 10_000;
-    assert.deepEqual(store.activeLocks(clock.now).map(([key]) => key), ['gateway:a']);
+    assert.deepEqual(
+      store.activeLocks(clock.now).map(([key]) => key),
+      ['gateway:a'],
+    );
   });
 });
 
 describe('lockout: IPv6 clients are counted per /64', () => {
   it('failures from addresses of one /64 add up; another /64 is unaffected; IPv4 stays per address', () => {
     const store = new MemoryLockoutStore();
-    const lockout = new FailureLockout(store, { max: 2, windowSeconds: 60, lockoutSeconds: 60 }, 'test', () => 1_000_000);
+    const lockout = new FailureLockout(
+      store,
+      { max: 2, windowSeconds: 60, lockoutSeconds: 60 },
+      'test',
+      () => 1_000_000,
+    );
     fail(lockout, '2001:db8:1:2::1');
     fail(lockout, '2001:db8:1:2:ffff::9');
     assert.ok(lockout.lockedFor('2001:db8:1:2::abcd') > 0);
@@ -323,7 +359,12 @@ describe('lockout: IPv6 clients are counted per /64', () => {
   });
 
   it('concurrent checks from addresses of one /64 share its slots', () => {
-    const lockout = new FailureLockout(new MemoryLockoutStore(), { max: 1, windowSeconds: 60, lockoutSeconds: 60 }, 'test', () => 1_000_000);
+    const lockout = new FailureLockout(
+      new MemoryLockoutStore(),
+      { max: 1, windowSeconds: 60, lockoutSeconds: 60 },
+      'test',
+      () => 1_000_000,
+    );
     slotNow(lockout, '2001:db8:1:2::1');
     assert.ok(lockout.acquire('2001:db8:1:2::2') instanceof Promise);
   });

@@ -16,7 +16,14 @@ function assertRejected(url: string, code: 'not_found' | 'invalid_path', status:
 }
 
 describe('path gate: unambiguous paths under /api/ are forwarded', () => {
-  for (const url of ['/api/x', '/api/a/b?q=1&x=%2F', '/api/%41', '/api/', '/api/v1/items-42_~.json', "/api/x?q=a'b&r=..%2f"]) {
+  for (const url of [
+    '/api/x',
+    '/api/a/b?q=1&x=%2F',
+    '/api/%41',
+    '/api/',
+    '/api/v1/items-42_~.json',
+    "/api/x?q=a'b&r=..%2f",
+  ]) {
     it(`allows ${url}`, () => {
       assert.equal(gate(url), undefined);
     });

@@ -1,4 +1,3 @@
-import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { createUpstreamProxy } from '../../src/gateway/proxy.js';
 

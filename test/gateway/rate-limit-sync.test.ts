@@ -16,7 +16,14 @@ function manualClock(start = 1_000_000) {
   return { now: () => now, advance: (ms: number) => (now += ms) };
 }
 
-const key = (keyId: string): Identity => ({ methods: ['api-key'], subject: keyId, keyId, scopes: [], claims: undefined, keyRateLimit: undefined });
+const key = (keyId: string): Identity => ({
+  methods: ['api-key'],
+  subject: keyId,
+  keyId,
+  scopes: [],
+  claims: undefined,
+  keyRateLimit: undefined,
+});
 
 /**
  * A store whose answers the test scripts: `levels` is what "the other instances" left in each
@@ -63,7 +70,10 @@ describe('token buckets: spend collected, shared level settled', () => {
     buckets.take('b', 0, buckets.available('b', 0));
     const first: [string, number][] = [];
     buckets.collectSpent((k, n) => first.push([k, n]));
-    assert.deepEqual(first, [['a', 3], ['b', 1]]);
+    assert.deepEqual(first, [
+      ['a', 3],
+      ['b', 1],
+    ]);
     buckets.take('a', 100, buckets.available('a', 100)); // while the sync travels
     buckets.settle('a', 2, 0); // the shared level at collection time: others spent 5
     assert.equal(buckets.available('a', 0), 1, 'level 2 less the one taken in flight');
@@ -77,7 +87,9 @@ describe('token buckets: spend collected, shared level settled', () => {
 });
 
 describe('rate limits synced through a store', () => {
-  const limits = parseConfig({ gateway: { upstream: { target: 'http://127.0.0.1:1' }, rateLimits: [{ by: 'key', requests: 10, per: '10s' }] } }).gateway.rateLimits;
+  const limits = parseConfig({
+    gateway: { upstream: { target: 'http://127.0.0.1:1' }, rateLimits: [{ by: 'key', requests: 10, per: '10s' }] },
+  }).gateway.rateLimits;
 
   it('a debt left by other instances refuses here, with Retry-After from the shared level', async () => {
     const clock = manualClock();
@@ -95,14 +107,22 @@ describe('rate limits synced through a store', () => {
     assert.notEqual(bucket, 'ci', 'the row is a digest, not the key id');
     // Other instances spent 12 meanwhile: the row says −3 after this instance's next spend is merged.
     store.shared.set(bucket!, -2);
-    assert.equal(limiter.check('GET', '/api/x', key('ci'), '1.1.1.1').refused, undefined, 'decided locally (8 left here)');
+    assert.equal(
+      limiter.check('GET', '/api/x', key('ci'), '1.1.1.1').refused,
+      undefined,
+      'decided locally (8 left here)',
+    );
     await sync.syncNow();
     const refused = limiter.check('GET', '/api/x', key('ci'), '1.1.1.1').refused!;
     assert.equal(refused.code, 'rate_limited');
     assert.equal(refused.headers!['retry-after'], '4', 'from −3 to 1 token at 1 per second');
     assert.equal(refused.headers!.ratelimit, '"key";r=0;t=13');
     clock.advance(4_000);
-    assert.equal(limiter.check('GET', '/api/x', key('ci'), '1.1.1.1').refused, undefined, 'the refill pays the debt back');
+    assert.equal(
+      limiter.check('GET', '/api/x', key('ci'), '1.1.1.1').refused,
+      undefined,
+      'the refill pays the debt back',
+    );
     await sync.close();
   });
 
@@ -129,9 +149,15 @@ describe('rate limits synced through a store', () => {
       statuses.push(limiter.check('GET', '/api/x', key('ci'), '1.1.1.1').refused?.code);
       await sync.syncNow(); // every round fails
     }
-    assert.deepEqual(statuses, [...Array(10).fill(undefined), 'rate_limited', 'rate_limited'], 'this process alone still allows exactly its bucket');
+    assert.deepEqual(
+      statuses,
+      [...Array(10).fill(undefined), 'rate_limited', 'rate_limited'],
+      'this process alone still allows exactly its bucket',
+    );
     assert.equal(sync.shared, false);
-    assert.deepEqual(lines, [['warn', 'postgres unreachable: rate limits are counted by this process alone until it is back']]);
+    assert.deepEqual(lines, [
+      ['warn', 'postgres unreachable: rate limits are counted by this process alone until it is back'],
+    ]);
 
     store.down = false;
     clock.advance(1_000);

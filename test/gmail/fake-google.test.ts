@@ -10,7 +10,14 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { gmail, type gmail_v1 } from '@googleapis/gmail';
 import { CodeChallengeMethod, OAuth2Client } from 'google-auth-library';
 import { createRemoteJWKSet, jwtVerify } from 'jose';
-import { DISCOVERY_METHODS, FAKE_CLIENT, GMAIL_PUSH_SERVICE_ACCOUNT, SCOPES, startFakeGoogle, type FakeGoogle } from '../helpers/fake-google.js';
+import {
+  DISCOVERY_METHODS,
+  FAKE_CLIENT,
+  GMAIL_PUSH_SERVICE_ACCOUNT,
+  SCOPES,
+  startFakeGoogle,
+  type FakeGoogle,
+} from '../helpers/fake-google.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 
 const PROJECT = FAKE_CLIENT.projectId;
@@ -42,7 +49,13 @@ function gmailClient(fake: FakeGoogle, auth: OAuth2Client): gmail_v1.Gmail {
 }
 
 /** A Pub/Sub v1 REST call through the authorised client, like the integration makes it. */
-async function pubsub<T = any>(fake: FakeGoogle, auth: OAuth2Client, method: string, path: string, data?: unknown): Promise<T> {
+async function pubsub<T = any>(
+  fake: FakeGoogle,
+  auth: OAuth2Client,
+  method: string,
+  path: string,
+  data?: unknown,
+): Promise<T> {
   const res = await auth.request<T>({ url: `${fake.url}v1/${path}`, method: method as 'GET', data });
   return res.data;
 }
@@ -54,8 +67,12 @@ async function signIn(fake: FakeGoogle, scopes: string[] = ALL_SCOPES): Promise<
     const client = oauthClient(fake, `${loopback.url}/oauth2callback`);
     const { codeVerifier, codeChallenge } = await client.generateCodeVerifierAsync();
     const authUrl = client.generateAuthUrl({
-      access_type: 'offline', prompt: 'consent', scope: scopes, state: 'st-1',
-      code_challenge: codeChallenge, code_challenge_method: CodeChallengeMethod.S256,
+      access_type: 'offline',
+      prompt: 'consent',
+      scope: scopes,
+      state: 'st-1',
+      code_challenge: codeChallenge,
+      code_challenge_method: CodeChallengeMethod.S256,
     });
     // The browser follows the 302 to the app's loopback listener, which reads the code.
     await fetch(await followConsent(authUrl));
@@ -89,10 +106,13 @@ async function failure(promise: Promise<unknown>): Promise<{ status: number; dat
 
 /** What `gatehouse webhooks gmail setup` will do: create what is missing, touch nothing else. */
 async function ensureTopicAndGrant(fake: FakeGoogle, auth: OAuth2Client): Promise<void> {
-  const exists = await pubsub(fake, auth, 'GET', TOPIC).then(() => true, (err) => {
-    if (err.response?.status !== 404) throw err;
-    return false;
-  });
+  const exists = await pubsub(fake, auth, 'GET', TOPIC).then(
+    () => true,
+    (err) => {
+      if (err.response?.status !== 404) throw err;
+      return false;
+    },
+  );
   if (!exists) await pubsub(fake, auth, 'PUT', TOPIC, {});
   const policy = await pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy`);
   const member = `serviceAccount:${GMAIL_PUSH_SERVICE_ACCOUNT}`;
@@ -121,10 +141,18 @@ describe('OAuth 2.0: authorization code with PKCE, refresh', () => {
     assert.equal(authorize.query.access_type, 'offline');
     const exchange = fake.calls.find((c) => c.path === '/token')!.body as Record<string, string>;
     assert.equal(exchange.grant_type, 'authorization_code');
-    assert.ok(exchange.code_verifier && exchange.client_secret === FAKE_CLIENT.clientSecret, 'verifier and secret sent in the form');
+    assert.ok(
+      exchange.code_verifier && exchange.client_secret === FAKE_CLIENT.clientSecret,
+      'verifier and secret sent in the form',
+    );
 
     const profile = await gmailClient(fake, client).users.getProfile({ userId: 'me' });
-    assert.deepEqual(profile.data, { emailAddress: 'alice@example.com', messagesTotal: 0, threadsTotal: 0, historyId: '1000' });
+    assert.deepEqual(profile.data, {
+      emailAddress: 'alice@example.com',
+      messagesTotal: 0,
+      threadsTotal: 0,
+      historyId: '1000',
+    });
     const byEmail = await gmailClient(fake, client).users.getProfile({ userId: 'alice@example.com' });
     assert.equal(byEmail.data.emailAddress, 'alice@example.com');
     const other = await failure(gmailClient(fake, client).users.getProfile({ userId: 'bob@example.com' }));
@@ -135,7 +163,13 @@ describe('OAuth 2.0: authorization code with PKCE, refresh', () => {
     const client = oauthClient(fake);
     const { codeVerifier, codeChallenge } = await client.generateCodeVerifierAsync();
     const other = await client.generateCodeVerifierAsync();
-    const authUrl = client.generateAuthUrl({ access_type: 'offline', scope: ALL_SCOPES, state: 's', code_challenge: codeChallenge, code_challenge_method: CodeChallengeMethod.S256 });
+    const authUrl = client.generateAuthUrl({
+      access_type: 'offline',
+      scope: ALL_SCOPES,
+      state: 's',
+      code_challenge: codeChallenge,
+      code_challenge_method: CodeChallengeMethod.S256,
+    });
     const code = (await followConsent(authUrl)).searchParams.get('code')!;
 
     const wrong = await failure(client.getToken({ code, codeVerifier: other.codeVerifier }));
@@ -144,7 +178,15 @@ describe('OAuth 2.0: authorization code with PKCE, refresh', () => {
     const reused = await failure(client.getToken({ code, codeVerifier }));
     assert.deepEqual(reused.data, { error: 'invalid_grant', error_description: 'Bad Request' });
 
-    const code2 = (await followConsent(client.generateAuthUrl({ scope: ALL_SCOPES, code_challenge: codeChallenge, code_challenge_method: CodeChallengeMethod.S256 }))).searchParams.get('code')!;
+    const code2 = (
+      await followConsent(
+        client.generateAuthUrl({
+          scope: ALL_SCOPES,
+          code_challenge: codeChallenge,
+          code_challenge_method: CodeChallengeMethod.S256,
+        }),
+      )
+    ).searchParams.get('code')!;
     const missing = await failure(client.getToken({ code: code2 }));
     assert.equal(missing.data.error_description, 'Missing code verifier.');
   });
@@ -152,12 +194,23 @@ describe('OAuth 2.0: authorization code with PKCE, refresh', () => {
   it('redirect_uri must match, the secret must be right, and without access_type=offline there is no refresh token', async () => {
     const client = oauthClient(fake);
     const { codeVerifier, codeChallenge } = await client.generateCodeVerifierAsync();
-    const url = client.generateAuthUrl({ scope: ALL_SCOPES, code_challenge: codeChallenge, code_challenge_method: CodeChallengeMethod.S256 });
+    const url = client.generateAuthUrl({
+      scope: ALL_SCOPES,
+      code_challenge: codeChallenge,
+      code_challenge_method: CodeChallengeMethod.S256,
+    });
     const code = (await followConsent(url)).searchParams.get('code')!;
-    const mismatch = await failure(client.getToken({ code, codeVerifier, redirect_uri: 'http://127.0.0.1:9/elsewhere' }));
+    const mismatch = await failure(
+      client.getToken({ code, codeVerifier, redirect_uri: 'http://127.0.0.1:9/elsewhere' }),
+    );
     assert.equal(mismatch.data.error, 'redirect_uri_mismatch');
 
-    const badSecret = new OAuth2Client({ clientId: FAKE_CLIENT.clientId, clientSecret: 'nope', redirectUri: 'http://127.0.0.1:8085/cb', endpoints: fake.endpoints });
+    const badSecret = new OAuth2Client({
+      clientId: FAKE_CLIENT.clientId,
+      clientSecret: 'nope',
+      redirectUri: 'http://127.0.0.1:8085/cb',
+      endpoints: fake.endpoints,
+    });
     const code2 = (await followConsent(badSecret.generateAuthUrl({ scope: ALL_SCOPES }))).searchParams.get('code')!;
     assert.equal((await failure(badSecret.getToken(code2))).status, 401);
 
@@ -166,7 +219,9 @@ describe('OAuth 2.0: authorization code with PKCE, refresh', () => {
     assert.ok(tokens.access_token);
     assert.equal(tokens.refresh_token, undefined);
 
-    const page = await fetch(client.generateAuthUrl({ scope: ALL_SCOPES, redirect_uri: 'https://evil.example/cb' }), { redirect: 'manual' });
+    const page = await fetch(client.generateAuthUrl({ scope: ALL_SCOPES, redirect_uri: 'https://evil.example/cb' }), {
+      redirect: 'manual',
+    });
     assert.equal(page.status, 400, 'an unregistered redirect_uri gets an error page, not a redirect');
     assert.equal(page.headers.get('location'), null);
   });
@@ -251,7 +306,9 @@ describe('Pub/Sub v1 REST and Gmail watch', () => {
 
   it('topic: 404 before, created, 409 on re-create, with Google error bodies', async () => {
     const missing = await failure(pubsub(fake, auth, 'GET', TOPIC));
-    assert.deepEqual(missing.data, { error: { code: 404, message: 'Resource not found (resource=gatehouse-gmail).', status: 'NOT_FOUND' } });
+    assert.deepEqual(missing.data, {
+      error: { code: 404, message: 'Resource not found (resource=gatehouse-gmail).', status: 'NOT_FOUND' },
+    });
     assert.deepEqual(await pubsub(fake, auth, 'PUT', TOPIC, {}), { name: TOPIC });
     assert.deepEqual(await pubsub(fake, auth, 'GET', TOPIC), { name: TOPIC });
     const again = await failure(pubsub(fake, auth, 'PUT', TOPIC, {}));
@@ -263,23 +320,34 @@ describe('Pub/Sub v1 REST and Gmail watch', () => {
     const users = gmailClient(fake, auth).users;
     const denied = await failure(users.watch({ userId: 'me', requestBody: { topicName: TOPIC, labelIds: ['INBOX'] } }));
     assert.equal(denied.status, 403);
-    assert.match(denied.data.error.message, /^Error sending test message to Cloud PubSub .* User not authorized to perform this action\.$/);
+    assert.match(
+      denied.data.error.message,
+      /^Error sending test message to Cloud PubSub .* User not authorized to perform this action\.$/,
+    );
     assert.equal(denied.data.error.errors[0].reason, 'forbidden');
-    const elsewhere = await failure(users.watch({ userId: 'me', requestBody: { topicName: 'projects/other/topics/t' } }));
+    const elsewhere = await failure(
+      users.watch({ userId: 'me', requestBody: { topicName: 'projects/other/topics/t' } }),
+    );
     assert.equal(elsewhere.status, 400);
-    const absent = await failure(users.watch({ userId: 'me', requestBody: { topicName: `projects/${PROJECT}/topics/absent` } }));
+    const absent = await failure(
+      users.watch({ userId: 'me', requestBody: { topicName: `projects/${PROJECT}/topics/absent` } }),
+    );
     assert.equal(absent.status, 404);
   });
 
   it('IAM: empty policy, grant with etag, stale etag refused, and a second setup changes nothing', async () => {
     assert.deepEqual(await pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy`), { etag: 'ACAB' });
-    const stale = await failure(pubsub(fake, auth, 'POST', `${TOPIC}:setIamPolicy`, { policy: { etag: 'BwZZZZZZZZ0=', bindings: [] } }));
+    const stale = await failure(
+      pubsub(fake, auth, 'POST', `${TOPIC}:setIamPolicy`, { policy: { etag: 'BwZZZZZZZZ0=', bindings: [] } }),
+    );
     assert.equal(stale.status, 409);
     assert.equal(stale.data.error.status, 'ABORTED');
 
     await ensureTopicAndGrant(fake, auth);
     const policy = fake.state.iamPolicies.get(TOPIC)!;
-    assert.deepEqual(policy.bindings, [{ role: 'roles/pubsub.publisher', members: [`serviceAccount:${GMAIL_PUSH_SERVICE_ACCOUNT}`] }]);
+    assert.deepEqual(policy.bindings, [
+      { role: 'roles/pubsub.publisher', members: [`serviceAccount:${GMAIL_PUSH_SERVICE_ACCOUNT}`] },
+    ]);
     assert.equal(policy.version, 1);
 
     const mark = fake.calls.length;
@@ -290,16 +358,32 @@ describe('Pub/Sub v1 REST and Gmail watch', () => {
 
   it('subscriptions: pull, push with OIDC, patch, 404 for a missing topic', async () => {
     const pull = await pubsub(fake, auth, 'PUT', PULL_SUB, { topic: TOPIC, ackDeadlineSeconds: 10 });
-    assert.deepEqual(pull, { name: PULL_SUB, topic: TOPIC, pushConfig: {}, ackDeadlineSeconds: 10, messageRetentionDuration: '604800s' });
+    assert.deepEqual(pull, {
+      name: PULL_SUB,
+      topic: TOPIC,
+      pushConfig: {},
+      ackDeadlineSeconds: 10,
+      messageRetentionDuration: '604800s',
+    });
     assert.equal((await failure(pubsub(fake, auth, 'PUT', PULL_SUB, { topic: TOPIC }))).status, 409);
-    const orphan = await failure(pubsub(fake, auth, 'PUT', `projects/${PROJECT}/subscriptions/orphan`, { topic: `projects/${PROJECT}/topics/nope` }));
+    const orphan = await failure(
+      pubsub(fake, auth, 'PUT', `projects/${PROJECT}/subscriptions/orphan`, {
+        topic: `projects/${PROJECT}/topics/nope`,
+      }),
+    );
     assert.equal(orphan.data.error.message, 'Resource not found (resource=nope).');
 
-    const pushConfig = { pushEndpoint: 'https://gatehouse.example/hooks/gmail', oidcToken: { serviceAccountEmail: `push@${PROJECT}.iam.gserviceaccount.com`, audience: 'gatehouse-gmail' } };
+    const pushConfig = {
+      pushEndpoint: 'https://gatehouse.example/hooks/gmail',
+      oidcToken: { serviceAccountEmail: `push@${PROJECT}.iam.gserviceaccount.com`, audience: 'gatehouse-gmail' },
+    };
     const push = await pubsub(fake, auth, 'PUT', PUSH_SUB, { topic: TOPIC, pushConfig });
     assert.deepEqual(push.pushConfig, pushConfig);
     const moved = { ...pushConfig, pushEndpoint: 'https://gatehouse.example/hooks/gmail2' };
-    const patched = await pubsub(fake, auth, 'PATCH', PUSH_SUB, { subscription: { pushConfig: moved }, updateMask: 'pushConfig' });
+    const patched = await pubsub(fake, auth, 'PATCH', PUSH_SUB, {
+      subscription: { pushConfig: moved },
+      updateMask: 'pushConfig',
+    });
     assert.equal(patched.pushConfig.pushEndpoint, moved.pushEndpoint);
     assert.equal((await pubsub(fake, auth, 'GET', PUSH_SUB)).pushConfig.pushEndpoint, moved.pushEndpoint);
     const noMask = await failure(pubsub(fake, auth, 'PATCH', PUSH_SUB, { subscription: { pushConfig } }));
@@ -309,7 +393,10 @@ describe('Pub/Sub v1 REST and Gmail watch', () => {
   });
 
   it('watch answers historyId and a 7-day expiration; addEmail is then notified on the topic', async () => {
-    const res = await gmailClient(fake, auth).users.watch({ userId: 'me', requestBody: { topicName: TOPIC, labelIds: ['INBOX'], labelFilterBehavior: 'include' } });
+    const res = await gmailClient(fake, auth).users.watch({
+      userId: 'me',
+      requestBody: { topicName: TOPIC, labelIds: ['INBOX'], labelFilterBehavior: 'include' },
+    });
     assert.equal(res.data.historyId, '1000');
     const expiration = Number(res.data.expiration);
     assert.ok(Math.abs(expiration - (Date.now() + 7 * 86_400_000)) < 60_000, `expiration ${res.data.expiration}`);
@@ -346,23 +433,45 @@ describe('Gmail: history and messages', () => {
   it('history.list from a watch historyId lists the added message; messages.get renders metadata and full', async () => {
     const start = (await users.getProfile({ userId: 'me' })).data.historyId!;
     const mail = fake.addEmail({
-      from: 'Bob <bob@example.com>', to: 'alice@example.com', subject: 'Invoice #7', text: 'Total: 5 < 7 & "done"',
-      html: '<p>Total: <b>5</b></p>', date: new Date('2025-03-01T10:00:00Z'),
+      from: 'Bob <bob@example.com>',
+      to: 'alice@example.com',
+      subject: 'Invoice #7',
+      text: 'Total: 5 < 7 & "done"',
+      html: '<p>Total: <b>5</b></p>',
+      date: new Date('2025-03-01T10:00:00Z'),
     });
     fake.addEmail({ from: 'carol@example.com', subject: 'Sent', text: 'x', labels: ['SENT'] });
 
-    const history = await users.history.list({ userId: 'me', startHistoryId: start, historyTypes: ['messageAdded'], labelId: 'INBOX' });
-    assert.deepEqual(history.data.history, [{
-      id: mail.historyId,
-      messages: [{ id: mail.id, threadId: mail.id }],
-      messagesAdded: [{ message: { id: mail.id, threadId: mail.id, labelIds: ['INBOX'] } }],
-    }]);
+    const history = await users.history.list({
+      userId: 'me',
+      startHistoryId: start,
+      historyTypes: ['messageAdded'],
+      labelId: 'INBOX',
+    });
+    assert.deepEqual(history.data.history, [
+      {
+        id: mail.historyId,
+        messages: [{ id: mail.id, threadId: mail.id }],
+        messagesAdded: [{ message: { id: mail.id, threadId: mail.id, labelIds: ['INBOX'] } }],
+      },
+    ]);
     assert.equal(history.data.historyId, fake.state.mailboxes.get('alice@example.com')!.historyId.toString());
     const upToDate = await users.history.list({ userId: 'me', startHistoryId: history.data.historyId! });
     assert.deepEqual(upToDate.data, { historyId: history.data.historyId });
 
-    const meta = await users.messages.get({ userId: 'me', id: mail.id, format: 'metadata', metadataHeaders: ['From', 'subject'] });
-    assert.deepEqual(meta.data.payload, { mimeType: 'multipart/alternative', headers: [{ name: 'Subject', value: 'Invoice #7' }, { name: 'From', value: 'Bob <bob@example.com>' }] });
+    const meta = await users.messages.get({
+      userId: 'me',
+      id: mail.id,
+      format: 'metadata',
+      metadataHeaders: ['From', 'subject'],
+    });
+    assert.deepEqual(meta.data.payload, {
+      mimeType: 'multipart/alternative',
+      headers: [
+        { name: 'Subject', value: 'Invoice #7' },
+        { name: 'From', value: 'Bob <bob@example.com>' },
+      ],
+    });
     assert.equal(meta.data.internalDate, String(Date.parse('2025-03-01T10:00:00Z')));
     assert.equal(meta.data.snippet, 'Total: 5 &lt; 7 &amp; &quot;done&quot;');
     assert.deepEqual(meta.data.labelIds, ['INBOX']);
@@ -370,7 +479,10 @@ describe('Gmail: history and messages', () => {
 
     const full = (await users.messages.get({ userId: 'me', id: mail.id, format: 'full' })).data.payload!;
     assert.equal(full.mimeType, 'multipart/alternative');
-    assert.deepEqual(full.parts!.map((p) => p.mimeType), ['text/plain', 'text/html']);
+    assert.deepEqual(
+      full.parts!.map((p) => p.mimeType),
+      ['text/plain', 'text/html'],
+    );
     const decode = (data: string | null | undefined) => Buffer.from(data!, 'base64url').toString('utf8');
     assert.equal(decode(full.parts![0]!.body!.data), 'Total: 5 < 7 & "done"');
     assert.equal(decode(full.parts![1]!.body!.data), '<p>Total: <b>5</b></p>');
@@ -384,13 +496,34 @@ describe('Gmail: history and messages', () => {
   it('messages.list filters by label and q, newest first, and pages', async () => {
     const list = await users.messages.list({ userId: 'me', labelIds: ['INBOX'], maxResults: 10 });
     assert.equal(list.data.resultSizeEstimate, 1);
-    fake.addEmail({ from: 'dave@example.com', subject: 'Second', text: 'later', date: new Date('2025-03-02T00:00:00Z') });
+    fake.addEmail({
+      from: 'dave@example.com',
+      subject: 'Second',
+      text: 'later',
+      date: new Date('2025-03-02T00:00:00Z'),
+    });
     const page1 = await users.messages.list({ userId: 'me', labelIds: ['INBOX'], maxResults: 1 });
     assert.equal(page1.data.messages!.length, 1);
     assert.ok(page1.data.nextPageToken);
-    const page2 = await users.messages.list({ userId: 'me', labelIds: ['INBOX'], maxResults: 1, pageToken: page1.data.nextPageToken! });
-    const subjects = await Promise.all([page1, page2].map(async (p) =>
-      (await users.messages.get({ userId: 'me', id: p.data.messages![0]!.id!, format: 'metadata', metadataHeaders: ['Subject'] })).data.payload!.headers![0]!.value));
+    const page2 = await users.messages.list({
+      userId: 'me',
+      labelIds: ['INBOX'],
+      maxResults: 1,
+      pageToken: page1.data.nextPageToken!,
+    });
+    const subjects = await Promise.all(
+      [page1, page2].map(
+        async (p) =>
+          (
+            await users.messages.get({
+              userId: 'me',
+              id: p.data.messages![0]!.id!,
+              format: 'metadata',
+              metadataHeaders: ['Subject'],
+            })
+          ).data.payload!.headers![0]!.value,
+      ),
+    );
     assert.deepEqual(subjects, ['Second', 'Invoice #7']);
     const byQuery = await users.messages.list({ userId: 'me', q: 'from:bob subject:invoice' });
     assert.equal(byQuery.data.messages!.length, 1);
@@ -402,8 +535,10 @@ describe('Gmail: history and messages', () => {
     const old = await failure(users.history.list({ userId: 'me', startHistoryId: '1000' }));
     assert.equal(old.status, 404);
     assert.deepEqual(old.data.error, {
-      code: 404, message: 'Requested entity was not found.',
-      errors: [{ message: 'Requested entity was not found.', domain: 'global', reason: 'notFound' }], status: 'NOT_FOUND',
+      code: 404,
+      message: 'Requested entity was not found.',
+      errors: [{ message: 'Requested entity was not found.', domain: 'global', reason: 'notFound' }],
+      status: 'NOT_FOUND',
     });
     const fresh = await users.history.list({ userId: 'me', startHistoryId: String(box.historyId) });
     assert.equal(fresh.status, 200);
@@ -458,14 +593,20 @@ describe('Pub/Sub delivery: pull redelivery and push with OIDC', () => {
     const serviceAccount = `gatehouse-push@${PROJECT}.iam.gserviceaccount.com`;
     await pubsub(fake, auth, 'PUT', PUSH_SUB, {
       topic: TOPIC,
-      pushConfig: { pushEndpoint: `${endpoint.url}/hooks/gmail`, oidcToken: { serviceAccountEmail: serviceAccount, audience: 'https://gatehouse.example/hooks/gmail' } },
+      pushConfig: {
+        pushEndpoint: `${endpoint.url}/hooks/gmail`,
+        oidcToken: { serviceAccountEmail: serviceAccount, audience: 'https://gatehouse.example/hooks/gmail' },
+      },
     });
     await gmailClient(fake, auth).users.watch({ userId: 'me', requestBody: { topicName: TOPIC, labelIds: ['INBOX'] } });
     statuses.push(503, 500);
     const mail = fake.addEmail({ from: 'bob@example.com', subject: 'pushed', text: 'hi' });
     await fake.pushIdle();
 
-    assert.deepEqual(fake.pushAttempts.map((a) => a.status), [503, 500, 204]);
+    assert.deepEqual(
+      fake.pushAttempts.map((a) => a.status),
+      [503, 500, 204],
+    );
     assert.equal(endpoint.received.length, 3);
     const req = endpoint.received[2]!;
     assert.equal(req.method, 'POST');
@@ -473,18 +614,27 @@ describe('Pub/Sub delivery: pull redelivery and push with OIDC', () => {
     const body = JSON.parse(req.body);
     assert.equal(body.subscription, PUSH_SUB);
     assert.equal(body.message.messageId, body.message.message_id);
-    assert.deepEqual(JSON.parse(Buffer.from(body.message.data, 'base64').toString()), { emailAddress: 'alice@example.com', historyId: Number(mail.historyId) });
+    assert.deepEqual(JSON.parse(Buffer.from(body.message.data, 'base64').toString()), {
+      emailAddress: 'alice@example.com',
+      historyId: Number(mail.historyId),
+    });
 
     const token = /^Bearer (.+)$/.exec(req.headers.authorization!)![1]!;
     const jwks = createRemoteJWKSet(new URL(fake.jwksUrl));
-    const { payload, protectedHeader } = await jwtVerify(token, jwks, { issuer: 'https://accounts.google.com', audience: 'https://gatehouse.example/hooks/gmail' });
+    const { payload, protectedHeader } = await jwtVerify(token, jwks, {
+      issuer: 'https://accounts.google.com',
+      audience: 'https://gatehouse.example/hooks/gmail',
+    });
     assert.equal(protectedHeader.alg, 'RS256');
     assert.equal(payload.email, serviceAccount);
     assert.equal(payload.email_verified, true);
     assert.equal(payload.exp! - payload.iat!, 3600);
 
     // google-auth-library's own verifier works against the fake too (it fetches the PEM key set).
-    const ticket = await new OAuth2Client({ endpoints: fake.endpoints }).verifyIdToken({ idToken: token, audience: 'https://gatehouse.example/hooks/gmail' });
+    const ticket = await new OAuth2Client({ endpoints: fake.endpoints }).verifyIdToken({
+      idToken: token,
+      audience: 'https://gatehouse.example/hooks/gmail',
+    });
     assert.equal(ticket.getPayload()!.email, serviceAccount);
     // The pull subscription on the same topic got its copy as well.
     assert.equal((await pubsub(fake, auth, 'POST', `${PULL_SUB}:pull`, { maxMessages: 5 })).receivedMessages.length, 1);
@@ -492,14 +642,27 @@ describe('Pub/Sub delivery: pull redelivery and push with OIDC', () => {
 
   it('signOidcToken makes the tokens a verifier must reject', async () => {
     const jwks = createRemoteJWKSet(new URL(fake.jwksUrl));
-    const verify = (token: string) => jwtVerify(token, jwks, { issuer: 'https://accounts.google.com', audience: 'gatehouse' });
+    const verify = (token: string) =>
+      jwtVerify(token, jwks, { issuer: 'https://accounts.google.com', audience: 'gatehouse' });
     await verify(await fake.signOidcToken({ aud: 'gatehouse' }));
-    await assert.rejects(verify(await fake.signOidcToken({ aud: 'someone-else' })), { code: 'ERR_JWT_CLAIM_VALIDATION_FAILED' });
+    await assert.rejects(verify(await fake.signOidcToken({ aud: 'someone-else' })), {
+      code: 'ERR_JWT_CLAIM_VALIDATION_FAILED',
+    });
     const past = Math.floor(Date.now() / 1000) - 7200;
-    await assert.rejects(verify(await fake.signOidcToken({ aud: 'gatehouse', iat: past, exp: past + 3600 })), { code: 'ERR_JWT_EXPIRED' });
-    await assert.rejects(verify(await fake.signOidcToken({ aud: 'gatehouse' }, { signer: 'stranger' })), { code: 'ERR_JWS_SIGNATURE_VERIFICATION_FAILED' });
-    const { payload } = await verify(await fake.signOidcToken({ aud: 'gatehouse', email: 'intruder@evil.iam.gserviceaccount.com' }));
-    assert.equal(payload.email, 'intruder@evil.iam.gserviceaccount.com', 'a good signature with the wrong email: the app must check email itself');
+    await assert.rejects(verify(await fake.signOidcToken({ aud: 'gatehouse', iat: past, exp: past + 3600 })), {
+      code: 'ERR_JWT_EXPIRED',
+    });
+    await assert.rejects(verify(await fake.signOidcToken({ aud: 'gatehouse' }, { signer: 'stranger' })), {
+      code: 'ERR_JWS_SIGNATURE_VERIFICATION_FAILED',
+    });
+    const { payload } = await verify(
+      await fake.signOidcToken({ aud: 'gatehouse', email: 'intruder@evil.iam.gserviceaccount.com' }),
+    );
+    assert.equal(
+      payload.email,
+      'intruder@evil.iam.gserviceaccount.com',
+      'a good signature with the wrong email: the app must check email itself',
+    );
   });
 });
 
@@ -513,14 +676,22 @@ describe('failure injection and client retry behaviour', () => {
   after(() => fake.close());
 
   it('failNext answers Google error bodies for the matching calls only', async () => {
-    fake.failNext({ method: 'PUT', path: /\/topics\// }, { status: 403, message: 'The caller does not have permission', times: 2 });
+    fake.failNext(
+      { method: 'PUT', path: /\/topics\// },
+      { status: 403, message: 'The caller does not have permission', times: 2 },
+    );
     for (let i = 0; i < 2; i++) {
       const denied = await failure(pubsub(fake, auth, 'PUT', TOPIC, {}));
-      assert.deepEqual(denied.data, { error: { code: 403, message: 'The caller does not have permission', status: 'PERMISSION_DENIED' } });
+      assert.deepEqual(denied.data, {
+        error: { code: 403, message: 'The caller does not have permission', status: 'PERMISSION_DENIED' },
+      });
     }
     assert.deepEqual(await pubsub(fake, auth, 'PUT', TOPIC, {}), { name: TOPIC });
 
-    fake.failNext({ path: '/gmail/v1/users/me/profile' }, { status: 429, message: 'Too many concurrent requests for user.', reason: 'rateLimitExceeded' });
+    fake.failNext(
+      { path: '/gmail/v1/users/me/profile' },
+      { status: 429, message: 'Too many concurrent requests for user.', reason: 'rateLimitExceeded' },
+    );
     const limited = await failure(gmailClient(fake, auth).users.getProfile({ userId: 'me' }));
     assert.equal(limited.status, 429);
     assert.equal(limited.data.error.errors[0].reason, 'rateLimitExceeded');
@@ -532,7 +703,10 @@ describe('failure injection and client retry behaviour', () => {
     try {
       const res = await failure(pubsub(fake, auth, 'GET', TOPIC));
       assert.equal(res.status, 403);
-      assert.match(res.data.error.message, /^Cloud Pub\/Sub API has not been used in project 123456789012 before or it is disabled\./);
+      assert.match(
+        res.data.error.message,
+        /^Cloud Pub\/Sub API has not been used in project 123456789012 before or it is disabled\./,
+      );
       assert.equal(res.data.error.details[0].reason, 'SERVICE_DISABLED');
     } finally {
       fake.disableApi('pubsub', false);
@@ -543,14 +717,20 @@ describe('failure injection and client retry behaviour', () => {
     const retrying = gmail({ version: 'v1', auth: gmailAuth(auth), rootUrl: fake.url });
     const profileCalls = () => fake.calls.filter((c) => c.path === '/gmail/v1/users/me/profile').length;
     let n = profileCalls();
-    fake.failNext({ path: '/gmail/v1/users/me/profile' }, { status: 503, message: 'The service is currently unavailable.' });
+    fake.failNext(
+      { path: '/gmail/v1/users/me/profile' },
+      { status: 503, message: 'The service is currently unavailable.' },
+    );
     const started = Date.now();
     assert.equal((await retrying.users.getProfile({ userId: 'me' })).status, 200);
     assert.equal(profileCalls() - n, 2, 'one failure, one retry');
     assert.ok(Date.now() - started >= 90, 'the first retry waits about 100 ms');
 
     n = profileCalls();
-    fake.failNext({ path: '/gmail/v1/users/me/profile' }, { status: 503, message: 'The service is currently unavailable.' });
+    fake.failNext(
+      { path: '/gmail/v1/users/me/profile' },
+      { status: 503, message: 'The service is currently unavailable.' },
+    );
     assert.equal((await failure(gmailClient(fake, auth).users.getProfile({ userId: 'me' }))).status, 503);
     assert.equal(profileCalls() - n, 1);
 
@@ -558,7 +738,10 @@ describe('failure injection and client retry behaviour', () => {
     fake.failNext({ path: '/gmail/v1/users/me/watch' }, { status: 500, message: 'Backend Error' });
     const watchCalls = () => fake.calls.filter((c) => c.path.endsWith('/watch')).length;
     const w = watchCalls();
-    assert.equal((await failure(retrying.users.watch({ userId: 'me', requestBody: { topicName: TOPIC } }))).status, 500);
+    assert.equal(
+      (await failure(retrying.users.watch({ userId: 'me', requestBody: { topicName: TOPIC } }))).status,
+      500,
+    );
     assert.equal(watchCalls() - w, 1);
 
     // OAuth2Client.request (the Pub/Sub path) does not retry unless asked.
@@ -574,11 +757,14 @@ describe('failure injection and client retry behaviour', () => {
     await auth.refreshAccessToken();
     assert.equal(fake.calls.filter((c) => c.path === '/token').length - n, 2);
     fake.failNext({ path: '/token' }, { status: 400, message: 'Bad Request', reason: 'invalid_grant' });
-    assert.deepEqual((await failure(auth.refreshAccessToken())).data, { error: 'invalid_grant', error_description: 'Bad Request' });
+    assert.deepEqual((await failure(auth.refreshAccessToken())).data, {
+      error: 'invalid_grant',
+      error_description: 'Bad Request',
+    });
   });
 });
 
-describe('Google\'s published contract: the fake routes and checks by the discovery documents', () => {
+describe("Google's published contract: the fake routes and checks by the discovery documents", () => {
   let fake: FakeGoogle;
   let auth: OAuth2Client;
   before(async () => {
@@ -596,7 +782,9 @@ describe('Google\'s published contract: the fake routes and checks by the discov
       // gmail.users.history.list → users.history.list({ userId, … }): its path parameters only.
       const [resource, verb] = [id.split('.').slice(2, -1), id.split('.').at(-1)!];
       const target = resource.reduce((r, key) => r[key], users);
-      const params: Record<string, unknown> = Object.fromEntries([...path.matchAll(/\{\+?([^}]+)\}/g)].map(([, name]) => [name, name === 'userId' ? 'me' : '0000000000000000']));
+      const params: Record<string, unknown> = Object.fromEntries(
+        [...path.matchAll(/\{\+?([^}]+)\}/g)].map(([, name]) => [name, name === 'userId' ? 'me' : '0000000000000000']),
+      );
       if (verb === 'watch') params.requestBody = { topicName: TOPIC };
       await target[verb].call(target, params).catch(() => undefined);
       assert.equal(last().discoveryId, id, `${id}: ${last().method} ${last().path}`);
@@ -604,9 +792,13 @@ describe('Google\'s published contract: the fake routes and checks by the discov
     }
   });
 
-  it('a wrong HTTP method or path gets Google\'s HTML 404 page: getIamPolicy is GET, not POST', async () => {
+  it("a wrong HTTP method or path gets Google's HTML 404 page: getIamPolicy is GET, not POST", async () => {
     await pubsub(fake, auth, 'PUT', TOPIC, {});
-    const wrong = await fetch(`${fake.url}v1/${TOPIC}:getIamPolicy`, { method: 'POST', headers: { authorization: `Bearer ${auth.credentials.access_token}`, 'content-type': 'application/json' }, body: '{}' });
+    const wrong = await fetch(`${fake.url}v1/${TOPIC}:getIamPolicy`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${auth.credentials.access_token}`, 'content-type': 'application/json' },
+      body: '{}',
+    });
     assert.equal(wrong.status, 404);
     assert.match(wrong.headers.get('content-type')!, /^text\/html/);
     const page = await wrong.text();
@@ -617,8 +809,15 @@ describe('Google\'s published contract: the fake routes and checks by the discov
     const right = await pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy?options.requestedPolicyVersion=3`);
     assert.equal(typeof right.etag, 'string');
     assert.equal(last().discoveryId, 'pubsub.projects.topics.getIamPolicy');
-    for (const path of ['/v1/projects/gatehouse-test/topics/gatehouse-gmail:nope', '/gmail/v1/users/me/watches', '/v2/projects/p/topics/t', '/gmail/v1/users/me/messages/0000000000000000/labels']) {
-      const res = await fetch(`${fake.url}${path.slice(1)}`, { headers: { authorization: `Bearer ${auth.credentials.access_token}` } });
+    for (const path of [
+      '/v1/projects/gatehouse-test/topics/gatehouse-gmail:nope',
+      '/gmail/v1/users/me/watches',
+      '/v2/projects/p/topics/t',
+      '/gmail/v1/users/me/messages/0000000000000000/labels',
+    ]) {
+      const res = await fetch(`${fake.url}${path.slice(1)}`, {
+        headers: { authorization: `Bearer ${auth.credentials.access_token}` },
+      });
       assert.equal(res.status, 404, path);
       assert.match(res.headers.get('content-type')!, /^text\/html/, path);
     }
@@ -628,19 +827,37 @@ describe('Google\'s published contract: the fake routes and checks by the discov
   });
 
   it('users.watch: labelFilterBehavior must be "include" or "exclude" (lower case); either proto3 spelling of the name is accepted', async () => {
-    await pubsub(fake, auth, 'POST', `${TOPIC}:setIamPolicy`, { policy: { bindings: [{ role: 'roles/pubsub.publisher', members: [`serviceAccount:${GMAIL_PUSH_SERVICE_ACCOUNT}`] }] } });
+    await pubsub(fake, auth, 'POST', `${TOPIC}:setIamPolicy`, {
+      policy: {
+        bindings: [{ role: 'roles/pubsub.publisher', members: [`serviceAccount:${GMAIL_PUSH_SERVICE_ACCOUNT}`] }],
+      },
+    });
     const users = gmailClient(fake, auth).users;
-    const upper = await failure(users.watch({ userId: 'me', requestBody: { topicName: TOPIC, labelIds: ['INBOX'], labelFilterBehavior: 'INCLUDE' } }));
+    const upper = await failure(
+      users.watch({
+        userId: 'me',
+        requestBody: { topicName: TOPIC, labelIds: ['INBOX'], labelFilterBehavior: 'INCLUDE' },
+      }),
+    );
     assert.equal(upper.status, 400);
     assert.equal(upper.data.error.status, 'INVALID_ARGUMENT');
     assert.equal(upper.data.error.message, 'Invalid value at \'label_filter_behavior\' (TYPE_ENUM), "INCLUDE"');
     assert.equal(last().refused, 'invalid');
     assert.equal(fake.state.watches.size, 0, 'no watch made');
 
-    await users.watch({ userId: 'me', requestBody: { topicName: TOPIC, labelIds: ['INBOX'], labelFilterBehavior: 'include' } });
+    await users.watch({
+      userId: 'me',
+      requestBody: { topicName: TOPIC, labelIds: ['INBOX'], labelFilterBehavior: 'include' },
+    });
     assert.equal(fake.state.watches.get('alice@example.com')!.labelFilterBehavior, 'include');
-    await users.watch({ userId: 'me', requestBody: { topic_name: TOPIC, label_ids: ['SPAM'], label_filter_behavior: 'exclude' } as object });
-    assert.deepEqual({ ...fake.state.watches.get('alice@example.com')!, historyId: '', expiration: '' }, { topicName: TOPIC, labelIds: ['SPAM'], labelFilterBehavior: 'exclude', historyId: '', expiration: '' });
+    await users.watch({
+      userId: 'me',
+      requestBody: { topic_name: TOPIC, label_ids: ['SPAM'], label_filter_behavior: 'exclude' } as object,
+    });
+    assert.deepEqual(
+      { ...fake.state.watches.get('alice@example.com')!, historyId: '', expiration: '' },
+      { topicName: TOPIC, labelIds: ['SPAM'], labelFilterBehavior: 'exclude', historyId: '', expiration: '' },
+    );
   });
 
   it('an undocumented field, query parameter or enum value, or a wrong JSON type, is 400 INVALID_ARGUMENT', async () => {
@@ -652,18 +869,43 @@ describe('Google\'s published contract: the fake routes and checks by the discov
       assert.equal(last().refused, 'invalid');
     };
     const sub = `projects/${PROJECT}/subscriptions/contract-check`;
-    await refused(pubsub(fake, auth, 'PUT', sub, { topic: TOPIC, pushConfig: { pushEndpoint: 'https://x.example/', oidc: {} } }),
-      /^Invalid JSON payload received\. Unknown name "oidc" at 'push_config': Cannot find field\.$/);
-    await refused(pubsub(fake, auth, 'PUT', sub, { topic: TOPIC, ackDeadlineSeconds: 'sixty' }), /^Invalid value at 'ack_deadline_seconds' \(TYPE_INT32\), "sixty"$/);
+    await refused(
+      pubsub(fake, auth, 'PUT', sub, { topic: TOPIC, pushConfig: { pushEndpoint: 'https://x.example/', oidc: {} } }),
+      /^Invalid JSON payload received\. Unknown name "oidc" at 'push_config': Cannot find field\.$/,
+    );
+    await refused(
+      pubsub(fake, auth, 'PUT', sub, { topic: TOPIC, ackDeadlineSeconds: 'sixty' }),
+      /^Invalid value at 'ack_deadline_seconds' \(TYPE_INT32\), "sixty"$/,
+    );
     await refused(pubsub(fake, auth, 'GET', `${TOPIC}?view=FULL`), /Unknown name "view": Cannot bind query parameter/);
-    await refused(pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy?options.requestedPolicyVersion=three`), /\(TYPE_INT32\), "three"/);
-    await refused(pubsub(fake, auth, 'POST', `${TOPIC}:setIamPolicy`, { policy: { bindings: [{ role: 'roles/viewer', members: 'user:a@example.com' }] } }), /^Invalid value at 'policy\.bindings\[0\]\.members'/);
+    await refused(
+      pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy?options.requestedPolicyVersion=three`),
+      /\(TYPE_INT32\), "three"/,
+    );
+    await refused(
+      pubsub(fake, auth, 'POST', `${TOPIC}:setIamPolicy`, {
+        policy: { bindings: [{ role: 'roles/viewer', members: 'user:a@example.com' }] },
+      }),
+      /^Invalid value at 'policy\.bindings\[0\]\.members'/,
+    );
     const users = gmailClient(fake, auth).users;
-    await refused(users.messages.get({ userId: 'me', id: '0000000000000000', format: 'FULL' }), /^Invalid value at 'format' \(TYPE_ENUM\), "FULL"$/);
-    await refused(users.history.list({ userId: 'me', startHistoryId: '1', historyTypes: ['MESSAGE_ADDED'] }), /'history_types' \(TYPE_ENUM\)/);
-    await refused(users.stop({ userId: 'me', requestBody: { now: true } } as object), /Unknown name "now": Cannot find field/);
+    await refused(
+      users.messages.get({ userId: 'me', id: '0000000000000000', format: 'FULL' }),
+      /^Invalid value at 'format' \(TYPE_ENUM\), "FULL"$/,
+    );
+    await refused(
+      users.history.list({ userId: 'me', startHistoryId: '1', historyTypes: ['MESSAGE_ADDED'] }),
+      /'history_types' \(TYPE_ENUM\)/,
+    );
+    await refused(
+      users.stop({ userId: 'me', requestBody: { now: true } } as object),
+      /Unknown name "now": Cannot find field/,
+    );
     // A documented value the resource rejects is the method's own 400, not the contract's.
-    assert.equal((await failure(pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy?options.requestedPolicyVersion=2`))).status, 400);
+    assert.equal(
+      (await failure(pubsub(fake, auth, 'GET', `${TOPIC}:getIamPolicy?options.requestedPolicyVersion=2`))).status,
+      400,
+    );
     assert.equal(last().refused, undefined);
   });
 
@@ -674,9 +916,11 @@ describe('Google\'s published contract: the fake routes and checks by the discov
     assert.equal(last().discoveryId, 'pubsub.projects.topics.list');
   });
 
-  it('failNext can answer the front end\'s HTML page (a 502 while the backend is down)', async () => {
+  it("failNext can answer the front end's HTML page (a 502 while the backend is down)", async () => {
     fake.failNext({ path: `/v1/${TOPIC}` }, { status: 502, message: '', html: true });
-    const res = await fetch(`${fake.url}v1/${TOPIC}`, { headers: { authorization: `Bearer ${auth.credentials.access_token}` } });
+    const res = await fetch(`${fake.url}v1/${TOPIC}`, {
+      headers: { authorization: `Bearer ${auth.credentials.access_token}` },
+    });
     assert.equal(res.status, 502);
     assert.match(res.headers.get('content-type')!, /^text\/html/);
     assert.match(await res.text(), /<b>502\.<\/b> <ins>That’s an error\.<\/ins>/);

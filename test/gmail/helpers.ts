@@ -45,25 +45,48 @@ export interface Workspace {
 export function workspace(): Workspace {
   const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-gmail-'));
   const credentials = path.join(dir, 'client_secret.json');
-  writeFileSync(credentials, JSON.stringify({ installed: { client_id: FAKE_CLIENT.clientId, client_secret: FAKE_CLIENT.clientSecret, project_id: FAKE_CLIENT.projectId } }));
+  writeFileSync(
+    credentials,
+    JSON.stringify({
+      installed: {
+        client_id: FAKE_CLIENT.clientId,
+        client_secret: FAKE_CLIENT.clientSecret,
+        project_id: FAKE_CLIENT.projectId,
+      },
+    }),
+  );
   const key = newSecretKey();
-  const ws = { dir, db: path.join(dir, 'gatehouse.db'), credentials, config: path.join(dir, 'gatehouse.json5'), key, env: { GATEHOUSE_SECRET_KEY: key } };
+  const ws = {
+    dir,
+    db: path.join(dir, 'gatehouse.db'),
+    credentials,
+    config: path.join(dir, 'gatehouse.json5'),
+    key,
+    env: { GATEHOUSE_SECRET_KEY: key },
+  };
   writeConfig(ws);
   return ws;
 }
 
 /** Writes the workspace's config: its SQLite file, a loopback gateway, and `webhooks` as given. */
 export function writeConfig(ws: Workspace, webhooks?: Record<string, unknown>): void {
-  writeFileSync(ws.config, JSON.stringify({
-    storage: { path: ws.db },
-    log: { level: 'info' },
-    gateway: {
-      listen: { host: '127.0.0.1', port: 0 },
-      upstream: { target: 'http://127.0.0.1:9' },
-      auth: { apiKey: 'gmail-e2e-api-key-0123456789abcdefghijkl', failures: { max: 100 } },
-    },
-    ...(webhooks ? { webhooks } : {}),
-  }, null, 2));
+  writeFileSync(
+    ws.config,
+    JSON.stringify(
+      {
+        storage: { path: ws.db },
+        log: { level: 'info' },
+        gateway: {
+          listen: { host: '127.0.0.1', port: 0 },
+          upstream: { target: 'http://127.0.0.1:9' },
+          auth: { apiKey: 'gmail-e2e-api-key-0123456789abcdefghijkl', failures: { max: 100 } },
+        },
+        ...(webhooks ? { webhooks } : {}),
+      },
+      null,
+      2,
+    ),
+  );
 }
 
 /** `webhooks` for a run: the receiver on loopback, a `message` target, short retries, and the gmail section. */
@@ -88,7 +111,9 @@ export function accountRow(ws: Workspace): Record<string, any> | undefined {
   const db = new Database(ws.db, { readonly: true, fileMustExist: true });
   try {
     const exists = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'gmail_accounts'").get();
-    return exists ? (db.prepare('SELECT * FROM gmail_accounts WHERE account = ?').get(ACCOUNT) as Record<string, any> | undefined) : undefined;
+    return exists
+      ? (db.prepare('SELECT * FROM gmail_accounts WHERE account = ?').get(ACCOUNT) as Record<string, any> | undefined)
+      : undefined;
   } finally {
     db.close();
   }
@@ -110,10 +135,17 @@ export async function runSetup(
   fake: FakeGoogle,
   ws: Workspace,
   args: string[],
-  options: { env?: NodeJS.ProcessEnv; timeoutMs?: number; /** Pass --google-api-url <the fake> (default); false: the endpoints come from the config or client file. */ flag?: boolean } = {},
+  options: {
+    env?: NodeJS.ProcessEnv;
+    timeoutMs?: number;
+    /** Pass --google-api-url <the fake> (default); false: the endpoints come from the config or client file. */ flag?: boolean;
+  } = {},
 ): Promise<SetupRun> {
   const endpoint = options.flag === false ? [] : ['--google-api-url', fake.url];
-  const child = spawnCli(['webhooks', 'gmail', 'setup', '--account', ACCOUNT, '--config', ws.config, ...endpoint, '--no-browser', ...args], { env: options.env ?? ws.env });
+  const child = spawnCli(
+    ['webhooks', 'gmail', 'setup', '--account', ACCOUNT, '--config', ws.config, ...endpoint, '--no-browser', ...args],
+    { env: options.env ?? ws.env },
+  );
   const run: SetupRun = { code: null, stdout: '', stderr: '' };
   let browsing: Promise<void> | undefined;
   const look = () => {
@@ -125,11 +157,22 @@ export async function runSetup(
       const consent = await fetch(run.authUrl!, { redirect: 'manual' });
       const location = new URL(consent.headers.get('location') ?? 'http://invalid.invalid/');
       const back = await fetch(location);
-      run.browser = { consentStatus: consent.status, location, loopbackStatus: back.status, loopbackPage: await back.text() };
+      run.browser = {
+        consentStatus: consent.status,
+        location,
+        loopbackStatus: back.status,
+        loopbackPage: await back.text(),
+      };
     })();
   };
-  child.stdout!.on('data', (d) => { run.stdout += d; look(); });
-  child.stderr!.on('data', (d) => { run.stderr += d; look(); });
+  child.stdout!.on('data', (d) => {
+    run.stdout += d;
+    look();
+  });
+  child.stderr!.on('data', (d) => {
+    run.stderr += d;
+    look();
+  });
   const timer = setTimeout(() => child.kill('SIGKILL'), options.timeoutMs ?? 20_000);
   [run.code] = (await once(child, 'exit')) as [number | null];
   clearTimeout(timer);
@@ -171,7 +214,11 @@ export function stepLines(stdout: string): [string, string, string][] {
 export function queuedEvents(ws: Workspace): number {
   const db = new Database(ws.db, { readonly: true, fileMustExist: true });
   try {
-    return (db.prepare("SELECT count(*) AS n FROM events WHERE endpoint = ? AND status = 'queued'").get(ENDPOINT) as { n: number }).n;
+    return (
+      db.prepare("SELECT count(*) AS n FROM events WHERE endpoint = ? AND status = 'queued'").get(ENDPOINT) as {
+        n: number;
+      }
+    ).n;
   } finally {
     db.close();
   }
@@ -181,7 +228,11 @@ export function queuedEvents(ws: Workspace): number {
 export function committedIds(ws: Workspace): string[] {
   const db = new Database(ws.db, { readonly: true, fileMustExist: true });
   try {
-    return (db.prepare('SELECT idempotency_key AS id FROM events WHERE endpoint = ? ORDER BY received_at').all(ENDPOINT) as { id: string }[]).map((r) => r.id);
+    return (
+      db.prepare('SELECT idempotency_key AS id FROM events WHERE endpoint = ? ORDER BY received_at').all(ENDPOINT) as {
+        id: string;
+      }[]
+    ).map((r) => r.id);
   } finally {
     db.close();
   }
@@ -191,7 +242,11 @@ export function committedIds(ws: Workspace): string[] {
  * Runs `react` synchronously as the fake records a matching call, that is before the fake has
  * answered it (it records a call once the request is read, then routes it). Returns the undo.
  */
-export function onCall(fake: FakeGoogle, match: (call: RecordedCall) => boolean, react: (call: RecordedCall) => void): () => void {
+export function onCall(
+  fake: FakeGoogle,
+  match: (call: RecordedCall) => boolean,
+  react: (call: RecordedCall) => void,
+): () => void {
   const calls = fake.calls;
   calls.push = function push(this: RecordedCall[], ...items: RecordedCall[]) {
     for (const call of items) if (match(call)) react(call);
@@ -204,7 +259,15 @@ export function onCall(fake: FakeGoogle, match: (call: RecordedCall) => boolean,
 export async function pushesSettled(fake: FakeGoogle, timeoutMs = 15_000): Promise<void> {
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`pushes still pending after ${timeoutMs} ms; last attempts: ${JSON.stringify(fake.pushAttempts.slice(-5).map(({ authorization: _a, ...a }) => a))}`)), timeoutMs);
+    timer = setTimeout(
+      () =>
+        reject(
+          new Error(
+            `pushes still pending after ${timeoutMs} ms; last attempts: ${JSON.stringify(fake.pushAttempts.slice(-5).map(({ authorization: _a, ...a }) => a))}`,
+          ),
+        ),
+      timeoutMs,
+    );
   });
   try {
     await Promise.race([fake.pushIdle(), late]);
@@ -255,15 +318,24 @@ export async function startPushRelay(ws: Workspace): Promise<PushRelay> {
       const { message } = JSON.parse(body.toString('utf8')) as { message: { messageId: string; data: string } };
       const { historyId } = JSON.parse(Buffer.from(message.data, 'base64').toString('utf8')) as { historyId: number };
       const answer = (status: number, text: string) => {
-        relay.observed.push({ messageId: message.messageId, historyId: String(historyId), status, committed: committedIds(ws) });
+        relay.observed.push({
+          messageId: message.messageId,
+          historyId: String(historyId),
+          status,
+          committed: committedIds(ws),
+        });
         res.writeHead(status, { 'content-type': 'application/json' }).end(text);
       };
       if (!relay.forwardTo) return answer(503, '{"relay":"paused"}');
-      const out = http.request(`${relay.forwardTo}${req.url}`, { method: 'POST', headers: { ...req.headers, host: new URL(relay.forwardTo).host }, agent: false }, (back) => {
-        const parts: Buffer[] = [];
-        back.on('data', (c: Buffer) => parts.push(c));
-        back.on('end', () => answer(back.statusCode!, Buffer.concat(parts).toString('utf8')));
-      });
+      const out = http.request(
+        `${relay.forwardTo}${req.url}`,
+        { method: 'POST', headers: { ...req.headers, host: new URL(relay.forwardTo).host }, agent: false },
+        (back) => {
+          const parts: Buffer[] = [];
+          back.on('data', (c: Buffer) => parts.push(c));
+          back.on('end', () => answer(back.statusCode!, Buffer.concat(parts).toString('utf8')));
+        },
+      );
       out.on('error', () => answer(502, '{"relay":"gatehouse unreachable"}'));
       out.end(body);
     });
@@ -297,10 +369,14 @@ export async function startHoldingProxy(upstream: string, hold: (path: string) =
         await released;
       }
       const target = new URL(req.url ?? '/', upstream);
-      const out = http.request(target, { method: req.method, headers: { ...req.headers, host: target.host }, agent: false }, (back) => {
-        res.writeHead(back.statusCode!, back.headers);
-        back.pipe(res);
-      });
+      const out = http.request(
+        target,
+        { method: req.method, headers: { ...req.headers, host: target.host }, agent: false },
+        (back) => {
+          res.writeHead(back.statusCode!, back.headers);
+          back.pipe(res);
+        },
+      );
       out.on('error', () => res.destroy());
       out.end(Buffer.concat(chunks));
     });

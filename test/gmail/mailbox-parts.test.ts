@@ -8,12 +8,23 @@ const b64 = (text: string) => Buffer.from(text, 'utf8').toString('base64url');
 
 describe('gmail: the pure parts of reading a mailbox', () => {
   it('textBody prefers text/plain at any depth, else the HTML as text, else empty', () => {
-    const plainAndHtml = { mimeType: 'multipart/mixed', parts: [{ mimeType: 'multipart/alternative', parts: [
-      { mimeType: 'text/html', body: { data: b64('<p>html</p>') } },
-      { mimeType: 'text/plain', body: { data: b64('plain text') } },
-    ] }] };
+    const plainAndHtml = {
+      mimeType: 'multipart/mixed',
+      parts: [
+        {
+          mimeType: 'multipart/alternative',
+          parts: [
+            { mimeType: 'text/html', body: { data: b64('<p>html</p>') } },
+            { mimeType: 'text/plain', body: { data: b64('plain text') } },
+          ],
+        },
+      ],
+    };
     assert.equal(textBody(plainAndHtml), 'plain text');
-    const htmlOnly = { mimeType: 'text/html', body: { data: b64('<style>p{}</style><p>Hello <b>Ana</b></p><script>x()</script>') } };
+    const htmlOnly = {
+      mimeType: 'text/html',
+      body: { data: b64('<style>p{}</style><p>Hello <b>Ana</b></p><script>x()</script>') },
+    };
     assert.equal(textBody(htmlOnly), 'Hello Ana');
     assert.equal(textBody({ mimeType: 'image/png', body: { data: b64('png') } }), '');
     assert.equal(textBody(undefined), '');
@@ -27,16 +38,34 @@ describe('gmail: the pure parts of reading a mailbox', () => {
   });
 
   it('decodeEntities turns Gmail snippets into text', () => {
-    assert.equal(decodeEntities('Tom &amp; Jerry &lt;b&gt; &quot;hi&quot; it&#39;s &#x1F600; &bogus;'), 'Tom & Jerry <b> "hi" it\'s 😀 &bogus;');
+    assert.equal(
+      decodeEntities('Tom &amp; Jerry &lt;b&gt; &quot;hi&quot; it&#39;s &#x1F600; &bogus;'),
+      'Tom & Jerry <b> "hi" it\'s 😀 &bogus;',
+    );
     // An email's text is the sender's: names of Object.prototype are not entities.
-    assert.equal(decodeEntities('&constructor; &toString; &__proto__; &hasOwnProperty; &amp;'), '&constructor; &toString; &__proto__; &hasOwnProperty; &');
+    assert.equal(
+      decodeEntities('&constructor; &toString; &__proto__; &hasOwnProperty; &amp;'),
+      '&constructor; &toString; &__proto__; &hasOwnProperty; &',
+    );
   });
 
-  it('decodeNotification accepts Gmail\'s data (historyId as number or string) and nothing else', () => {
+  it("decodeNotification accepts Gmail's data (historyId as number or string) and nothing else", () => {
     const encode = (value: unknown) => Buffer.from(JSON.stringify(value)).toString('base64');
-    assert.deepEqual(decodeNotification(encode({ emailAddress: 'a@x.com', historyId: 1234 })), { emailAddress: 'a@x.com', historyId: '1234' });
-    assert.deepEqual(decodeNotification(encode({ emailAddress: 'a@x.com', historyId: '99999999999999999999' })), { emailAddress: 'a@x.com', historyId: '99999999999999999999' });
-    for (const bad of [undefined, 'not base64 json', encode({ emailAddress: 'a@x.com' }), encode({ emailAddress: 1, historyId: 1 }), encode({ emailAddress: 'a@x.com', historyId: '12a' })]) {
+    assert.deepEqual(decodeNotification(encode({ emailAddress: 'a@x.com', historyId: 1234 })), {
+      emailAddress: 'a@x.com',
+      historyId: '1234',
+    });
+    assert.deepEqual(decodeNotification(encode({ emailAddress: 'a@x.com', historyId: '99999999999999999999' })), {
+      emailAddress: 'a@x.com',
+      historyId: '99999999999999999999',
+    });
+    for (const bad of [
+      undefined,
+      'not base64 json',
+      encode({ emailAddress: 'a@x.com' }),
+      encode({ emailAddress: 1, historyId: 1 }),
+      encode({ emailAddress: 'a@x.com', historyId: '12a' }),
+    ]) {
       assert.equal(decodeNotification(bad), undefined);
     }
   });

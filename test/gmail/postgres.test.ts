@@ -17,7 +17,15 @@ import { postgresDatabases, type PostgresDatabases } from '../helpers/postgres.j
 import { runCli, startServerProcess, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import { waitFor } from '../helpers/wait.js';
-import { ACCOUNT, ENDPOINT, PUSH_SERVICE_ACCOUNT, runSetup, webhooksWith, workspace, type Workspace } from './helpers.js';
+import {
+  ACCOUNT,
+  ENDPOINT,
+  PUSH_SERVICE_ACCOUNT,
+  runSetup,
+  webhooksWith,
+  workspace,
+  type Workspace,
+} from './helpers.js';
 
 const cluster = await postgresDatabases();
 const skip = 'skip' in cluster ? cluster.skip : false;
@@ -27,35 +35,49 @@ after(async () => {
 
 /** The workspace's config on postgres, with `webhooks` as given. */
 function writePostgresConfig(ws: Workspace, webhooks?: Record<string, unknown>): void {
-  writeFileSync(ws.config, JSON.stringify({
-    storage: { driver: 'postgres', url: '${TEST_DATABASE_URL}', pool: { max: 4 } },
-    log: { level: 'info' },
-    gateway: {
-      listen: { host: '127.0.0.1', port: 0 },
-      upstream: { target: 'http://127.0.0.1:9' },
-      auth: { apiKey: 'gmail-pg-api-key-0123456789abcdefghijklmn', failures: { max: 100 } },
-    },
-    ...(webhooks ? { webhooks } : {}),
-  }, null, 2));
+  writeFileSync(
+    ws.config,
+    JSON.stringify(
+      {
+        storage: { driver: 'postgres', url: '${TEST_DATABASE_URL}', pool: { max: 4 } },
+        log: { level: 'info' },
+        gateway: {
+          listen: { host: '127.0.0.1', port: 0 },
+          upstream: { target: 'http://127.0.0.1:9' },
+          auth: { apiKey: 'gmail-pg-api-key-0123456789abcdefghijklmn', failures: { max: 100 } },
+        },
+        ...(webhooks ? { webhooks } : {}),
+      },
+      null,
+      2,
+    ),
+  );
 }
 
 /** Pub/Sub's push endpoint: each push goes to every instance at once; 2xx back only when all answered 2xx. */
 async function startFanOut(): Promise<{ url: string; targets: string[]; answers: number[][]; close(): Promise<void> }> {
   const fan = { url: '', targets: [] as string[], answers: [] as number[][], close: async () => {} };
-  const forward = (to: string, path: string, headers: http.IncomingHttpHeaders, body: Buffer) => new Promise<number>((resolve) => {
-    const out = http.request(`${to}${path}`, { method: 'POST', headers: { ...headers, host: new URL(to).host }, agent: false }, (back) => {
-      back.resume();
-      back.on('end', () => resolve(back.statusCode!));
+  const forward = (to: string, path: string, headers: http.IncomingHttpHeaders, body: Buffer) =>
+    new Promise<number>((resolve) => {
+      const out = http.request(
+        `${to}${path}`,
+        { method: 'POST', headers: { ...headers, host: new URL(to).host }, agent: false },
+        (back) => {
+          back.resume();
+          back.on('end', () => resolve(back.statusCode!));
+        },
+      );
+      out.on('error', () => resolve(502));
+      out.end(body);
     });
-    out.on('error', () => resolve(502));
-    out.end(body);
-  });
   const server = http.createServer((req, res) => {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', async () => {
       if (fan.targets.length === 0) return void res.writeHead(503).end();
-      const statuses = await Promise.all(fan.targets.map((t) => forward(t, req.url!, req.headers, Buffer.concat(chunks))));
+      const statuses = await Promise.all(
+        fan.targets.map((t) => forward(t, req.url!, req.headers, Buffer.concat(chunks))),
+      );
       fan.answers.push(statuses);
       res.writeHead(statuses.every((s) => s >= 200 && s < 300) ? 204 : 503).end();
     });
@@ -69,74 +91,102 @@ async function startFanOut(): Promise<{ url: string; targets: string[]; answers:
   return fan;
 }
 
-describe('gmail push on postgres: two instances, every notification to both at once', { skip, timeout: 180_000 }, () => {
-  let fake: FakeGoogle;
-  let ws: Workspace;
-  let target: RecordingServer;
-  let fan: Awaited<ReturnType<typeof startFanOut>>;
-  const servers: ServerProcess[] = [];
-  let url: string;
+describe(
+  'gmail push on postgres: two instances, every notification to both at once',
+  { skip, timeout: 180_000 },
+  () => {
+    let fake: FakeGoogle;
+    let ws: Workspace;
+    let target: RecordingServer;
+    let fan: Awaited<ReturnType<typeof startFanOut>>;
+    const servers: ServerProcess[] = [];
+    let url: string;
 
-  const deliveries = (mail: StoredEmail) => target.received.filter((r) => JSON.parse(r.body).payload?.id === mail.id);
+    const deliveries = (mail: StoredEmail) => target.received.filter((r) => JSON.parse(r.body).payload?.id === mail.id);
 
-  before(async () => {
-    url = await (cluster as PostgresDatabases).createDatabase();
-    fake = await startFakeGoogle({ timing: { pushMinBackoffMs: 50, pushMaxBackoffMs: 300, pushMaxAttempts: 60 } });
-    target = await startRecordingUpstream();
-    fan = await startFanOut();
-    ws = workspace();
-    ws.env = { ...ws.env, TEST_DATABASE_URL: url };
-    writePostgresConfig(ws);
-    const setup = await runSetup(fake, ws, ['--credentials', ws.credentials, '--json', '--push-endpoint', `${fan.url}/webhook/gmail`, '--push-service-account', PUSH_SERVICE_ACCOUNT]);
-    assert.equal(setup.code, 0, setup.stderr);
-    writePostgresConfig(ws, webhooksWith(JSON.parse(setup.stdout).section, target.url));
-    for (let i = 0; i < 2; i++) servers.push(startServerProcess(ws.config, { env: ws.env }));
-    const hooks = await Promise.all(servers.map((s) => s.waitFor((l) => l.msg === 'webhook receiver listening', 30_000)));
-    await Promise.all(servers.map((s) => s.waitFor((l) => l.msg === 'gmail integration running', 30_000)));
-    fan.targets = hooks.map((l) => l.url as string);
-  });
-  after(async () => {
-    await Promise.all(servers.map((s) => s.stop()));
-    await fan?.close();
-    await target?.close();
-    await fake?.close();
-  });
+    before(async () => {
+      url = await (cluster as PostgresDatabases).createDatabase();
+      fake = await startFakeGoogle({ timing: { pushMinBackoffMs: 50, pushMaxBackoffMs: 300, pushMaxAttempts: 60 } });
+      target = await startRecordingUpstream();
+      fan = await startFanOut();
+      ws = workspace();
+      ws.env = { ...ws.env, TEST_DATABASE_URL: url };
+      writePostgresConfig(ws);
+      const setup = await runSetup(fake, ws, [
+        '--credentials',
+        ws.credentials,
+        '--json',
+        '--push-endpoint',
+        `${fan.url}/webhook/gmail`,
+        '--push-service-account',
+        PUSH_SERVICE_ACCOUNT,
+      ]);
+      assert.equal(setup.code, 0, setup.stderr);
+      writePostgresConfig(ws, webhooksWith(JSON.parse(setup.stdout).section, target.url));
+      for (let i = 0; i < 2; i++) servers.push(startServerProcess(ws.config, { env: ws.env }));
+      const hooks = await Promise.all(
+        servers.map((s) => s.waitFor((l) => l.msg === 'webhook receiver listening', 30_000)),
+      );
+      await Promise.all(servers.map((s) => s.waitFor((l) => l.msg === 'gmail integration running', 30_000)));
+      fan.targets = hooks.map((l) => l.url as string);
+    });
+    after(async () => {
+      await Promise.all(servers.map((s) => s.stop()));
+      await fan?.close();
+      await target?.close();
+      await fake?.close();
+    });
 
-  it('setup stored the grant and the cursor in PostgreSQL (gmail status reads them there)', async () => {
-    const run = await runCli(['webhooks', 'gmail', 'status', '--json', '--config', ws.config], { env: ws.env });
-    assert.equal(run.code, 0, run.stderr);
-    const status = JSON.parse(run.stdout);
-    assert.equal(status.account, ACCOUNT);
-    assert.match(status.cursor, /^\d+$/);
-    assert.equal(status.watchActive, true);
-    assert.equal(status.sealedGrant, undefined);
-  });
+    it('setup stored the grant and the cursor in PostgreSQL (gmail status reads them there)', async () => {
+      const run = await runCli(['webhooks', 'gmail', 'status', '--json', '--config', ws.config], { env: ws.env });
+      assert.equal(run.code, 0, run.stderr);
+      const status = JSON.parse(run.stdout);
+      assert.equal(status.account, ACCOUNT);
+      assert.match(status.cursor, /^\d+$/);
+      assert.equal(status.watchActive, true);
+      assert.equal(status.sealedGrant, undefined);
+    });
 
-  it('each email reaches the target exactly once, though both instances got every notification at once', async () => {
-    const mails: StoredEmail[] = [];
-    for (let i = 0; i < 6; i++) {
-      mails.push(fake.addEmail({ from: 'Bob <bob@example.com>', subject: `Report ${i}`, text: `body ${i}` }));
-      if (i % 2 === 1) await sleep(50); // some notifications alone, some close together
-    }
-    for (const mail of mails) await waitFor(() => deliveries(mail).length > 0, { what: `delivery of ${mail.subject}` });
-    // A second delivery would come from a second stored event: wait until every stored event is settled.
-    await waitFor(async () => {
-      const client = new pg.Client({ connectionString: url });
-      await client.connect();
-      try {
-        return Number((await client.query("SELECT count(*) AS n FROM events WHERE status = 'queued'")).rows[0].n) === 0;
-      } finally {
-        await client.end();
+    it('each email reaches the target exactly once, though both instances got every notification at once', async () => {
+      const mails: StoredEmail[] = [];
+      for (let i = 0; i < 6; i++) {
+        mails.push(fake.addEmail({ from: 'Bob <bob@example.com>', subject: `Report ${i}`, text: `body ${i}` }));
+        if (i % 2 === 1) await sleep(50); // some notifications alone, some close together
       }
-    }, { what: 'every stored event settled' });
-    for (const mail of mails) assert.equal(deliveries(mail).length, 1, `${mail.subject} delivered ${deliveries(mail).length} times`);
-    assert.ok(fan.answers.length >= 1 && fan.answers.every((a) => a.length === 2), 'every push went to both instances');
-    assert.ok(target.received.every((r) => JSON.parse(r.body).endpoint === ENDPOINT));
+      for (const mail of mails)
+        await waitFor(() => deliveries(mail).length > 0, { what: `delivery of ${mail.subject}` });
+      // A second delivery would come from a second stored event: wait until every stored event is settled.
+      await waitFor(
+        async () => {
+          const client = new pg.Client({ connectionString: url });
+          await client.connect();
+          try {
+            return (
+              Number((await client.query("SELECT count(*) AS n FROM events WHERE status = 'queued'")).rows[0].n) === 0
+            );
+          } finally {
+            await client.end();
+          }
+        },
+        { what: 'every stored event settled' },
+      );
+      for (const mail of mails)
+        assert.equal(deliveries(mail).length, 1, `${mail.subject} delivered ${deliveries(mail).length} times`);
+      assert.ok(
+        fan.answers.length >= 1 && fan.answers.every((a) => a.length === 2),
+        'every push went to both instances',
+      );
+      assert.ok(target.received.every((r) => JSON.parse(r.body).endpoint === ENDPOINT));
 
-    const run = await runCli(['webhooks', 'gmail', 'status', '--json', '--config', ws.config], { env: ws.env });
-    assert.equal(run.code, 0, run.stderr);
-    const status = JSON.parse(run.stdout);
-    assert.equal(status.emailsEnqueued, mails.length);
-    assert.equal(BigInt(status.cursor) >= BigInt(mails[mails.length - 1]!.historyId), true, 'the cursor moved past the last email');
-  });
-});
+      const run = await runCli(['webhooks', 'gmail', 'status', '--json', '--config', ws.config], { env: ws.env });
+      assert.equal(run.code, 0, run.stderr);
+      const status = JSON.parse(run.stdout);
+      assert.equal(status.emailsEnqueued, mails.length);
+      assert.equal(
+        BigInt(status.cursor) >= BigInt(mails[mails.length - 1]!.historyId),
+        true,
+        'the cursor moved past the last email',
+      );
+    });
+  },
+);

@@ -13,8 +13,27 @@ import { runCli, startServerProcess, type ServerProcess } from '../helpers/proce
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import { waitFor } from '../helpers/wait.js';
 import {
-  ACCOUNT, accountRow, committedIds, contractRefusals, ENDPOINT, methodsUsed, newSecretKey, onCall, PROJECT, PUSH_SERVICE_ACCOUNT, PUSH_SUBSCRIPTION, pushesSettled, queuedEvents, runSetup,
-  startHoldingProxy, startPushRelay, webhooksWith, workspace, writeConfig, type PushRelay, type Workspace,
+  ACCOUNT,
+  accountRow,
+  committedIds,
+  contractRefusals,
+  ENDPOINT,
+  methodsUsed,
+  newSecretKey,
+  onCall,
+  PROJECT,
+  PUSH_SERVICE_ACCOUNT,
+  PUSH_SUBSCRIPTION,
+  pushesSettled,
+  queuedEvents,
+  runSetup,
+  startHoldingProxy,
+  startPushRelay,
+  webhooksWith,
+  workspace,
+  writeConfig,
+  type PushRelay,
+  type Workspace,
 } from './helpers.js';
 
 const PULL_SUBSCRIPTION = `projects/${PROJECT}/subscriptions/gatehouse-gmail-pull`;
@@ -37,7 +56,8 @@ const deliveryCounts = (target: RecordingServer): Record<string, number> => {
   return counts;
 };
 /** Waits for the target to have received this email; returns its envelope. */
-const delivery = (target: RecordingServer, mail: StoredEmail) => waitFor(() => envelopes(target).find((e) => e.payload.id === mail.id), { what: `delivery of ${mail.subject}` });
+const delivery = (target: RecordingServer, mail: StoredEmail) =>
+  waitFor(() => envelopes(target).find((e) => e.payload.id === mail.id), { what: `delivery of ${mail.subject}` });
 
 /** The Date header the fake's Gmail gives a message. */
 const dateHeader = (mail: StoredEmail) => new Date(Number(mail.internalDate)).toUTCString().replace('GMT', '+0000');
@@ -45,8 +65,12 @@ const dateHeader = (mail: StoredEmail) => new Date(Number(mail.internalDate)).to
 /** The documented methods setup calls (test/fixtures/google/), whatever the mode. */
 const SETUP_METHODS = [
   'gmail.users.getProfile',
-  'pubsub.projects.topics.get', 'pubsub.projects.topics.create', 'pubsub.projects.topics.getIamPolicy', 'pubsub.projects.topics.setIamPolicy',
-  'pubsub.projects.subscriptions.get', 'pubsub.projects.subscriptions.create',
+  'pubsub.projects.topics.get',
+  'pubsub.projects.topics.create',
+  'pubsub.projects.topics.getIamPolicy',
+  'pubsub.projects.topics.setIamPolicy',
+  'pubsub.projects.subscriptions.get',
+  'pubsub.projects.subscriptions.create',
   'gmail.users.watch',
 ];
 
@@ -81,21 +105,30 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     relay.forwardTo = hooks;
   };
   /** A Gmail notification as Pub/Sub pushes it. */
-  const notification = (emailAddress: string, historyId: string, messageId = 'forged-1') => JSON.stringify({
-    message: { data: Buffer.from(JSON.stringify({ emailAddress, historyId: Number(historyId) })).toString('base64'), messageId },
-    subscription: PUSH_SUBSCRIPTION,
-  });
-  const push = (body: string, token?: string) => request(hooks, '/webhook/gmail', {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) },
-    body,
-  });
+  const notification = (emailAddress: string, historyId: string, messageId = 'forged-1') =>
+    JSON.stringify({
+      message: {
+        data: Buffer.from(JSON.stringify({ emailAddress, historyId: Number(historyId) })).toString('base64'),
+        messageId,
+      },
+      subscription: PUSH_SUBSCRIPTION,
+    });
+  const push = (body: string, token?: string) =>
+    request(hooks, '/webhook/gmail', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) },
+      body,
+    });
   /** Every answer gatehouse gave a push of this email's notification: 2xx only once its event was committed. */
   const assertAckedAfterCommit = (mail: StoredEmail) => {
     const answers = relay.observed.filter((o) => o.historyId === mail.historyId);
-    assert.ok(answers.some((o) => o.status >= 200 && o.status < 300), `a 2xx for ${mail.subject}: ${JSON.stringify(answers)}`);
+    assert.ok(
+      answers.some((o) => o.status >= 200 && o.status < 300),
+      `a 2xx for ${mail.subject}: ${JSON.stringify(answers)}`,
+    );
     for (const o of answers) {
-      if (o.status >= 200 && o.status < 300) assert.ok(o.committed.includes(mail.id), `2xx before ${mail.subject} was committed`);
+      if (o.status >= 200 && o.status < 300)
+        assert.ok(o.committed.includes(mail.id), `2xx before ${mail.subject} was committed`);
     }
   };
 
@@ -105,7 +138,15 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     ws = workspace();
     relay = await startPushRelay(ws);
     audience = `${relay.url}/webhook/gmail`;
-    section = await setUp(fake, ws, ['--push-endpoint', audience, '--push-service-account', PUSH_SERVICE_ACCOUNT, '--include-body', '--template', 'Mail from {{from}}: {{subject}}']);
+    section = await setUp(fake, ws, [
+      '--push-endpoint',
+      audience,
+      '--push-service-account',
+      PUSH_SERVICE_ACCOUNT,
+      '--include-body',
+      '--template',
+      'Mail from {{from}}: {{subject}}',
+    ]);
     writeConfig(ws, webhooksWith(section, target.url));
     await start();
   });
@@ -117,7 +158,11 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
   });
 
   it('a new email reaches the message target; the push is answered 2xx only after the event is committed', async () => {
-    const mail = fake.addEmail({ from: 'Bob <bob@example.com>', subject: 'Invoice #7', text: 'Please pay <by> Friday.' });
+    const mail = fake.addEmail({
+      from: 'Bob <bob@example.com>',
+      subject: 'Invoice #7',
+      text: 'Please pay <by> Friday.',
+    });
     mails.push(mail);
     const envelope = await delivery(target, mail);
     assert.equal(envelope.action, 'message');
@@ -141,25 +186,48 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     assert.equal(received.headers['idempotency-key'], envelope.id);
 
     await pushesSettled(fake);
-    const attempts = fake.pushAttempts.filter((a) => relay.observed.some((o) => o.messageId === a.messageId && o.historyId === mail.historyId));
-    assert.deepEqual(attempts.map((a) => a.status), [200], 'one push, acknowledged');
+    const attempts = fake.pushAttempts.filter((a) =>
+      relay.observed.some((o) => o.messageId === a.messageId && o.historyId === mail.historyId),
+    );
+    assert.deepEqual(
+      attempts.map((a) => a.status),
+      [200],
+      'one push, acknowledged',
+    );
     assertAckedAfterCommit(mail);
     assert.deepEqual(deliveryCounts(target), { [mail.id]: 1 });
   });
 
-  it('push tokens that are not Pub/Sub\'s for this audience and account get 401: nothing enqueued, nothing delivered', async () => {
+  it("push tokens that are not Pub/Sub's for this audience and account get 401: nothing enqueued, nothing delivered", async () => {
     relay.forwardTo = undefined; // Pub/Sub's own push cannot get through meanwhile
     const mail = fake.addEmail({ from: 'carol@example.com', subject: 'forged?', text: 'x' });
     mails.push(mail);
-    await waitFor(() => relay.observed.some((o) => o.historyId === mail.historyId), { what: 'the real push, held back' });
+    await waitFor(() => relay.observed.some((o) => o.historyId === mail.historyId), {
+      what: 'the real push, held back',
+    });
     const body = notification(ACCOUNT, mail.historyId);
     const past = Math.floor(Date.now() / 1000) - 7200;
     const forged: [string, string | undefined][] = [
-      ['wrong audience', await fake.signOidcToken({ aud: 'https://elsewhere.example/webhook/gmail', email: PUSH_SERVICE_ACCOUNT })],
-      ['wrong service account', await fake.signOidcToken({ aud: audience, email: 'intruder@evil.iam.gserviceaccount.com' })],
-      ['email not verified', await fake.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT, email_verified: false })],
-      ['expired', await fake.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT, iat: past, exp: past + 3600 })],
-      ['signed by another key', await fake.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT }, { signer: 'stranger' })],
+      [
+        'wrong audience',
+        await fake.signOidcToken({ aud: 'https://elsewhere.example/webhook/gmail', email: PUSH_SERVICE_ACCOUNT }),
+      ],
+      [
+        'wrong service account',
+        await fake.signOidcToken({ aud: audience, email: 'intruder@evil.iam.gserviceaccount.com' }),
+      ],
+      [
+        'email not verified',
+        await fake.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT, email_verified: false }),
+      ],
+      [
+        'expired',
+        await fake.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT, iat: past, exp: past + 3600 }),
+      ],
+      [
+        'signed by another key',
+        await fake.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT }, { signer: 'stranger' }),
+      ],
       ['no token', undefined],
     ];
     const messagesBefore = fake.calls.filter((c) => c.path.startsWith('/gmail/')).length;
@@ -173,10 +241,20 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     const other = await push(notification('mallory@example.com', mail.historyId), genuine);
     assert.equal(other.status, 204);
     // Nor does a message that is not a Gmail notification (acknowledged, so Pub/Sub stops sending it).
-    const unusable = await push(JSON.stringify({ message: { data: Buffer.from('{"hello":1}').toString('base64'), messageId: 'x' }, subscription: PUSH_SUBSCRIPTION }), genuine);
+    const unusable = await push(
+      JSON.stringify({
+        message: { data: Buffer.from('{"hello":1}').toString('base64'), messageId: 'x' },
+        subscription: PUSH_SUBSCRIPTION,
+      }),
+      genuine,
+    );
     assert.equal(unusable.status, 204);
 
-    assert.equal(fake.calls.filter((c) => c.path.startsWith('/gmail/')).length, messagesBefore, 'gatehouse read nothing from Gmail');
+    assert.equal(
+      fake.calls.filter((c) => c.path.startsWith('/gmail/')).length,
+      messagesBefore,
+      'gatehouse read nothing from Gmail',
+    );
     assert.equal(committedIds(ws).includes(mail.id), false, 'nothing enqueued');
     assert.ok(BigInt(accountRow(ws)!.cursor) < BigInt(mail.historyId), 'cursor not moved');
     await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' }); // a delivery comes from a stored event
@@ -199,12 +277,15 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     const again = await push(notification(ACCOUNT, mail!.historyId), token);
     assert.equal(again.status, 200);
     // The answer comes after the commit: had it enqueued anything, storage would show it now.
-    assert.deepEqual(committedIds(ws), mails.map((m) => m.id));
+    assert.deepEqual(
+      committedIds(ws),
+      mails.map((m) => m.id),
+    );
     assert.equal(accountRow(ws)!.emails_enqueued, before.emails_enqueued);
     assert.equal(accountRow(ws)!.cursor, before.cursor);
   });
 
-  it('Gmail failing mid-notification: answered 5xx with nothing committed, then delivered exactly once on Pub/Sub\'s retry', async () => {
+  it("Gmail failing mid-notification: answered 5xx with nothing committed, then delivered exactly once on Pub/Sub's retry", async () => {
     // googleapis retries a GET on 5xx itself; enough failures that the first push gives up.
     fake.failNext({ method: 'GET', path: GMAIL_MESSAGE }, { status: 500, message: 'Backend Error', times: 5 });
     const mail = fake.addEmail({ from: 'dave@example.com', subject: 'flaky', text: 'y' });
@@ -224,7 +305,11 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
   it('kill -9 while a notification is being processed: after a restart the email is delivered exactly once', async () => {
     // The moment gatehouse asks Gmail for this message (before the fake answers), it dies.
     const victim = server;
-    const undo = onCall(fake, (c) => GMAIL_MESSAGE.test(c.path), () => victim.child.kill('SIGKILL'));
+    const undo = onCall(
+      fake,
+      (c) => GMAIL_MESSAGE.test(c.path),
+      () => victim.child.kill('SIGKILL'),
+    );
     const mail = fake.addEmail({ from: 'erin@example.com', subject: 'crash', text: 'z' });
     mails.push(mail);
     assert.equal(await victim.stop('SIGCONT'), null, 'killed');
@@ -249,7 +334,9 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     const resync = await server.waitFor((l) => l.msg === 'gmail history id too old: resynced from the recent messages');
     assert.equal(resync.level, 40);
     assert.ok(resync.candidates >= mails.length, 'the earlier emails were candidates too');
-    assert.ok(fake.calls.some((c) => c.method === 'GET' && c.path === '/gmail/v1/users/me/history' && c.status === 404));
+    assert.ok(
+      fake.calls.some((c) => c.method === 'GET' && c.path === '/gmail/v1/users/me/history' && c.status === 404),
+    );
     await pushesSettled(fake);
     assertAckedAfterCommit(mail);
     await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' }); // a second delivery would come from a stored event
@@ -268,14 +355,21 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     assert.equal(json.mode, 'push');
     assert.equal(json.cursor, String(box.historyId));
     assert.equal(json.watchActive, true);
-    assert.equal(json.watchExpiration, new Date(Number(watch.expiration)).toISOString(), 'dates are ISO 8601 in --json');
+    assert.equal(
+      json.watchExpiration,
+      new Date(Number(watch.expiration)).toISOString(),
+      'dates are ISO 8601 in --json',
+    );
     assert.ok(Date.now() - Date.parse(json.lastNotificationAt) < 30_000, 'a recent notification');
     assert.equal(json.emailsEnqueued, mails.length);
     assert.equal(json.lastError, null);
     assert.equal('sealedGrant' in json, false, 'the sealed grant is not shown');
 
     assert.equal(human.code, 0, human.stderr);
-    assert.match(human.stdout, new RegExp(`^gmail ${ACCOUNT} \\(push, project ${PROJECT}, topic gatehouse-gmail\\)$`, 'm'));
+    assert.match(
+      human.stdout,
+      new RegExp(`^gmail ${ACCOUNT} \\(push, project ${PROJECT}, topic gatehouse-gmail\\)$`, 'm'),
+    );
     assert.match(human.stdout, new RegExp(`watch +active: expires ${json.watchExpiration}`));
     assert.match(human.stdout, new RegExp(`cursor +${json.cursor} \\(moved `));
     assert.match(human.stdout, /last notification +\d{4}-\d\d-\d\dT.* ago\)/);
@@ -292,7 +386,10 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
 
   it('every call setup and the push route made to Google is a documented method with documented parameters', () => {
     assert.deepEqual(contractRefusals(fake.calls), []);
-    assert.deepEqual(methodsUsed(fake.calls).sort(), [...SETUP_METHODS, 'gmail.users.history.list', 'gmail.users.messages.get', 'gmail.users.messages.list'].sort());
+    assert.deepEqual(
+      methodsUsed(fake.calls).sort(),
+      [...SETUP_METHODS, 'gmail.users.history.list', 'gmail.users.messages.get', 'gmail.users.messages.list'].sort(),
+    );
   });
 
   it('an explicit push.jwksUri is the key set push tokens are checked against, even with googleApiUrl set', async () => {
@@ -305,9 +402,15 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
       await start();
       // A notification for another mailbox: answered 204 once its token is verified, and nothing is read.
       const body = notification('mallory@example.com', '1');
-      const signedThere = await push(body, await elsewhere.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT }));
+      const signedThere = await push(
+        body,
+        await elsewhere.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT }),
+      );
       assert.equal(signedThere.status, 204, 'a token from the configured key set is accepted');
-      const signedUnderApiUrl = await push(body, await fake.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT }));
+      const signedUnderApiUrl = await push(
+        body,
+        await fake.signOidcToken({ aud: audience, email: PUSH_SERVICE_ACCOUNT }),
+      );
       assert.equal(signedUnderApiUrl.status, 401, 'the key set under googleApiUrl is not used');
     } finally {
       await elsewhere.close();
@@ -331,9 +434,20 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     fake = await startFakeGoogle({ timing: { ackDeadlineMs: 600, watchTtlMs: 60_000 } });
     target = await startRecordingUpstream();
     ws = workspace();
-    section = await setUp(fake, ws, ['--mode', 'pull', '--subscription', 'gatehouse-gmail-pull', '--renew-minutes', '1']);
+    section = await setUp(fake, ws, [
+      '--mode',
+      'pull',
+      '--subscription',
+      'gatehouse-gmail-pull',
+      '--renew-minutes',
+      '1',
+    ]);
     writeConfig(ws, webhooksWith({ ...section, pull: { intervalMs: 100 } }, target.url));
-    onCall(fake, (c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`, () => atAcks.push(committedIds(ws)));
+    onCall(
+      fake,
+      (c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`,
+      () => atAcks.push(committedIds(ws)),
+    );
   });
   after(async () => {
     await runner?.stop();
@@ -351,7 +465,10 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     assert.equal(none.code, 1, none.stderr);
     assert.match(none.stderr, /GATEHOUSE_SECRET_KEY is not set.*openssl rand -base64 32/);
     assert.equal(wrong.code, 1, wrong.stderr);
-    assert.match(wrong.stderr, /cannot decrypt the stored secret for gmail:alice@example\.com: GATEHOUSE_SECRET_KEY is not the key it was stored with/);
+    assert.match(
+      wrong.stderr,
+      /cannot decrypt the stored secret for gmail:alice@example\.com: GATEHOUSE_SECRET_KEY is not the key it was stored with/,
+    );
     assert.deepEqual(fake.calls.slice(from), []);
   });
 
@@ -371,9 +488,14 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     const envelope = await delivery(target, mail);
     assert.equal(envelope.message, 'New email from gina@example.com: pulled');
     assert.equal(envelope.payload.body, undefined, 'no body unless includeBody');
-    await waitFor(() => fake.calls.find((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`), { what: 'the acknowledgement' });
+    await waitFor(() => fake.calls.find((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`), {
+      what: 'the acknowledgement',
+    });
     const acks = fake.calls.filter((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`);
-    assert.deepEqual(acks.map((c) => [c.status, (c.body as { ackIds: string[] }).ackIds.length]), [[200, 1]]);
+    assert.deepEqual(
+      acks.map((c) => [c.status, (c.body as { ackIds: string[] }).ackIds.length]),
+      [[200, 1]],
+    );
     assert.deepEqual(atAcks, [[mail.id]], 'acknowledged only once committed');
     // Past the ack deadline, nothing comes again: time is the property (Pub/Sub redelivers what is not acknowledged by then).
     await sleep(800); // the fake's ack deadline is 600 ms
@@ -381,9 +503,11 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     assert.deepEqual(deliveryCounts(target), { [mail.id]: 1 });
   });
 
-  it('another mailbox\'s notification is acknowledged and dropped; a failed one is left for redelivery and delivered once', async () => {
+  it("another mailbox's notification is acknowledged and dropped; a failed one is left for redelivery and delivered once", async () => {
     fake.publishRaw(PULL_SUBSCRIPTION, { emailAddress: 'mallory@example.com', historyId: 999_999 });
-    await waitFor(() => fake.calls.filter((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`).length === 2, { what: 'the other mailbox acknowledged' });
+    await waitFor(() => fake.calls.filter((c) => c.path === `/v1/${PULL_SUBSCRIPTION}:acknowledge`).length === 2, {
+      what: 'the other mailbox acknowledged',
+    });
 
     fake.failNext({ method: 'GET', path: GMAIL_MESSAGE }, { status: 500, message: 'Backend Error', times: 5 });
     const mail = fake.addEmail({ from: 'hank@example.com', subject: 'retried', text: 'r' });
@@ -398,8 +522,15 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     await sleep(800);
     await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' });
     assert.deepEqual(deliveryCounts(target), Object.fromEntries(mails.map((m) => [m.id, 1])));
-    assert.deepEqual(committedIds(ws), mails.map((m) => m.id));
-    assert.deepEqual(atAcks.at(-1), mails.map((m) => m.id), 'the retried notification was acknowledged only once committed');
+    assert.deepEqual(
+      committedIds(ws),
+      mails.map((m) => m.id),
+    );
+    assert.deepEqual(
+      atAcks.at(-1),
+      mails.map((m) => m.id),
+      'the retried notification was acknowledged only once committed',
+    );
   });
 
   it('an HTML 404 while reading a message is an error, not a deleted message: left for redelivery, then delivered once', async () => {
@@ -407,7 +538,13 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     fake.failNext({ method: 'GET', path: GMAIL_MESSAGE }, { status: 404, message: '', html: true });
     const mail = fake.addEmail({ from: 'iris@example.com', subject: 'misrouted', text: 'm' });
     mails.push(mail);
-    const failed = await runner!.waitFor((l) => l.msg === 'gmail notification not processed: left for redelivery' && /Google answered 404 Not Found to GET http:\/\/127\.0\.0\.1:\d+\/gmail\/v1\/users\/me\/messages\/[0-9a-f]{16}\./.test(l.problem));
+    const failed = await runner!.waitFor(
+      (l) =>
+        l.msg === 'gmail notification not processed: left for redelivery' &&
+        /Google answered 404 Not Found to GET http:\/\/127\.0\.0\.1:\d+\/gmail\/v1\/users\/me\/messages\/[0-9a-f]{16}\./.test(
+          l.problem,
+        ),
+    );
     assert.doesNotMatch(failed.problem, /<!DOCTYPE|<html/i);
     assert.equal(committedIds(ws).includes(mail.id), false);
     await delivery(target, mail);
@@ -416,12 +553,22 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     await sleep(800);
     await waitFor(() => queuedEvents(ws) === 0, { what: 'every stored event settled' });
     assert.deepEqual(deliveryCounts(target), Object.fromEntries(mails.map((m) => [m.id, 1])));
-    assert.equal(runner!.lines.some((l) => l.msg === 'gmail message gone before it was read: skipped'), false, 'not skipped as deleted');
+    assert.equal(
+      runner!.lines.some((l) => l.msg === 'gmail message gone before it was read: skipped'),
+      false,
+      'not skipped as deleted',
+    );
   });
 
   it('a failing renewal is logged at error level and shown by status as lastError', async () => {
     await runner!.stop();
-    fake.failNext({ method: 'POST', path: '/gmail/v1/users/me/watch' }, { status: 403, message: 'Error sending test message to Cloud PubSub: User not authorized to perform this action.' });
+    fake.failNext(
+      { method: 'POST', path: '/gmail/v1/users/me/watch' },
+      {
+        status: 403,
+        message: 'Error sending test message to Cloud PubSub: User not authorized to perform this action.',
+      },
+    );
     runner = run();
     const failed = await runner.waitFor((l) => /^GMAIL WATCH RENEWAL FAILED/.test(l.msg));
     assert.equal(failed.level, 50);
@@ -448,7 +595,10 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
       const exited = once(runner.child, 'exit');
       const releasedAt = Date.now();
       proxy.release();
-      const [code] = await Promise.race([exited, sleep(10_000, ['still running 10 s after Gmail answered'], { ref: false })]);
+      const [code] = await Promise.race([
+        exited,
+        sleep(10_000, ['still running 10 s after Gmail answered'], { ref: false }),
+      ]);
       assert.equal(code, 0);
       assert.ok(Date.now() - releasedAt < 5_000, `exited ${Date.now() - releasedAt} ms after Gmail answered`);
     } finally {
@@ -459,8 +609,15 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
 
   it('every call setup, the renewals and the pull loop made to Google is a documented method with documented parameters', () => {
     assert.deepEqual(contractRefusals(fake.calls), []);
-    assert.deepEqual(methodsUsed(fake.calls).sort(), [
-      ...SETUP_METHODS, 'pubsub.projects.subscriptions.pull', 'pubsub.projects.subscriptions.acknowledge', 'gmail.users.history.list', 'gmail.users.messages.get',
-    ].sort());
+    assert.deepEqual(
+      methodsUsed(fake.calls).sort(),
+      [
+        ...SETUP_METHODS,
+        'pubsub.projects.subscriptions.pull',
+        'pubsub.projects.subscriptions.acknowledge',
+        'gmail.users.history.list',
+        'gmail.users.messages.get',
+      ].sort(),
+    );
   });
 });

@@ -8,17 +8,47 @@ import { after, before, describe, it } from 'node:test';
 import { FAKE_CLIENT, startFakeGoogle, type FakeGoogle } from '../helpers/fake-google.js';
 import { runCli } from '../helpers/process.js';
 import {
-  ACCOUNT, accountRow, contractRefusals, GMAIL_PUBLISHER, methodsUsed, printedSection, PROJECT, PUSH_SERVICE_ACCOUNT, PUSH_SUBSCRIPTION, runSetup, stepLines, storageBytes, TOPIC,
-  webhooksWith, workspace, writeConfig, type Workspace,
+  ACCOUNT,
+  accountRow,
+  contractRefusals,
+  GMAIL_PUBLISHER,
+  methodsUsed,
+  printedSection,
+  PROJECT,
+  PUSH_SERVICE_ACCOUNT,
+  PUSH_SUBSCRIPTION,
+  runSetup,
+  stepLines,
+  storageBytes,
+  TOPIC,
+  webhooksWith,
+  workspace,
+  writeConfig,
+  type Workspace,
 } from './helpers.js';
 
 const PUSH_URL = 'http://127.0.0.1:8999/webhook/gmail';
-const pushArgs = (ws: Workspace) => ['--credentials', ws.credentials, '--mode', 'push', '--push-endpoint', PUSH_URL, '--push-service-account', PUSH_SERVICE_ACCOUNT];
+const pushArgs = (ws: Workspace) => [
+  '--credentials',
+  ws.credentials,
+  '--mode',
+  'push',
+  '--push-endpoint',
+  PUSH_URL,
+  '--push-service-account',
+  PUSH_SERVICE_ACCOUNT,
+];
 
 /** Calls that create, change or grant something, or start an authorisation. */
-const mutating = (calls: FakeGoogle['calls']) => calls.filter((c) =>
-  c.method === 'PUT' || c.method === 'PATCH' || c.path.endsWith(':setIamPolicy') || c.path === '/o/oauth2/v2/auth'
-  || (c.path === '/token' && (c.body as Record<string, string>)?.grant_type === 'authorization_code'));
+const mutating = (calls: FakeGoogle['calls']) =>
+  calls.filter(
+    (c) =>
+      c.method === 'PUT' ||
+      c.method === 'PATCH' ||
+      c.path.endsWith(':setIamPolicy') ||
+      c.path === '/o/oauth2/v2/auth' ||
+      (c.path === '/token' && (c.body as Record<string, string>)?.grant_type === 'authorization_code'),
+  );
 
 describe('gmail setup, push mode: end to end and idempotent', () => {
   let fake: FakeGoogle;
@@ -38,7 +68,10 @@ describe('gmail setup, push mode: end to end and idempotent', () => {
     assert.equal(url.searchParams.get('login_hint'), ACCOUNT);
     assert.equal(url.searchParams.get('code_challenge_method'), 'S256');
     assert.equal(url.searchParams.get('access_type'), 'offline');
-    assert.deepEqual(url.searchParams.get('scope')!.split(' ').sort(), ['https://www.googleapis.com/auth/gmail.readonly', 'https://www.googleapis.com/auth/pubsub']);
+    assert.deepEqual(url.searchParams.get('scope')!.split(' ').sort(), [
+      'https://www.googleapis.com/auth/gmail.readonly',
+      'https://www.googleapis.com/auth/pubsub',
+    ]);
     assert.equal(first.browser!.consentStatus, 302);
     assert.match(first.browser!.location.origin, /^http:\/\/127\.0\.0\.1:\d+$/);
     assert.equal(first.browser!.loopbackStatus, 200);
@@ -47,7 +80,10 @@ describe('gmail setup, push mode: end to end and idempotent', () => {
     assert.equal(exchange.grant_type, 'authorization_code');
     assert.ok(exchange.code_verifier, 'PKCE verifier sent');
 
-    assert.deepEqual(stepLines(first.stdout).map(([mark, step]) => `${mark} ${step}`), ['✓ authorise', '✓ topic', '✓ subscription', '✓ watch', '✓ config']);
+    assert.deepEqual(
+      stepLines(first.stdout).map(([mark, step]) => `${mark} ${step}`),
+      ['✓ authorise', '✓ topic', '✓ subscription', '✓ watch', '✓ config'],
+    );
     assert.doesNotMatch(first.stdout, /\(unchanged\)/);
 
     assert.ok(fake.state.topics.has(TOPIC));
@@ -56,7 +92,10 @@ describe('gmail setup, push mode: end to end and idempotent', () => {
     const sub = fake.state.subscriptions.get(PUSH_SUBSCRIPTION)!;
     assert.equal(sub.topic, TOPIC);
     assert.equal(sub.ackDeadlineSeconds, 60);
-    assert.deepEqual(sub.pushConfig, { pushEndpoint: PUSH_URL, oidcToken: { serviceAccountEmail: PUSH_SERVICE_ACCOUNT, audience: PUSH_URL } });
+    assert.deepEqual(sub.pushConfig, {
+      pushEndpoint: PUSH_URL,
+      oidcToken: { serviceAccountEmail: PUSH_SERVICE_ACCOUNT, audience: PUSH_URL },
+    });
     const watch = fake.state.watches.get(ACCOUNT)!;
     assert.equal(watch.topicName, TOPIC);
     assert.deepEqual(watch.labelIds, ['INBOX']);
@@ -79,15 +118,23 @@ describe('gmail setup, push mode: end to end and idempotent', () => {
     assert.deepEqual(contractRefusals(fake.calls), []);
     assert.deepEqual(methodsUsed(fake.calls), [
       'gmail.users.getProfile',
-      'pubsub.projects.topics.get', 'pubsub.projects.topics.create', 'pubsub.projects.topics.getIamPolicy', 'pubsub.projects.topics.setIamPolicy',
-      'pubsub.projects.subscriptions.get', 'pubsub.projects.subscriptions.create',
+      'pubsub.projects.topics.get',
+      'pubsub.projects.topics.create',
+      'pubsub.projects.topics.getIamPolicy',
+      'pubsub.projects.topics.setIamPolicy',
+      'pubsub.projects.subscriptions.get',
+      'pubsub.projects.subscriptions.create',
       'gmail.users.watch',
     ]);
     const read = fake.calls.find((c) => c.discoveryId === 'pubsub.projects.topics.getIamPolicy')!;
     assert.equal(read.method, 'GET');
     assert.deepEqual(read.query, { 'options.requestedPolicyVersion': '3' });
     assert.equal(read.body, undefined);
-    assert.equal((fake.calls.find((c) => c.discoveryId === 'gmail.users.watch')!.body as Record<string, unknown>).labelFilterBehavior, 'include');
+    assert.equal(
+      (fake.calls.find((c) => c.discoveryId === 'gmail.users.watch')!.body as Record<string, unknown>)
+        .labelFilterBehavior,
+      'include',
+    );
   });
 
   it('a second run creates, updates and grants nothing, asks for no consent, and keeps the cursor', async () => {
@@ -100,16 +147,26 @@ describe('gmail setup, push mode: end to end and idempotent', () => {
     const second = await runSetup(fake, ws, pushArgs(ws));
     assert.equal(second.code, 0, second.stderr);
     const calls = fake.calls.slice(from);
-    assert.deepEqual(mutating(calls).map((c) => `${c.method} ${c.path}`), []);
+    assert.deepEqual(
+      mutating(calls).map((c) => `${c.method} ${c.path}`),
+      [],
+    );
     assert.equal(second.authUrl, undefined, 'no authorisation URL printed');
-    assert.ok(calls.some((c) => c.path === '/token' && (c.body as Record<string, string>).grant_type === 'refresh_token'), 'the stored grant was used');
-    assert.deepEqual(stepLines(second.stdout).map(([, step, rest]) => `${step} ${rest.startsWith('(unchanged)')}`), [
-      'authorise true', 'topic true', 'subscription true', 'watch true', 'config true',
-    ]);
+    assert.ok(
+      calls.some((c) => c.path === '/token' && (c.body as Record<string, string>).grant_type === 'refresh_token'),
+      'the stored grant was used',
+    );
+    assert.deepEqual(
+      stepLines(second.stdout).map(([, step, rest]) => `${step} ${rest.startsWith('(unchanged)')}`),
+      ['authorise true', 'topic true', 'subscription true', 'watch true', 'config true'],
+    );
     assert.doesNotMatch(second.stdout, /gmail: \{/, 'the section is not printed again');
     const after = accountRow(ws)!;
     assert.equal(after.cursor, before.cursor, 'cursor not moved');
-    assert.ok(BigInt(fake.state.watches.get(ACCOUNT)!.historyId) > BigInt(before.cursor), 'the watch did answer a newer historyId');
+    assert.ok(
+      BigInt(fake.state.watches.get(ACCOUNT)!.historyId) > BigInt(before.cursor),
+      'the watch did answer a newer historyId',
+    );
     assert.match(second.stdout, /cursor \d+ \(kept\)/);
   });
 
@@ -126,10 +183,14 @@ describe('gmail setup, push mode: end to end and idempotent', () => {
       const again = await runSetup(fake, ws, args);
       assert.equal(again.code, 0, again.stderr);
       assert.equal(again.authUrl, undefined, 'no consent asked');
-      assert.deepEqual(mutating(fake.calls.slice(from)).map((c) => `${c.method} ${c.path}`), []);
-      assert.deepEqual(stepLines(again.stdout).map(([, step, rest]) => `${step} ${rest.startsWith('(unchanged)')}`), [
-        'authorise true', 'topic true', 'subscription true', 'watch true', 'config false',
-      ]);
+      assert.deepEqual(
+        mutating(fake.calls.slice(from)).map((c) => `${c.method} ${c.path}`),
+        [],
+      );
+      assert.deepEqual(
+        stepLines(again.stdout).map(([, step, rest]) => `${step} ${rest.startsWith('(unchanged)')}`),
+        ['authorise true', 'topic true', 'subscription true', 'watch true', 'config false'],
+      );
       assert.equal(printedSection(again.stdout).project, PROJECT);
       assert.deepEqual(contractRefusals(fake.calls.slice(from)), []);
     } finally {
@@ -157,10 +218,14 @@ describe('gmail setup, push mode: end to end and idempotent', () => {
     assert.equal(again.code, 0, again.stderr);
     assert.ok(again.authUrl, 'consent asked again');
     assert.equal(again.browser!.loopbackStatus, 200);
-    assert.deepEqual(mutating(fake.calls.slice(from)).map((c) => `${c.method} ${c.path}`), ['GET /o/oauth2/v2/auth', 'POST /token']);
-    assert.deepEqual(stepLines(again.stdout).map(([, step, rest]) => `${step} ${rest.startsWith('(unchanged)')}`), [
-      'authorise false', 'topic true', 'subscription true', 'watch true', 'config true',
-    ]);
+    assert.deepEqual(
+      mutating(fake.calls.slice(from)).map((c) => `${c.method} ${c.path}`),
+      ['GET /o/oauth2/v2/auth', 'POST /token'],
+    );
+    assert.deepEqual(
+      stepLines(again.stdout).map(([, step, rest]) => `${step} ${rest.startsWith('(unchanged)')}`),
+      ['authorise false', 'topic true', 'subscription true', 'watch true', 'config true'],
+    );
     const after = accountRow(ws)!;
     assert.notEqual(after.sealed_grant, before.sealed_grant, 'the new grant is stored');
     assert.equal(after.cursor, before.cursor);
@@ -178,13 +243,23 @@ describe('gmail setup: output modes', () => {
     assert.equal(run.code, 0, run.stderr);
     assert.deepEqual(fake.calls, []);
     assert.equal(existsSync(ws.db), false, 'no storage written');
-    assert.deepEqual(stepLines(run.stdout).map(([mark, step]) => `${mark} ${step}`), ['· authorise', '· topic', '· subscription', '· watch', '· config']);
+    assert.deepEqual(
+      stepLines(run.stdout).map(([mark, step]) => `${mark} ${step}`),
+      ['· authorise', '· topic', '· subscription', '· watch', '· config'],
+    );
     assert.match(run.stdout, /dry run: nothing is changed/);
     assert.ok(run.stdout.includes(`PUT ${fake.url}v1/${TOPIC} if missing`));
-    assert.ok(run.stdout.includes(`GET ${fake.url}v1/${TOPIC}:getIamPolicy?options.requestedPolicyVersion=3`), run.stdout);
+    assert.ok(
+      run.stdout.includes(`GET ${fake.url}v1/${TOPIC}:getIamPolicy?options.requestedPolicyVersion=3`),
+      run.stdout,
+    );
     assert.ok(run.stdout.includes('labelFilterBehavior: include }'), run.stdout);
     assert.ok(run.stdout.includes(`${TOPIC}:setIamPolicy if ${GMAIL_PUBLISHER} lacks roles/pubsub.publisher`));
-    assert.ok(run.stdout.includes(`pushConfig { pushEndpoint: ${PUSH_URL}, oidcToken { serviceAccountEmail: ${PUSH_SERVICE_ACCOUNT}, audience: ${PUSH_URL} } }`));
+    assert.ok(
+      run.stdout.includes(
+        `pushConfig { pushEndpoint: ${PUSH_URL}, oidcToken { serviceAccountEmail: ${PUSH_SERVICE_ACCOUNT}, audience: ${PUSH_URL} } }`,
+      ),
+    );
     assert.ok(run.stdout.includes(`POST ${fake.url}gmail/v1/users/me/watch`));
     assert.equal(printedSection(run.stdout).mode, 'push');
   });
@@ -200,20 +275,40 @@ describe('gmail setup: output modes', () => {
     assert.deepEqual(Object.keys(out).sort(), ['dryRun', 'next', 'ok', 'section', 'steps']);
     assert.equal(out.ok, true);
     assert.equal(out.dryRun, false);
-    assert.deepEqual(out.steps.map((s: { step: string; status: string }) => `${s.step}:${s.status}`), ['authorise:done', 'topic:done', 'subscription:done', 'watch:done', 'config:done']);
+    assert.deepEqual(
+      out.steps.map((s: { step: string; status: string }) => `${s.step}:${s.status}`),
+      ['authorise:done', 'topic:done', 'subscription:done', 'watch:done', 'config:done'],
+    );
     for (const s of out.steps) assert.equal(typeof s.detail, 'string');
-    assert.deepEqual(out.section.push, { path: '/webhook/gmail', audience: PUSH_URL, serviceAccountEmail: PUSH_SERVICE_ACCOUNT });
+    assert.deepEqual(out.section.push, {
+      path: '/webhook/gmail',
+      audience: PUSH_URL,
+      serviceAccountEmail: PUSH_SERVICE_ACCOUNT,
+    });
     assert.match(out.next, /gatehouse start/);
   });
 
   it('pull mode: a subscription without pushConfig, and a section without push', async () => {
     const ws = workspace();
-    const run = await runSetup(fake, ws, ['--credentials', ws.credentials, '--mode', 'pull', '--subscription', 'gatehouse-gmail-pull']);
+    const run = await runSetup(fake, ws, [
+      '--credentials',
+      ws.credentials,
+      '--mode',
+      'pull',
+      '--subscription',
+      'gatehouse-gmail-pull',
+    ]);
     assert.equal(run.code, 0, run.stderr);
     const sub = fake.state.subscriptions.get(`projects/${PROJECT}/subscriptions/gatehouse-gmail-pull`)!;
     assert.equal(sub.topic, TOPIC);
     assert.deepEqual(sub.pushConfig, {});
-    assert.deepEqual(printedSection(run.stdout), { account: ACCOUNT, project: PROJECT, mode: 'pull', subscription: 'gatehouse-gmail-pull', googleApiUrl: fake.url });
+    assert.deepEqual(printedSection(run.stdout), {
+      account: ACCOUNT,
+      project: PROJECT,
+      mode: 'pull',
+      subscription: 'gatehouse-gmail-pull',
+      googleApiUrl: fake.url,
+    });
     assert.match(run.stdout, /✓ subscription\s+.*created \(pull\)/);
   });
 });
@@ -224,44 +319,101 @@ describe('gmail setup: which endpoints it calls', () => {
   after(() => fake.close());
 
   /** A client_secret.json naming its own OAuth endpoints, as Google's download does. */
-  const clientFileWith = (ws: Workspace, uris: { auth_uri: string; token_uri: string }) => writeFileSync(ws.credentials, JSON.stringify({
-    installed: { client_id: FAKE_CLIENT.clientId, client_secret: FAKE_CLIENT.clientSecret, project_id: FAKE_CLIENT.projectId, ...uris },
-  }));
+  const clientFileWith = (ws: Workspace, uris: { auth_uri: string; token_uri: string }) =>
+    writeFileSync(
+      ws.credentials,
+      JSON.stringify({
+        installed: {
+          client_id: FAKE_CLIENT.clientId,
+          client_secret: FAKE_CLIENT.clientSecret,
+          project_id: FAKE_CLIENT.projectId,
+          ...uris,
+        },
+      }),
+    );
   const planned = (stdout: string, step: string) => stepLines(stdout).find(([, s]) => s === step)![2];
 
   it('webhooks.gmail.googleApiUrl in the config, without the flag: every call (OAuth, Pub/Sub, Gmail) goes there', async () => {
     const ws = workspace();
     // An egress proxy configured once, for setup and run alike.
-    writeConfig(ws, webhooksWith({ account: ACCOUNT, project: PROJECT, mode: 'pull', subscription: 'gatehouse-gmail-pull', googleApiUrl: fake.url }, 'http://127.0.0.1:9'));
+    writeConfig(
+      ws,
+      webhooksWith(
+        {
+          account: ACCOUNT,
+          project: PROJECT,
+          mode: 'pull',
+          subscription: 'gatehouse-gmail-pull',
+          googleApiUrl: fake.url,
+        },
+        'http://127.0.0.1:9',
+      ),
+    );
     const from = fake.calls.length;
-    const run = await runSetup(fake, ws, ['--credentials', ws.credentials, '--mode', 'pull', '--subscription', 'gatehouse-gmail-pull'], { flag: false, timeoutMs: 15_000 });
+    const run = await runSetup(
+      fake,
+      ws,
+      ['--credentials', ws.credentials, '--mode', 'pull', '--subscription', 'gatehouse-gmail-pull'],
+      { flag: false, timeoutMs: 15_000 },
+    );
     assert.equal(run.code, 0, run.stderr);
     assert.equal(run.authUrl!.origin, new URL(fake.url).origin, 'the consent page is the configured one');
     assert.deepEqual(methodsUsed(fake.calls.slice(from)), [
       'gmail.users.getProfile',
-      'pubsub.projects.topics.get', 'pubsub.projects.topics.create', 'pubsub.projects.topics.getIamPolicy', 'pubsub.projects.topics.setIamPolicy',
-      'pubsub.projects.subscriptions.get', 'pubsub.projects.subscriptions.create',
+      'pubsub.projects.topics.get',
+      'pubsub.projects.topics.create',
+      'pubsub.projects.topics.getIamPolicy',
+      'pubsub.projects.topics.setIamPolicy',
+      'pubsub.projects.subscriptions.get',
+      'pubsub.projects.subscriptions.create',
       'gmail.users.watch',
     ]);
-    assert.ok(fake.calls.slice(from).some((c) => c.path === '/token'), 'the code was exchanged there too');
+    assert.ok(
+      fake.calls.slice(from).some((c) => c.path === '/token'),
+      'the code was exchanged there too',
+    );
     // The printed section is the configured one: nothing to paste.
-    assert.deepEqual(stepLines(run.stdout).map(([mark, step, rest]) => `${mark} ${step} ${rest.startsWith('(unchanged)')}`).at(-1), '✓ config true');
+    assert.deepEqual(
+      stepLines(run.stdout)
+        .map(([mark, step, rest]) => `${mark} ${step} ${rest.startsWith('(unchanged)')}`)
+        .at(-1),
+      '✓ config true',
+    );
   });
 
-  it('the client file\'s auth_uri and token_uri are used for OAuth, unless googleApiUrl (the config key, then the flag) says otherwise', async () => {
+  it("the client file's auth_uri and token_uri are used for OAuth, unless googleApiUrl (the config key, then the flag) says otherwise", async () => {
     const ws = workspace();
-    clientFileWith(ws, { auth_uri: 'https://oauth-proxy.example/o/oauth2/auth', token_uri: 'https://oauth-proxy.example/token' });
+    clientFileWith(ws, {
+      auth_uri: 'https://oauth-proxy.example/o/oauth2/auth',
+      token_uri: 'https://oauth-proxy.example/token',
+    });
     const args = ['--credentials', ws.credentials, '--mode', 'pull', '--dry-run'];
     const from = fake.calls.length;
     const fromFile = await runSetup(fake, ws, args, { flag: false, env: { GATEHOUSE_SECRET_KEY: undefined } });
     assert.equal(fromFile.code, 0, fromFile.stderr);
-    assert.match(planned(fromFile.stdout, 'authorise'), /open https:\/\/oauth-proxy\.example\/o\/oauth2\/auth .*POST https:\/\/oauth-proxy\.example\/token /);
-    assert.match(planned(fromFile.stdout, 'topic'), /^GET https:\/\/pubsub\.googleapis\.com\/v1\//, 'the APIs stay Google\'s own');
+    assert.match(
+      planned(fromFile.stdout, 'authorise'),
+      /open https:\/\/oauth-proxy\.example\/o\/oauth2\/auth .*POST https:\/\/oauth-proxy\.example\/token /,
+    );
+    assert.match(
+      planned(fromFile.stdout, 'topic'),
+      /^GET https:\/\/pubsub\.googleapis\.com\/v1\//,
+      "the APIs stay Google's own",
+    );
 
-    writeConfig(ws, webhooksWith({ account: ACCOUNT, project: PROJECT, mode: 'pull', googleApiUrl: 'http://egress.example:3128/' }, 'http://127.0.0.1:9'));
+    writeConfig(
+      ws,
+      webhooksWith(
+        { account: ACCOUNT, project: PROJECT, mode: 'pull', googleApiUrl: 'http://egress.example:3128/' },
+        'http://127.0.0.1:9',
+      ),
+    );
     const fromConfig = await runSetup(fake, ws, args, { flag: false, env: { GATEHOUSE_SECRET_KEY: undefined } });
     assert.equal(fromConfig.code, 0, fromConfig.stderr);
-    assert.match(planned(fromConfig.stdout, 'authorise'), /open http:\/\/egress\.example:3128\/o\/oauth2\/v2\/auth .*POST http:\/\/egress\.example:3128\/token /);
+    assert.match(
+      planned(fromConfig.stdout, 'authorise'),
+      /open http:\/\/egress\.example:3128\/o\/oauth2\/v2\/auth .*POST http:\/\/egress\.example:3128\/token /,
+    );
     assert.match(planned(fromConfig.stdout, 'topic'), /^GET http:\/\/egress\.example:3128\/v1\//);
 
     const fromFlag = await runSetup(fake, ws, args, { env: { GATEHOUSE_SECRET_KEY: undefined } });
@@ -292,7 +444,9 @@ describe('gmail setup: refusals and failures name the step and the fix', () => {
     assert.equal(fake.calls.length, from, 'no call to Google');
     assert.equal(existsSync(ws.db), false, 'no storage created');
 
-    const short = await runSetup(fake, ws, pushArgs(ws), { env: { GATEHOUSE_SECRET_KEY: Buffer.alloc(16).toString('base64') } });
+    const short = await runSetup(fake, ws, pushArgs(ws), {
+      env: { GATEHOUSE_SECRET_KEY: Buffer.alloc(16).toString('base64') },
+    });
     assert.equal(short.code, 1);
     assert.match(short.stderr, /not 32 bytes of base64 \(got 16 bytes\).*openssl rand -base64 32/);
     assert.equal(fake.calls.length, from);
@@ -305,8 +459,14 @@ describe('gmail setup: refusals and failures name the step and the fix', () => {
       const run = await runSetup(fake, ws, pushArgs(ws));
       assert.equal(run.code, 1);
       assert.match(run.stderr, /setup failed at step "topic"/);
-      assert.ok(run.stderr.includes(`https://console.cloud.google.com/apis/library/pubsub.googleapis.com?project=${PROJECT}`), run.stderr);
-      assert.deepEqual(stepLines(run.stdout).map(([mark, step]) => `${mark} ${step}`), ['✓ authorise', '✗ topic']);
+      assert.ok(
+        run.stderr.includes(`https://console.cloud.google.com/apis/library/pubsub.googleapis.com?project=${PROJECT}`),
+        run.stderr,
+      );
+      assert.deepEqual(
+        stepLines(run.stdout).map(([mark, step]) => `${mark} ${step}`),
+        ['✓ authorise', '✗ topic'],
+      );
       assert.equal(fake.state.topics.size, 0);
       assert.equal(fake.state.subscriptions.size, 0);
       assert.equal(fake.state.watches.size, 0);
@@ -324,8 +484,14 @@ describe('gmail setup: refusals and failures name the step and the fix', () => {
       assert.equal(run.code, 1);
       assert.equal(run.browser!.location.searchParams.get('error'), 'access_denied');
       assert.match(run.browser!.loopbackPage, /refused/);
-      assert.match(run.stderr, /setup failed at step "authorise": Google answered "access_denied": the consent was not given/);
-      assert.deepEqual(fake.calls.slice(from).map((c) => c.path), ['/o/oauth2/v2/auth']);
+      assert.match(
+        run.stderr,
+        /setup failed at step "authorise": Google answered "access_denied": the consent was not given/,
+      );
+      assert.deepEqual(
+        fake.calls.slice(from).map((c) => c.path),
+        ['/o/oauth2/v2/auth'],
+      );
       assert.equal(accountRow(ws), undefined);
     } finally {
       fake.setConsent({ deny: false });
@@ -346,7 +512,7 @@ describe('gmail setup: refusals and failures name the step and the fix', () => {
     }
   });
 
-  it('an HTML error page (Google\'s front end, a proxy) is reported as status and request, with a hint for it, never as HTML', async () => {
+  it("an HTML error page (Google's front end, a proxy) is reported as status and request, with a hint for it, never as HTML", async () => {
     const ws = workspace();
     const html = /<!DOCTYPE|<html|<title|That’s an error/i;
     // A 404 page for the topic: not "the topic is missing" (nothing is created), not "check the project id".
@@ -354,23 +520,42 @@ describe('gmail setup: refusals and failures name the step and the fix', () => {
     const from = fake.calls.length;
     const missing = await runSetup(fake, ws, pushArgs(ws));
     assert.equal(missing.code, 1);
-    assert.match(missing.stderr, new RegExp(`setup failed at step "topic": Google answered 404 Not Found to GET ${fake.url}v1/${TOPIC}\\. That server serves no such URL: check webhooks\\.gmail\\.googleApiUrl \\(or --google-api-url\\)`));
+    assert.match(
+      missing.stderr,
+      new RegExp(
+        `setup failed at step "topic": Google answered 404 Not Found to GET ${fake.url}v1/${TOPIC}\\. That server serves no such URL: check webhooks\\.gmail\\.googleApiUrl \\(or --google-api-url\\)`,
+      ),
+    );
     assert.doesNotMatch(missing.stderr + missing.stdout, html);
     assert.doesNotMatch(missing.stderr, /project id/);
-    assert.deepEqual(fake.calls.slice(from).filter((c) => c.method === 'PUT'), [], 'an HTML 404 is not taken for a missing topic');
+    assert.deepEqual(
+      fake.calls.slice(from).filter((c) => c.method === 'PUT'),
+      [],
+      'an HTML 404 is not taken for a missing topic',
+    );
     assert.equal(fake.state.topics.size, 0);
 
     // The same for the IAM read, and a 502 page while creating the subscription: try again later.
     fake.failNext({ method: 'GET', path: `/v1/${TOPIC}:getIamPolicy` }, { status: 404, message: '', html: true });
     const iam = await runSetup(fake, ws, pushArgs(ws));
     assert.equal(iam.code, 1);
-    assert.ok(iam.stderr.includes(`setup failed at step "topic": Google answered 404 Not Found to GET ${fake.url}v1/${TOPIC}:getIamPolicy.`), iam.stderr);
+    assert.ok(
+      iam.stderr.includes(
+        `setup failed at step "topic": Google answered 404 Not Found to GET ${fake.url}v1/${TOPIC}:getIamPolicy.`,
+      ),
+      iam.stderr,
+    );
     assert.doesNotMatch(iam.stderr, html);
 
     fake.failNext({ method: 'PUT', path: `/v1/${PUSH_SUBSCRIPTION}` }, { status: 502, message: '', html: true });
     const down = await runSetup(fake, ws, pushArgs(ws));
     assert.equal(down.code, 1);
-    assert.ok(down.stderr.includes(`setup failed at step "subscription": Google answered 502 Bad Gateway to PUT ${fake.url}v1/${PUSH_SUBSCRIPTION}. The server in between could not answer for now: run setup again in a minute`), down.stderr);
+    assert.ok(
+      down.stderr.includes(
+        `setup failed at step "subscription": Google answered 502 Bad Gateway to PUT ${fake.url}v1/${PUSH_SUBSCRIPTION}. The server in between could not answer for now: run setup again in a minute`,
+      ),
+      down.stderr,
+    );
     assert.doesNotMatch(down.stderr, html);
   });
 });

@@ -36,8 +36,18 @@ export function useAdminFixtures(): void {
     const ours = await generateKeyPair('RS256');
     const stranger = await generateKeyPair('RS256');
     const jwk = { ...(await exportJWK(ours.publicKey)), kid: 'k1', alg: 'RS256', use: 'sig' };
-    signGood = (sub) => new SignJWT({}).setProtectedHeader({ alg: 'RS256', kid: 'k1' }).setSubject(sub).setExpirationTime('5m').sign(ours.privateKey);
-    signStranger = () => new SignJWT({}).setProtectedHeader({ alg: 'RS256', kid: 'k1' }).setSubject('mallory').setExpirationTime('5m').sign(stranger.privateKey);
+    signGood = (sub) =>
+      new SignJWT({})
+        .setProtectedHeader({ alg: 'RS256', kid: 'k1' })
+        .setSubject(sub)
+        .setExpirationTime('5m')
+        .sign(ours.privateKey);
+    signStranger = () =>
+      new SignJWT({})
+        .setProtectedHeader({ alg: 'RS256', kid: 'k1' })
+        .setSubject('mallory')
+        .setExpirationTime('5m')
+        .sign(stranger.privateKey);
     const state = { status: 200 };
     const server = http.createServer((_req, res) => {
       res.writeHead(state.status, { 'content-type': 'application/json' });
@@ -46,8 +56,12 @@ export function useAdminFixtures(): void {
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     jwks = {
       url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/jwks.json`,
-      get status() { return state.status; },
-      set status(s: number) { state.status = s; },
+      get status() {
+        return state.status;
+      },
+      set status(s: number) {
+        state.status = s;
+      },
       close: () => new Promise((r) => server.close(() => r())),
     };
   });
@@ -56,9 +70,14 @@ export function useAdminFixtures(): void {
   });
 }
 
-export function writeConfig(name: string, options: { workers?: number; upstreamUrl?: string; admin?: string; storage?: string } = {}): string {
+export function writeConfig(
+  name: string,
+  options: { workers?: number; upstreamUrl?: string; admin?: string; storage?: string } = {},
+): string {
   const file = path.join(dir, name);
-  writeFileSync(file, `{
+  writeFileSync(
+    file,
+    `{
     gateway: { listen: { port: 0 }, workers: ${options.workers ?? 1}, upstream: { target: "${options.upstreamUrl ?? upstream.url}" },
       auth: { apiKey: "${KEY}", require: "any", bearer: { jwt: { jwksUri: "${jwks.url}", jwksCooldownSeconds: 0 } } } },
     webhooks: { enabled: true, listen: { port: 0 },
@@ -67,11 +86,17 @@ export function writeConfig(name: string, options: { workers?: number; upstreamU
       delivery: { initialBackoffMs: 50, maxBackoffMs: 100 } },
     storage: ${options.storage ?? `{ path: "${path.join(dir, name + '.db')}" }`},
     admin: ${options.admin ?? `{ listen: { port: 0 }, token: "${TOKEN}", limits: { maxHeaderCount: 20 } }`},
-  }`);
+  }`,
+  );
   return file;
 }
 
-export interface Started { server: ServerProcess; gateway: string; webhooks: string; admin: string }
+export interface Started {
+  server: ServerProcess;
+  gateway: string;
+  webhooks: string;
+  admin: string;
+}
 
 export async function start(file: string, env: NodeJS.ProcessEnv = {}): Promise<Started> {
   const server = startServerProcess(file, { env });
@@ -99,15 +124,21 @@ export async function scrape(admin: string): Promise<{ text: string; value(serie
 
 /** The same traffic for both layouts: counts below are what it must produce. */
 export async function sendTraffic(s: Started, deliveryId = 'd-1'): Promise<void> {
-  for (let i = 0; i < 4; i++) assert.equal((await request(s.gateway, `/api/items/${i}`, { headers: { 'x-api-key': KEY } })).status, 200);
-  for (let i = 0; i < 2; i++) assert.equal((await request(s.gateway, '/api/items', { headers: { 'x-api-key': WRONG_KEY } })).status, 401);
+  for (let i = 0; i < 4; i++)
+    assert.equal((await request(s.gateway, `/api/items/${i}`, { headers: { 'x-api-key': KEY } })).status, 200);
+  for (let i = 0; i < 2; i++)
+    assert.equal((await request(s.gateway, '/api/items', { headers: { 'x-api-key': WRONG_KEY } })).status, 401);
   assert.equal((await request(s.gateway, '/api/items')).status, 401);
-  assert.equal((await request(s.gateway, '/api/items', { headers: { authorization: `Bearer ${await signStranger()}` } })).status, 401);
-  const hook = (secret: string, id: string) => request(s.webhooks, '/webhook/deploys', {
-    method: 'POST',
-    headers: { 'content-type': 'application/json', 'x-webhook-secret': secret, 'idempotency-key': id },
-    body: '{"ref":"main"}',
-  });
+  assert.equal(
+    (await request(s.gateway, '/api/items', { headers: { authorization: `Bearer ${await signStranger()}` } })).status,
+    401,
+  );
+  const hook = (secret: string, id: string) =>
+    request(s.webhooks, '/webhook/deploys', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-webhook-secret': secret, 'idempotency-key': id },
+      body: '{"ref":"main"}',
+    });
   assert.equal((await hook(HOOK_SECRET, deliveryId)).status, 202);
   assert.equal((await hook(HOOK_SECRET, deliveryId)).status, 200); // the same delivery id: a duplicate
   assert.equal((await hook('not-the-secret-0123456789', 'other')).status, 401);

@@ -13,12 +13,17 @@ import { chromium, type BrowserContext, type Page } from 'playwright-core';
  */
 export const CHROMIUM = '/usr/bin/chromium';
 /** Why the browser tests are skipped here (no chromium), or false. */
-export const BROWSER_MISSING = existsSync(CHROMIUM) ? false : `${CHROMIUM} is missing: install Debian's chromium (apt-get install chromium) to run the browser tests`;
+export const BROWSER_MISSING = existsSync(CHROMIUM)
+  ? false
+  : `${CHROMIUM} is missing: install Debian's chromium (apt-get install chromium) to run the browser tests`;
 
 export const JWT_SECRET = 'browser-test-jwt-secret-0123456789abcdef';
 
 export function hs256(sub: string): Promise<string> {
-  return new SignJWT({ sub }).setProtectedHeader({ alg: 'HS256' }).setExpirationTime('10m').sign(new TextEncoder().encode(JWT_SECRET));
+  return new SignJWT({ sub })
+    .setProtectedHeader({ alg: 'HS256' })
+    .setExpirationTime('10m')
+    .sign(new TextEncoder().encode(JWT_SECRET));
 }
 
 export interface PageServer {
@@ -36,10 +41,11 @@ export async function startPageServer(html: string): Promise<PageServer> {
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {
     origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-    close: () => new Promise((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }
 
@@ -57,7 +63,15 @@ export async function launchBrowser(): Promise<TestBrowser> {
     executablePath: CHROMIUM,
     headless: true,
     timeout: 60_000,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    args: [
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+    ],
   });
   return {
     context,

@@ -143,7 +143,10 @@ interface Reply {
  * reference allows (an unknown chat, a bad token).
  */
 class Refusal extends Error {
-  constructor(readonly reply: Reply, readonly violation?: string) {
+  constructor(
+    readonly reply: Reply,
+    readonly violation?: string,
+  ) {
     super(`refused with ${reply.status}`);
   }
 }
@@ -185,17 +188,38 @@ abstract class FakeHttpServer implements FakeChatServer {
   }
 
   /** One POST on a fresh connection (no keep-alive, so the target can close promptly). */
-  protected deliver(target: string, headers: Record<string, string>, body: string, timeoutMs = 10_000): Promise<Omit<DeliveryResult, 'violations'>> {
+  protected deliver(
+    target: string,
+    headers: Record<string, string>,
+    body: string,
+    timeoutMs = 10_000,
+  ): Promise<Omit<DeliveryResult, 'violations'>> {
     const url = new URL(target);
     const transport = url.protocol === 'https:' ? https : http;
     const started = performance.now();
     return new Promise((resolve, reject) => {
-      const req = transport.request(url, { method: 'POST', headers: { ...headers, 'Content-Length': String(Buffer.byteLength(body)) }, agent: false, timeout: timeoutMs }, (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers, body: Buffer.concat(chunks).toString('utf8'), elapsedMs: performance.now() - started }));
-        res.on('error', reject);
-      });
+      const req = transport.request(
+        url,
+        {
+          method: 'POST',
+          headers: { ...headers, 'Content-Length': String(Buffer.byteLength(body)) },
+          agent: false,
+          timeout: timeoutMs,
+        },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (c: Buffer) => chunks.push(c));
+          res.on('end', () =>
+            resolve({
+              status: res.statusCode!,
+              headers: res.headers,
+              body: Buffer.concat(chunks).toString('utf8'),
+              elapsedMs: performance.now() - started,
+            }),
+          );
+          res.on('error', reject);
+        },
+      );
       this.inflight.add(req);
       req.on('close', () => this.inflight.delete(req));
       req.on('timeout', () => req.destroy(new Error(`delivery to ${target} timed out after ${timeoutMs} ms`)));
@@ -218,13 +242,32 @@ abstract class FakeHttpServer implements FakeChatServer {
     const method = req.method ?? 'GET';
     const contentType = (req.headers['content-type'] ?? '').toLowerCase();
     const { body, parsed } = parseBody(raw, contentType);
-    const call: RecordedCall = { method, path, query: queryObject(url.searchParams), headers: req.headers, body, violations: [] };
+    const call: RecordedCall = {
+      method,
+      path,
+      query: queryObject(url.searchParams),
+      headers: req.headers,
+      body,
+      violations: [],
+    };
     this.calls.push(call);
     const [mediaType = '', ...parameters] = contentType.split(';').map((p) => p.trim());
     const charset = parameters.map((p) => /^charset="?([^"]*)"?$/.exec(p)?.[1]).find((c) => c !== undefined);
     let reply: Reply;
     try {
-      const x: Exchange = { method, path, url, headers: req.headers, contentType, mediaType, charset, raw, body, parsed, call };
+      const x: Exchange = {
+        method,
+        path,
+        url,
+        headers: req.headers,
+        contentType,
+        mediaType,
+        charset,
+        raw,
+        body,
+        parsed,
+        call,
+      };
       const { route, handle } = this.resolve(x);
       call.route = route;
       reply = this.injectedFailure(x) ?? handle();
@@ -233,7 +276,11 @@ abstract class FakeHttpServer implements FakeChatServer {
         reply = err.reply;
         if (err.violation) call.violations.push(err.violation);
       } else {
-        reply = { status: 500, body: `fake-chat: ${(err as Error).message}`, headers: { 'content-type': 'text/plain' } };
+        reply = {
+          status: 500,
+          body: `fake-chat: ${(err as Error).message}`,
+          headers: { 'content-type': 'text/plain' },
+        };
       }
     }
     call.status = reply.status;
@@ -248,8 +295,11 @@ abstract class FakeHttpServer implements FakeChatServer {
   }
 
   private injectedFailure(x: Exchange): Reply | undefined {
-    const i = this.failures.findIndex(({ matcher: m }) =>
-      (!m.method || m.method.toUpperCase() === x.method) && (typeof m.path === 'string' ? m.path === x.path : m.path.test(x.path)));
+    const i = this.failures.findIndex(
+      ({ matcher: m }) =>
+        (!m.method || m.method.toUpperCase() === x.method) &&
+        (typeof m.path === 'string' ? m.path === x.path : m.path.test(x.path)),
+    );
     if (i < 0) return undefined;
     const entry = this.failures[i]!;
     if (--entry.left <= 0) this.failures.splice(i, 1);
@@ -377,8 +427,13 @@ const TELEGRAM_API = 'https://core.telegram.org/bots/api';
 const TELEGRAM_BODY_TYPES = ['application/x-www-form-urlencoded', 'application/json', 'multipart/form-data'] as const;
 
 const telegramMethod = (name: string, required: string[] = []): DocumentedRoute => ({
-  platform: 'telegram', name, methods: ['GET', 'POST'], bodyTypes: TELEGRAM_BODY_TYPES, auth: 'the bot token in the path: /bot<token>/<method>',
-  required, source: `${TELEGRAM_API}#${name.toLowerCase()}`,
+  platform: 'telegram',
+  name,
+  methods: ['GET', 'POST'],
+  bodyTypes: TELEGRAM_BODY_TYPES,
+  auth: 'the bot token in the path: /bot<token>/<method>',
+  required,
+  source: `${TELEGRAM_API}#${name.toLowerCase()}`,
 });
 
 /** The Bot API methods the fake serves, as https://core.telegram.org/bots/api documents them. */
@@ -397,10 +452,31 @@ export const TELEGRAM_METHODS: readonly DocumentedRoute[] = [
  * managed_bot and guest_message). Any other name is silently dropped by the server.
  */
 export const TELEGRAM_UPDATE_TYPES: readonly string[] = [
-  'message', 'edited_message', 'channel_post', 'edited_channel_post', 'business_connection', 'business_message',
-  'edited_business_message', 'deleted_business_messages', 'message_reaction', 'message_reaction_count', 'inline_query',
-  'chosen_inline_result', 'callback_query', 'shipping_query', 'pre_checkout_query', 'purchased_paid_media', 'poll',
-  'poll_answer', 'my_chat_member', 'chat_member', 'chat_join_request', 'chat_boost', 'removed_chat_boost', 'managed_bot', 'guest_message',
+  'message',
+  'edited_message',
+  'channel_post',
+  'edited_channel_post',
+  'business_connection',
+  'business_message',
+  'edited_business_message',
+  'deleted_business_messages',
+  'message_reaction',
+  'message_reaction_count',
+  'inline_query',
+  'chosen_inline_result',
+  'callback_query',
+  'shipping_query',
+  'pre_checkout_query',
+  'purchased_paid_media',
+  'poll',
+  'poll_answer',
+  'my_chat_member',
+  'chat_member',
+  'chat_join_request',
+  'chat_boost',
+  'removed_chat_boost',
+  'managed_bot',
+  'guest_message',
 ];
 
 /** sendMessage's parse_mode (https://core.telegram.org/bots/api#formatting-options); the server compares lower-cased and also takes "none". */
@@ -420,10 +496,17 @@ interface TelegramBotState extends TelegramBot {
   messageIds: Map<string, number>;
 }
 
-const tgOk = (result: unknown, description?: string): Reply => ({ status: 200, body: { ok: true, result, ...(description ? { description } : {}) } });
-const tgError = (code: number, description: string, extra: Record<string, unknown> = {}): Reply => ({ status: code, body: { ok: false, error_code: code, description, ...extra } });
+const tgOk = (result: unknown, description?: string): Reply => ({
+  status: 200,
+  body: { ok: true, result, ...(description ? { description } : {}) },
+});
+const tgError = (code: number, description: string, extra: Record<string, unknown> = {}): Reply => ({
+  status: code,
+  body: { ok: false, error_code: code, description, ...extra },
+});
 /** A refusal for a call the reference does not allow; `why` names the rule and its section. */
-const tgViolation = (code: number, description: string, why: string) => new Refusal(tgError(code, description), `telegram: ${why}`);
+const tgViolation = (code: number, description: string, why: string) =>
+  new Refusal(tgError(code, description), `telegram: ${why}`);
 
 class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
   token: string;
@@ -436,7 +519,8 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
   constructor(options: FakeTelegramOptions) {
     super();
     const b = options.bot ?? {};
-    this.token = b.token ?? `${randomInt(1_000_000_000, 8_000_000_000)}:AA${randomBytes(25).toString('base64url').slice(0, 33)}`;
+    this.token =
+      b.token ?? `${randomInt(1_000_000_000, 8_000_000_000)}:AA${randomBytes(25).toString('base64url').slice(0, 33)}`;
     this.bot = this.addBot(this.token, { username: b.username ?? 'gatehouse_test_bot', firstName: b.firstName });
     this.chats = new IdSet(options.chats);
   }
@@ -445,8 +529,12 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
     const id = TELEGRAM_TOKEN.exec(token)?.[1];
     if (!id) throw new Error(`fake-telegram: a bot token is '<digits>:<secret>', got ${token}`);
     const bot: TelegramBotState = {
-      token, id: Number(id), username: profile.username, firstName: profile.firstName ?? 'Gatehouse',
-      nextUpdateId: randomInt(100_000_000, 900_000_000), messageIds: new Map(),
+      token,
+      id: Number(id),
+      username: profile.username,
+      firstName: profile.firstName ?? 'Gatehouse',
+      nextUpdateId: randomInt(100_000_000, 900_000_000),
+      messageIds: new Map(),
     };
     this.bots.set(token, bot);
     return { token, id: bot.id, username: bot.username, firstName: bot.firstName };
@@ -466,10 +554,15 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
     // server's plain 404 (HttpConnection.cpp); api.telegram.org says "Not Found" for an unknown
     // method too (the open-source server says "Not Found: method not found").
     const m = /^\/bot([^/]+)\/([^/]*)$/.exec(x.path);
-    if (!m || !TELEGRAM_TOKEN.test(m[1]!)) throw tgViolation(404, 'Not Found', `${x.path} is not /bot<token>/<method> (${TELEGRAM_API}#making-requests)`);
+    if (!m || !TELEGRAM_TOKEN.test(m[1]!))
+      throw tgViolation(404, 'Not Found', `${x.path} is not /bot<token>/<method> (${TELEGRAM_API}#making-requests)`);
     // "We support GET and POST HTTP methods." What the server does with others is not documented.
     if (x.method !== 'GET' && x.method !== 'POST') {
-      throw tgViolation(405, 'Method Not Allowed', `${x.method}: the Bot API takes GET and POST (${TELEGRAM_API}#making-requests)`); // fake's wording
+      throw tgViolation(
+        405,
+        'Method Not Allowed',
+        `${x.method}: the Bot API takes GET and POST (${TELEGRAM_API}#making-requests)`,
+      ); // fake's wording
     }
     // "Bot API method names are case-insensitive."
     const route = TELEGRAM_METHODS.find((r) => r.name.toLowerCase() === m[2]!.toLowerCase());
@@ -490,9 +583,15 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
     if (x.raw !== '') {
       if (!(TELEGRAM_BODY_TYPES as readonly string[]).includes(x.mediaType)) {
         // The server reads no parameters from such a body: the call goes on without them.
-        x.call.violations.push(`telegram: a ${x.mediaType || 'untyped'} body is not one of the ways to pass parameters (${TELEGRAM_API}#making-requests)`);
+        x.call.violations.push(
+          `telegram: a ${x.mediaType || 'untyped'} body is not one of the ways to pass parameters (${TELEGRAM_API}#making-requests)`,
+        );
       } else if (!x.parsed || !isRecord(x.body)) {
-        throw tgViolation(400, "Bad Request: can't parse JSON object", `the body is not a JSON object (${TELEGRAM_API}#making-requests)`); // fake's wording
+        throw tgViolation(
+          400,
+          "Bad Request: can't parse JSON object",
+          `the body is not a JSON object (${TELEGRAM_API}#making-requests)`,
+        ); // fake's wording
       } else {
         body = x.body;
       }
@@ -502,8 +601,15 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
     switch (route.name) {
       case 'getMe':
         return tgOk({
-          id: bot.id, is_bot: true, first_name: bot.firstName, username: bot.username, can_join_groups: true,
-          can_read_all_group_messages: false, supports_inline_queries: false, can_connect_to_business: false, has_main_web_app: false,
+          id: bot.id,
+          is_bot: true,
+          first_name: bot.firstName,
+          username: bot.username,
+          can_join_groups: true,
+          can_read_all_group_messages: false,
+          supports_inline_queries: false,
+          can_connect_to_business: false,
+          has_main_web_app: false,
         });
       case 'setWebhook':
         return this.setWebhook(bot, params, x);
@@ -512,7 +618,11 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
       case 'getWebhookInfo':
         return tgOk(webhookInfo(bot.webhook));
       case 'getUpdates':
-        if (bot.webhook) return tgError(409, "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first");
+        if (bot.webhook)
+          return tgError(
+            409,
+            "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first",
+          );
         return tgOk([]);
       case 'sendMessage':
         return this.sendMessage(bot, params);
@@ -524,7 +634,10 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
   /** https://core.telegram.org/bots/api#setwebhook; checks and texts as do_set_webhook (Client.cpp) and WebhookActor.cpp. */
   private setWebhook(bot: TelegramBotState, p: Record<string, unknown>, x: Exchange): Reply {
     // url is "Required"; the server treats a missing one as "" (delete), so the call works but breaks the contract.
-    if (p.url === undefined) x.call.violations.push(`telegram: setWebhook without its required "url" (${TELEGRAM_API}#setwebhook); the server deletes the webhook`);
+    if (p.url === undefined)
+      x.call.violations.push(
+        `telegram: setWebhook without its required "url" (${TELEGRAM_API}#setwebhook); the server deletes the webhook`,
+      );
     const url = scalar(p.url) ?? '';
     // "Use an empty string to remove webhook integration."
     if (url === '') return this.removeWebhook(bot);
@@ -532,20 +645,36 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
     const secret = scalar(p.secret_token) || undefined;
     if (secret !== undefined && !TELEGRAM_SECRET_TOKEN.test(secret)) {
       const why = `secret_token must be 1-256 characters of A-Z a-z 0-9 _ - (${TELEGRAM_API}#setwebhook)`;
-      throw tgViolation(400, secret.length > 256 ? 'Bad Request: secret token is too long' : 'Bad Request: secret token contains unallowed characters', why);
+      throw tgViolation(
+        400,
+        secret.length > 256
+          ? 'Bad Request: secret token is too long'
+          : 'Bad Request: secret token contains unallowed characters',
+        why,
+      );
     }
     // "If not specified, the previous setting will be used."
-    const allowedUpdates = p.allowed_updates === undefined ? bot.webhook?.allowedUpdates : allowedUpdateTypes(p.allowed_updates, x, bot.webhook?.allowedUpdates);
+    const allowedUpdates =
+      p.allowed_updates === undefined
+        ? bot.webhook?.allowedUpdates
+        : allowedUpdateTypes(p.allowed_updates, x, bot.webhook?.allowedUpdates);
     // "max_connections: … 1-100. Defaults to 40."
     const requested = p.max_connections === undefined ? 40 : Number(scalar(p.max_connections));
     if (p.max_connections !== undefined && !(Number.isInteger(requested) && requested >= 1 && requested <= 100)) {
-      x.call.violations.push(`telegram: max_connections must be 1-100 (${TELEGRAM_API}#setwebhook); the server clamps it`);
+      x.call.violations.push(
+        `telegram: max_connections must be 1-100 (${TELEGRAM_API}#setwebhook); the server clamps it`,
+      );
     }
     const maxConnections = Math.min(100, Math.max(1, Number.isFinite(requested) ? requested : 40));
     const next: TelegramWebhook = { url, secretToken: secret, allowedUpdates, maxConnections };
     const previous = bot.webhook;
-    if (previous && previous.url === url && previous.secretToken === secret && previous.maxConnections === maxConnections
-      && JSON.stringify(previous.allowedUpdates) === JSON.stringify(allowedUpdates)) {
+    if (
+      previous &&
+      previous.url === url &&
+      previous.secretToken === secret &&
+      previous.maxConnections === maxConnections &&
+      JSON.stringify(previous.allowedUpdates) === JSON.stringify(allowedUpdates)
+    ) {
       return tgOk(true, 'Webhook is already set');
     }
     bot.webhook = next;
@@ -561,14 +690,33 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
   /** https://core.telegram.org/bots/api#sendmessage */
   private sendMessage(bot: TelegramBotState, p: Record<string, unknown>): Reply {
     const chatId = scalar(p.chat_id);
-    if (!chatId) throw tgViolation(400, 'Bad Request: chat_id is empty', `sendMessage without its required "chat_id" (${TELEGRAM_API}#sendmessage)`);
+    if (!chatId)
+      throw tgViolation(
+        400,
+        'Bad Request: chat_id is empty',
+        `sendMessage without its required "chat_id" (${TELEGRAM_API}#sendmessage)`,
+      );
     const text = scalar(p.text) ?? '';
     // "Text of the message to be sent, 1-4096 characters after entities parsing"; entity parsing trims.
-    if (!text.trim()) throw tgViolation(400, 'Bad Request: message text is empty', `sendMessage needs a "text" of 1-4096 characters (${TELEGRAM_API}#sendmessage)`);
-    if (characters(text) > 4096) throw tgViolation(400, 'Bad Request: message is too long', `sendMessage's text is at most 4096 characters (${TELEGRAM_API}#sendmessage)`);
+    if (!text.trim())
+      throw tgViolation(
+        400,
+        'Bad Request: message text is empty',
+        `sendMessage needs a "text" of 1-4096 characters (${TELEGRAM_API}#sendmessage)`,
+      );
+    if (characters(text) > 4096)
+      throw tgViolation(
+        400,
+        'Bad Request: message is too long',
+        `sendMessage's text is at most 4096 characters (${TELEGRAM_API}#sendmessage)`,
+      );
     const parseMode = scalar(p.parse_mode);
     if (parseMode && !TELEGRAM_PARSE_MODES.includes(parseMode.toLowerCase())) {
-      throw tgViolation(400, 'Bad Request: unsupported parse_mode', `parse_mode is one of MarkdownV2, HTML, Markdown (${TELEGRAM_API}#formatting-options)`);
+      throw tgViolation(
+        400,
+        'Bad Request: unsupported parse_mode',
+        `parse_mode is one of MarkdownV2, HTML, Markdown (${TELEGRAM_API}#formatting-options)`,
+      );
     }
     if (!this.chats.has(chatId)) throw new Refusal(tgError(400, 'Bad Request: chat not found'));
     const messageId = (bot.messageIds.get(chatId) ?? 0) + 1;
@@ -607,7 +755,8 @@ class FakeTelegramServer extends FakeHttpServer implements FakeTelegram {
     } catch (err) {
       record.error = (err as Error).message;
       hook.lastErrorDate = Math.floor(Date.now() / 1000);
-      hook.lastErrorMessage = (err as NodeJS.ErrnoException).code === 'ECONNREFUSED' ? 'Connection refused' : (err as Error).message;
+      hook.lastErrorMessage =
+        (err as NodeJS.ErrnoException).code === 'ECONNREFUSED' ? 'Connection refused' : (err as Error).message;
       throw err;
     }
   }
@@ -623,12 +772,25 @@ function checkTelegramWebhookUrl(raw: string): void {
   try {
     url = new URL(raw);
   } catch {
-    throw tgViolation(400, 'Bad Request: invalid webhook URL specified', `url must be an HTTPS URL (${TELEGRAM_API}#setwebhook)`);
+    throw tgViolation(
+      400,
+      'Bad Request: invalid webhook URL specified',
+      `url must be an HTTPS URL (${TELEGRAM_API}#setwebhook)`,
+    );
   }
   if (url.protocol === 'http:' && isLoopback(url.hostname)) return;
-  if (url.protocol !== 'https:') throw tgViolation(400, 'Bad Request: bad webhook: An HTTPS URL must be provided for webhook', `url must be an HTTPS URL (${TELEGRAM_API}#setwebhook)`);
+  if (url.protocol !== 'https:')
+    throw tgViolation(
+      400,
+      'Bad Request: bad webhook: An HTTPS URL must be provided for webhook',
+      `url must be an HTTPS URL (${TELEGRAM_API}#setwebhook)`,
+    );
   if (!TELEGRAM_WEBHOOK_PORTS.includes(url.port || '443')) {
-    throw tgViolation(400, 'Bad Request: bad webhook: Webhook can be set up only on ports 80, 88, 443 or 8443', `webhook ports are 443, 80, 88, 8443 (${TELEGRAM_API}#setwebhook)`);
+    throw tgViolation(
+      400,
+      'Bad Request: bad webhook: Webhook can be set up only on ports 80, 88, 443 or 8443',
+      `webhook ports are 443, 80, 88, 8443 (${TELEGRAM_API}#setwebhook)`,
+    );
   }
 }
 
@@ -648,12 +810,17 @@ function allowedUpdateTypes(value: unknown, x: Exchange, previous: string[] | un
     }
   }
   if (!Array.isArray(list) || !list.every((u) => typeof u === 'string')) {
-    x.call.violations.push(`telegram: allowed_updates must be a JSON-serialized list of update types (${TELEGRAM_API}#setwebhook); the server ignores it`);
+    x.call.violations.push(
+      `telegram: allowed_updates must be a JSON-serialized list of update types (${TELEGRAM_API}#setwebhook); the server ignores it`,
+    );
     return previous;
   }
   const names = list.map((u: string) => u.toLowerCase());
   const unknown = names.filter((u) => !TELEGRAM_UPDATE_TYPES.includes(u));
-  if (unknown.length) x.call.violations.push(`telegram: allowed_updates names no such update type: ${unknown.join(', ')} (${TELEGRAM_API}#update); the server drops it`);
+  if (unknown.length)
+    x.call.violations.push(
+      `telegram: allowed_updates names no such update type: ${unknown.join(', ')} (${TELEGRAM_API}#update); the server drops it`,
+    );
   const known = [...new Set(names.filter((u) => TELEGRAM_UPDATE_TYPES.includes(u)))];
   return known.length ? known : undefined;
 }
@@ -676,7 +843,10 @@ function webhookInfo(hook: TelegramWebhook | undefined): Record<string, unknown>
 /** A Chat for a chat_id: -100… supergroups, other negatives groups, positives users, '@name' channels. */
 function telegramChat(chatId: string): TelegramChat {
   if (chatId.startsWith('@')) {
-    const id = -(1_000_000_000_000 + (parseInt(createHash('sha256').update(chatId).digest('hex').slice(0, 8), 16) % 1_000_000_000));
+    const id = -(
+      1_000_000_000_000 +
+      (parseInt(createHash('sha256').update(chatId).digest('hex').slice(0, 8), 16) % 1_000_000_000)
+    );
     return { id, type: 'channel', username: chatId.slice(1) };
   }
   const id = Number(chatId);
@@ -780,7 +950,9 @@ export interface FakeDiscord extends FakeChatServer {
    * routine checks after: a signed PING must be answered `{"type": 1}`, the same PING with a bad
    * signature 401. Resolves with each answer and the violations found.
    */
-  checkInteractionsEndpoint(url: string): Promise<{ ping: DeliveryResult; forged: DeliveryResult; violations: string[] }>;
+  checkInteractionsEndpoint(
+    url: string,
+  ): Promise<{ ping: DeliveryResult; forged: DeliveryResult; violations: string[] }>;
 }
 
 export const DISCORD_CLIENT: FakeDiscordClient = {
@@ -796,7 +968,11 @@ export async function startFakeDiscord(options: FakeDiscordOptions = {}): Promis
 
 const DISCORD_DOCS = 'https://discord.com/developers/docs';
 /** "either application/json, application/x-www-form-urlencoded, or multipart/form-data" (reference#content-type). */
-const DISCORD_REST_BODY_TYPES = ['application/json', 'application/x-www-form-urlencoded', 'multipart/form-data'] as const;
+const DISCORD_REST_BODY_TYPES = [
+  'application/json',
+  'application/x-www-form-urlencoded',
+  'multipart/form-data',
+] as const;
 /** "User-Agent: DiscordBot ($url, $versionNumber)"; "clients may append more information". */
 const DISCORD_USER_AGENT = /^DiscordBot \([^,()]+, [^,()]+\)/;
 
@@ -807,22 +983,82 @@ interface DiscordRoute extends DocumentedRoute {
   resource: boolean;
 }
 
-const discordRoute = (name: string, pattern: RegExp, resource: boolean, auth: string, source: string, extra: Partial<DocumentedRoute> = {}): DiscordRoute => {
+const discordRoute = (
+  name: string,
+  pattern: RegExp,
+  resource: boolean,
+  auth: string,
+  source: string,
+  extra: Partial<DocumentedRoute> = {},
+): DiscordRoute => {
   const [method] = name.split(' ');
-  return { platform: 'discord', name, methods: [method!], bodyTypes: [], auth, required: [], source, pattern, resource, ...extra };
+  return {
+    platform: 'discord',
+    name,
+    methods: [method!],
+    bodyTypes: [],
+    auth,
+    required: [],
+    source,
+    pattern,
+    resource,
+    ...extra,
+  };
 };
 
 /** The Discord routes the fake serves, each as https://discord.com/developers/docs documents it. */
 export const DISCORD_ROUTES: readonly DocumentedRoute[] = [
-  discordRoute('GET /oauth2/authorize', /^\/oauth2\/authorize$/, false, "none: the user's browser", `${DISCORD_DOCS}/topics/oauth2#shared-resources-oauth2-urls`, { required: ['client_id'] }),
-  discordRoute('POST /oauth2/token', /^\/oauth2\/token$/, false, 'the client: HTTP Basic, or client_id and client_secret in the form (topics/oauth2#authorization-code-grant)',
+  discordRoute(
+    'GET /oauth2/authorize',
+    /^\/oauth2\/authorize$/,
+    false,
+    "none: the user's browser",
+    `${DISCORD_DOCS}/topics/oauth2#shared-resources-oauth2-urls`,
+    { required: ['client_id'] },
+  ),
+  discordRoute(
+    'POST /oauth2/token',
+    /^\/oauth2\/token$/,
+    false,
+    'the client: HTTP Basic, or client_id and client_secret in the form (topics/oauth2#authorization-code-grant)',
     `${DISCORD_DOCS}/topics/oauth2#authorization-code-grant-access-token-exchange-example`,
-    { bodyTypes: ['application/x-www-form-urlencoded'], required: ['grant_type', 'code and redirect_uri (authorization_code)', 'refresh_token (refresh_token)'] }),
-  discordRoute('GET /oauth2/@me', /^\/oauth2\/@me$/, false, 'Bearer <access token>', `${DISCORD_DOCS}/topics/oauth2#get-current-authorization-information`),
-  discordRoute('GET /users/@me', /^\/users\/@me$/, true, 'Bot <bot token>, or Bearer <access token> with identify', `${DISCORD_DOCS}/resources/user#get-current-user`),
-  discordRoute('GET /channels/{channel.id}/messages', /^\/channels\/[^/]+\/messages$/, true, 'Bot <bot token>', `${DISCORD_DOCS}/resources/message#get-channel-messages`),
-  discordRoute('POST /channels/{channel.id}/messages', /^\/channels\/[^/]+\/messages$/, true, 'Bot <bot token>', `${DISCORD_DOCS}/resources/message#create-message`,
-    { bodyTypes: DISCORD_REST_BODY_TYPES, required: ['one of content, embeds, sticker_ids, components, files[n], poll'] }),
+    {
+      bodyTypes: ['application/x-www-form-urlencoded'],
+      required: ['grant_type', 'code and redirect_uri (authorization_code)', 'refresh_token (refresh_token)'],
+    },
+  ),
+  discordRoute(
+    'GET /oauth2/@me',
+    /^\/oauth2\/@me$/,
+    false,
+    'Bearer <access token>',
+    `${DISCORD_DOCS}/topics/oauth2#get-current-authorization-information`,
+  ),
+  discordRoute(
+    'GET /users/@me',
+    /^\/users\/@me$/,
+    true,
+    'Bot <bot token>, or Bearer <access token> with identify',
+    `${DISCORD_DOCS}/resources/user#get-current-user`,
+  ),
+  discordRoute(
+    'GET /channels/{channel.id}/messages',
+    /^\/channels\/[^/]+\/messages$/,
+    true,
+    'Bot <bot token>',
+    `${DISCORD_DOCS}/resources/message#get-channel-messages`,
+  ),
+  discordRoute(
+    'POST /channels/{channel.id}/messages',
+    /^\/channels\/[^/]+\/messages$/,
+    true,
+    'Bot <bot token>',
+    `${DISCORD_DOCS}/resources/message#create-message`,
+    {
+      bodyTypes: DISCORD_REST_BODY_TYPES,
+      required: ['one of content, embeds, sticker_ids, components, files[n], poll'],
+    },
+  ),
 ];
 
 /**
@@ -832,18 +1068,34 @@ export const DISCORD_ROUTES: readonly DocumentedRoute[] = [
  * autocomplete; MODAL (9) "not available for MODAL_SUBMIT and PING". Whether a modal submit
  * counts as component-based for 6 and 7 is not said; the fake allows them.
  */
-const DISCORD_CALLBACK_TYPES: Record<number, number[]> = { 1: [1], 2: [4, 5, 9, 10, 12], 3: [4, 5, 6, 7, 9, 10, 12], 4: [8], 5: [4, 5, 6, 7] };
+const DISCORD_CALLBACK_TYPES: Record<number, number[]> = {
+  1: [1],
+  2: [4, 5, 9, 10, 12],
+  3: [4, 5, 6, 7, 9, 10, 12],
+  4: [8],
+  5: [4, 5, 6, 7],
+};
 
 const DISCORD_EPOCH = 1_420_070_400_000n;
 
-const discordError = (status: number, message: string, code: number, extra: Record<string, unknown> = {}): Reply => ({ status, body: { message, code, ...extra } });
+const discordError = (status: number, message: string, code: number, extra: Record<string, unknown> = {}): Reply => ({
+  status,
+  body: { message, code, ...extra },
+});
 /** 401 as Discord answers it; `why` (a broken rule) makes it a violation, without it a token Discord does not know. */
-const discordUnauthorized = (why?: string) => new Refusal(discordError(401, '401: Unauthorized', 0), why && `discord: ${why}`);
+const discordUnauthorized = (why?: string) =>
+  new Refusal(discordError(401, '401: Unauthorized', 0), why && `discord: ${why}`);
 const invalidFormBody = (field: string, code: string, message: string, why: string) =>
-  new Refusal(discordError(400, 'Invalid Form Body', 50035, { errors: { [field]: { _errors: [{ code, message }] } } }), `discord: ${why}`);
+  new Refusal(
+    discordError(400, 'Invalid Form Body', 50035, { errors: { [field]: { _errors: [{ code, message }] } } }),
+    `discord: ${why}`,
+  );
 /** OAuth2 endpoints answer RFC 6749 errors. */
 const oauthRefusal = (status: number, error: string, description?: string, why?: string) =>
-  new Refusal({ status, body: { error, ...(description ? { error_description: description } : {}) } }, why && `discord: ${why}`);
+  new Refusal(
+    { status, body: { error, ...(description ? { error_description: description } : {}) } },
+    why && `discord: ${why}`,
+  );
 
 interface DiscordCode {
   clientId: string;
@@ -878,7 +1130,13 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
   private readonly accessTokens = new Map<string, DiscordGrant>();
   private readonly refreshTokens = new Map<string, DiscordGrant>();
   /** The Discord user who clicks "Authorize". */
-  private readonly installer: DiscordUser = { id: '1000000000000000001', username: 'alice', discriminator: '0', global_name: 'Alice', avatar: null };
+  private readonly installer: DiscordUser = {
+    id: '1000000000000000001',
+    username: 'alice',
+    discriminator: '0',
+    global_name: 'Alice',
+    avatar: null,
+  };
   private sequence = 0n;
 
   constructor(options: FakeDiscordOptions) {
@@ -886,9 +1144,18 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
     const clients = options.clients ?? [DISCORD_CLIENT];
     for (const c of clients) this.clients.set(c.clientId, c);
     this.client = clients[0]!;
-    this.botUser = { id: this.client.clientId, username: 'Gatehouse', discriminator: '0000', global_name: null, avatar: null, bot: true };
+    this.botUser = {
+      id: this.client.clientId,
+      username: 'Gatehouse',
+      discriminator: '0000',
+      global_name: null,
+      avatar: null,
+      bot: true,
+    };
     // Discord's shape: base64(bot user id) . timestamp . HMAC.
-    this.botToken = options.botToken ?? `${Buffer.from(this.botUser.id).toString('base64url')}.${randomBytes(4).toString('base64url')}.${randomBytes(28).toString('base64url')}`;
+    this.botToken =
+      options.botToken ??
+      `${Buffer.from(this.botUser.id).toString('base64url')}.${randomBytes(4).toString('base64url')}.${randomBytes(28).toString('base64url')}`;
     this.channels = new IdSet(options.channels);
     this.accessTokenTtl = options.accessTokenTtlSeconds ?? 604_800;
     this.consent = { deny: false, guild: options.guild ?? { id: this.snowflake(), name: 'Gatehouse Test' } };
@@ -935,21 +1202,48 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
     return { ...answer, violations: interactionAnswerProblems(interaction.type, answer) };
   }
 
-  async checkInteractionsEndpoint(url: string): Promise<{ ping: DeliveryResult; forged: DeliveryResult; violations: string[] }> {
-    const ping = { id: this.snowflake(), application_id: this.client.clientId, type: 1, token: randomAlnum(40), version: 1 };
+  async checkInteractionsEndpoint(
+    url: string,
+  ): Promise<{ ping: DeliveryResult; forged: DeliveryResult; violations: string[] }> {
+    const ping = {
+      id: this.snowflake(),
+      application_id: this.client.clientId,
+      type: 1,
+      token: randomAlnum(40),
+      version: 1,
+    };
     const answer = await this.deliverInteraction(url, ping);
     const violations = [...answer.violations];
     // "If the signature fails validation, your app should respond with a 401 error code"; Discord
     // sends such requests on purpose and removes the URL of an endpoint that accepts them.
     const signed = this.signInteraction(ping);
     const flipped = signed.headers['X-Signature-Ed25519']!.replace(/^./, (c) => (c === '0' ? '1' : '0'));
-    const forgedAnswer = await this.postInteraction(url, { ...signed, headers: { ...signed.headers, 'X-Signature-Ed25519': flipped } });
-    const forged = { ...forgedAnswer, violations: forgedAnswer.status === 401 ? [] : [`discord: a PING with an invalid signature was answered ${forgedAnswer.status}, not 401 (${DISCORD_DOCS}/interactions/overview#setting-up-an-endpoint-validating-security-request-headers)`] };
+    const forgedAnswer = await this.postInteraction(url, {
+      ...signed,
+      headers: { ...signed.headers, 'X-Signature-Ed25519': flipped },
+    });
+    const forged = {
+      ...forgedAnswer,
+      violations:
+        forgedAnswer.status === 401
+          ? []
+          : [
+              `discord: a PING with an invalid signature was answered ${forgedAnswer.status}, not 401 (${DISCORD_DOCS}/interactions/overview#setting-up-an-endpoint-validating-security-request-headers)`,
+            ],
+    };
     return { ping: answer, forged, violations: [...violations, ...forged.violations] };
   }
 
   private postInteraction(url: string, signed: SignedRequest) {
-    return this.deliver(url, { 'Content-Type': 'application/json', 'User-Agent': 'Discord-Interactions/1.0 (+https://discord.com)', ...signed.headers }, signed.body);
+    return this.deliver(
+      url,
+      {
+        'Content-Type': 'application/json',
+        'User-Agent': 'Discord-Interactions/1.0 (+https://discord.com)',
+        ...signed.headers,
+      },
+      signed.body,
+    );
   }
 
   protected resolve(x: Exchange): Resolved {
@@ -958,29 +1252,50 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
     const api = /^\/api(?:\/v(\d+))?(\/.*)$/.exec(x.path);
     const rest = api ? api[2]! : x.path;
     const version = api?.[1] === undefined ? undefined : Number(api[1]);
-    const candidates = (DISCORD_ROUTES as readonly DiscordRoute[]).filter((r) => r.pattern.test(rest) && (api || !r.resource) && (api || r.name === 'GET /oauth2/authorize'));
+    const candidates = (DISCORD_ROUTES as readonly DiscordRoute[]).filter(
+      (r) => r.pattern.test(rest) && (api || !r.resource) && (api || r.name === 'GET /oauth2/authorize'),
+    );
     if (!candidates.length) {
       const why = `discord: no route ${x.method} ${x.path} in the reference (${DISCORD_DOCS}/reference)`;
       throw new Refusal(api ? discordError(404, '404: Not Found', 0) : htmlPage(404, 'Not Found'), why);
     }
     if (version !== undefined && version <= 5) {
       // "Trying to use these versions will fail and return 400 Bad Request." (body: fake's wording)
-      throw new Refusal(discordError(400, '400: Bad Request', 0), `discord: API v${version} is discontinued (${DISCORD_DOCS}/reference#api-versioning)`);
+      throw new Refusal(
+        discordError(400, '400: Bad Request', 0),
+        `discord: API v${version} is discontinued (${DISCORD_DOCS}/reference#api-versioning)`,
+      );
     }
-    if (version !== undefined && version > 10) throw new Refusal(discordError(404, '404: Not Found', 0), `discord: there is no API v${version} (${DISCORD_DOCS}/reference#api-versioning)`); // fake's guess
+    if (version !== undefined && version > 10)
+      throw new Refusal(
+        discordError(404, '404: Not Found', 0),
+        `discord: there is no API v${version} (${DISCORD_DOCS}/reference#api-versioning)`,
+      ); // fake's guess
     const route = candidates.find((r) => r.methods.includes(x.method));
     if (!route) {
       const why = `discord: ${x.method} ${rest}: the reference has ${candidates.map((r) => r.name).join(', ')} (${DISCORD_DOCS}/topics/opcodes-and-status-codes#http)`;
-      throw new Refusal(api ? discordError(405, '405: Method Not Allowed', 0) : htmlPage(405, 'Method Not Allowed'), why);
+      throw new Refusal(
+        api ? discordError(405, '405: Method Not Allowed', 0) : htmlPage(405, 'Method Not Allowed'),
+        why,
+      );
     }
     // 6, 7 and 8 still answer but are deprecated; no version at all routes to the default, 6.
-    if (version !== undefined && version < 9) x.call.violations.push(`discord: API v${version} is deprecated (${DISCORD_DOCS}/reference#api-versioning)`);
-    if (version === undefined && route.resource) x.call.violations.push(`discord: ${rest} without a version goes to the deprecated default, v6 (${DISCORD_DOCS}/reference#api-versioning)`);
+    if (version !== undefined && version < 9)
+      x.call.violations.push(`discord: API v${version} is deprecated (${DISCORD_DOCS}/reference#api-versioning)`);
+    if (version === undefined && route.resource)
+      x.call.violations.push(
+        `discord: ${rest} without a version goes to the deprecated default, v6 (${DISCORD_DOCS}/reference#api-versioning)`,
+      );
     return { route, handle: () => this.serve(route, x, rest, api !== null) };
   }
 
   protected failureReply(status: number): Reply {
-    if (status === 429) return { status, body: { message: 'You are being rate limited.', retry_after: 1, global: false }, headers: { 'retry-after': '1', 'x-ratelimit-scope': 'user' } };
+    if (status === 429)
+      return {
+        status,
+        body: { message: 'You are being rate limited.', retry_after: 1, global: false },
+        headers: { 'retry-after': '1', 'x-ratelimit-scope': 'user' },
+      };
     return discordError(status, `${status}: ${http.STATUS_CODES[status] ?? 'Error'}`, 0);
   }
 
@@ -991,10 +1306,14 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
       case 'POST /oauth2/token':
         checkDiscordContentType(route, x);
         return this.token(x);
-      case 'GET /oauth2/@me': return this.currentAuthorization(x);
-      case 'GET /users/@me': return this.currentUser(x);
-      case 'POST /channels/{channel.id}/messages': return this.createMessage(route, x, /^\/channels\/([^/]+)\/messages$/.exec(rest)![1]!);
-      default: throw new Error(`${route.name} is documented but not implemented by the fake`);
+      case 'GET /oauth2/@me':
+        return this.currentAuthorization(x);
+      case 'GET /users/@me':
+        return this.currentUser(x);
+      case 'POST /channels/{channel.id}/messages':
+        return this.createMessage(route, x, /^\/channels\/([^/]+)\/messages$/.exec(rest)![1]!);
+      default:
+        throw new Error(`${route.name} is documented but not implemented by the fake`);
     }
   }
 
@@ -1016,17 +1335,31 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
       if (state !== null) back.searchParams.set('state', state);
       return redirectTo(back);
     };
-    if (q.get('response_type') !== 'code') return refuse('unsupported_response_type', 'The authorization server does not support obtaining an authorization code using this method.');
+    if (q.get('response_type') !== 'code')
+      return refuse(
+        'unsupported_response_type',
+        'The authorization server does not support obtaining an authorization code using this method.',
+      );
     // "scope is a list of OAuth2 scopes separated by url encoded spaces (%20)."
     const scopes = (q.get('scope') ?? '').split(' ').filter(Boolean);
     if (!scopes.length) return refuse('invalid_scope', 'The requested scope is invalid, unknown, or malformed.');
     // PKCE is documented with the Social SDK (discord-social-sdk/development-guides/account-linking-on-mobile): S256.
     const challenge = q.get('code_challenge') ?? undefined;
-    if (challenge && q.get('code_challenge_method') !== 'S256') return refuse('invalid_request', 'Unsupported "code_challenge_method"');
-    if (this.consent.deny) return refuse('access_denied', 'The resource owner or authorization server denied the request');
+    if (challenge && q.get('code_challenge_method') !== 'S256')
+      return refuse('invalid_request', 'Unsupported "code_challenge_method"');
+    if (this.consent.deny)
+      return refuse('access_denied', 'The resource owner or authorization server denied the request');
 
     const code = randomAlnum(30);
-    this.codes.set(code, { clientId: client.clientId, redirectUri, scopes, guild: { ...this.consent.guild }, challenge, expiresAt: Date.now() + 600_000, used: false });
+    this.codes.set(code, {
+      clientId: client.clientId,
+      redirectUri,
+      scopes,
+      guild: { ...this.consent.guild },
+      challenge,
+      expiresAt: Date.now() + 600_000,
+      used: false,
+    });
     back.searchParams.set('code', code);
     if (state !== null) back.searchParams.set('state', state);
     // "When receiving the access code on redirect, there will be additional querystring parameters of guild_id and permissions."
@@ -1045,61 +1378,124 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
     const form = isRecord(x.body) ? (x.body as Record<string, string>) : {};
     const creds = clientCredentials(x.headers, form);
     const client = this.clients.get(creds.id ?? '');
-    if (creds.id === undefined) throw oauthRefusal(401, 'invalid_client', undefined, `the token URL needs the client, by HTTP Basic or client_id and client_secret in the form (${DISCORD_DOCS}/topics/oauth2#authorization-code-grant)`);
+    if (creds.id === undefined)
+      throw oauthRefusal(
+        401,
+        'invalid_client',
+        undefined,
+        `the token URL needs the client, by HTTP Basic or client_id and client_secret in the form (${DISCORD_DOCS}/topics/oauth2#authorization-code-grant)`,
+      );
     if (!client || creds.secret !== client.clientSecret) throw oauthRefusal(401, 'invalid_client');
 
     if (form.grant_type === 'authorization_code') {
-      const why = (field: string) => `grant_type authorization_code needs "${field}" (${DISCORD_DOCS}/topics/oauth2#authorization-code-grant-redirect-url-example)`;
+      const why = (field: string) =>
+        `grant_type authorization_code needs "${field}" (${DISCORD_DOCS}/topics/oauth2#authorization-code-grant-redirect-url-example)`;
       if (!form.code) throw oauthRefusal(400, 'invalid_request', 'Missing "code" in request.', why('code')); // description: fake's wording
-      if (!form.redirect_uri) throw oauthRefusal(400, 'invalid_grant', 'Invalid "redirect_uri" in request.', why('redirect_uri'));
+      if (!form.redirect_uri)
+        throw oauthRefusal(400, 'invalid_grant', 'Invalid "redirect_uri" in request.', why('redirect_uri'));
       const pending = this.codes.get(form.code);
       if (!pending || pending.used || pending.expiresAt <= Date.now() || pending.clientId !== client.clientId) {
         throw oauthRefusal(400, 'invalid_grant', 'Invalid "code" in request.');
       }
       pending.used = true;
-      if (form.redirect_uri !== pending.redirectUri) throw oauthRefusal(400, 'invalid_grant', 'Invalid "redirect_uri" in request.');
+      if (form.redirect_uri !== pending.redirectUri)
+        throw oauthRefusal(400, 'invalid_grant', 'Invalid "redirect_uri" in request.');
       if (pending.challenge) {
         const verifier = form.code_verifier;
         const pkce = `${DISCORD_DOCS}/discord-social-sdk/development-guides/account-linking-on-mobile`;
-        if (!verifier) throw oauthRefusal(400, 'invalid_request', 'Missing "code_verifier"', `a code issued with a code_challenge needs its code_verifier (${pkce})`);
+        if (!verifier)
+          throw oauthRefusal(
+            400,
+            'invalid_request',
+            'Missing "code_verifier"',
+            `a code issued with a code_challenge needs its code_verifier (${pkce})`,
+          );
         // RFC 7636 §4.1: 43-128 unreserved characters.
-        if (!/^[A-Za-z0-9\-._~]{43,128}$/.test(verifier)) throw oauthRefusal(400, 'invalid_request', 'Invalid "code_verifier"', `code_verifier is 43-128 unreserved characters (RFC 7636 §4.1, ${pkce})`);
-        if (createHash('sha256').update(verifier).digest('base64url') !== pending.challenge) throw oauthRefusal(400, 'invalid_grant', 'Invalid "code_verifier"');
+        if (!/^[A-Za-z0-9\-._~]{43,128}$/.test(verifier))
+          throw oauthRefusal(
+            400,
+            'invalid_request',
+            'Invalid "code_verifier"',
+            `code_verifier is 43-128 unreserved characters (RFC 7636 §4.1, ${pkce})`,
+          );
+        if (createHash('sha256').update(verifier).digest('base64url') !== pending.challenge)
+          throw oauthRefusal(400, 'invalid_grant', 'Invalid "code_verifier"');
       }
       const tokens = this.issueTokens(client.clientId, pending.scopes, pending.guild);
-      return { status: 200, body: { ...tokens, ...(pending.scopes.includes('bot') ? { guild: guildObject(pending.guild, this.installer.id) } : {}) } };
+      return {
+        status: 200,
+        body: {
+          ...tokens,
+          ...(pending.scopes.includes('bot') ? { guild: guildObject(pending.guild, this.installer.id) } : {}),
+        },
+      };
     }
     if (form.grant_type === 'refresh_token') {
       if (!form.refresh_token) {
-        throw oauthRefusal(400, 'invalid_request', 'Missing "refresh_token" in request.', `grant_type refresh_token needs "refresh_token" (${DISCORD_DOCS}/topics/oauth2#authorization-code-grant-refresh-token-exchange-example)`); // description: fake's wording
+        throw oauthRefusal(
+          400,
+          'invalid_request',
+          'Missing "refresh_token" in request.',
+          `grant_type refresh_token needs "refresh_token" (${DISCORD_DOCS}/topics/oauth2#authorization-code-grant-refresh-token-exchange-example)`,
+        ); // description: fake's wording
       }
       const grant = this.refreshTokens.get(form.refresh_token);
-      if (!grant || grant.revoked || grant.clientId !== client.clientId) throw oauthRefusal(400, 'invalid_grant', 'Invalid "refresh_token" in request.');
+      if (!grant || grant.revoked || grant.clientId !== client.clientId)
+        throw oauthRefusal(400, 'invalid_grant', 'Invalid "refresh_token" in request.');
       // The fake rotates refresh tokens: the one just used is spent.
       this.refreshTokens.delete(form.refresh_token);
       return { status: 200, body: this.issueTokens(client.clientId, grant.scopes, grant.guild) };
     }
-    if (form.grant_type === 'client_credentials') throw new Error('grant_type client_credentials is documented but not implemented by the fake');
-    throw oauthRefusal(400, 'unsupported_grant_type', undefined, `grant_type is authorization_code, refresh_token or client_credentials, got ${JSON.stringify(form.grant_type ?? null)} (${DISCORD_DOCS}/topics/oauth2#authorization-code-grant)`);
+    if (form.grant_type === 'client_credentials')
+      throw new Error('grant_type client_credentials is documented but not implemented by the fake');
+    throw oauthRefusal(
+      400,
+      'unsupported_grant_type',
+      undefined,
+      `grant_type is authorization_code, refresh_token or client_credentials, got ${JSON.stringify(form.grant_type ?? null)} (${DISCORD_DOCS}/topics/oauth2#authorization-code-grant)`,
+    );
   }
 
   private issueTokens(clientId: string, scopes: string[], guild: DiscordGuild): Record<string, unknown> {
     const accessToken = randomAlnum(30);
     const refreshToken = randomAlnum(30);
-    const grant: DiscordGrant = { clientId, scopes, guild, expiresAt: Date.now() + this.accessTokenTtl * 1000, revoked: false };
+    const grant: DiscordGrant = {
+      clientId,
+      scopes,
+      guild,
+      expiresAt: Date.now() + this.accessTokenTtl * 1000,
+      revoked: false,
+    };
     this.accessTokens.set(accessToken, grant);
     this.refreshTokens.set(refreshToken, { ...grant, expiresAt: Infinity });
-    return { token_type: 'Bearer', access_token: accessToken, expires_in: this.accessTokenTtl, refresh_token: refreshToken, scope: scopes.join(' ') };
+    return {
+      token_type: 'Bearer',
+      access_token: accessToken,
+      expires_in: this.accessTokenTtl,
+      refresh_token: refreshToken,
+      scope: scopes.join(' '),
+    };
   }
 
   /** `Authorization: TOKEN_TYPE TOKEN` with Bot or Bearer (reference#authentication); a missing or other scheme breaks the contract. */
-  private authorization(x: Exchange, allowed: readonly ('Bot' | 'Bearer')[], route: string): { scheme: 'Bot' | 'Bearer'; token: string } {
+  private authorization(
+    x: Exchange,
+    allowed: readonly ('Bot' | 'Bearer')[],
+    route: string,
+  ): { scheme: 'Bot' | 'Bearer'; token: string } {
     const header = x.headers.authorization;
-    if (!header) throw discordUnauthorized(`${route} without an Authorization header (${DISCORD_DOCS}/reference#authentication)`);
+    if (!header)
+      throw discordUnauthorized(`${route} without an Authorization header (${DISCORD_DOCS}/reference#authentication)`);
     const m = /^(Bot|Bearer) (\S+)$/.exec(header);
-    if (!m) throw discordUnauthorized(`Authorization must be "Bot <token>" or "Bearer <token>", got "${header.split(' ')[0]} …" (${DISCORD_DOCS}/reference#authentication)`);
+    if (!m)
+      throw discordUnauthorized(
+        `Authorization must be "Bot <token>" or "Bearer <token>", got "${header.split(' ')[0]} …" (${DISCORD_DOCS}/reference#authentication)`,
+      );
     const scheme = m[1] as 'Bot' | 'Bearer';
-    if (!allowed.includes(scheme)) throw discordUnauthorized(`${route} takes ${allowed.map((s) => `${s} <token>`).join(' or ')}, not ${scheme} (${DISCORD_DOCS}/reference#authentication)`);
+    if (!allowed.includes(scheme))
+      throw discordUnauthorized(
+        `${route} takes ${allowed.map((s) => `${s} <token>`).join(' or ')}, not ${scheme} (${DISCORD_DOCS}/reference#authentication)`,
+      );
     return { scheme, token: m[2]! };
   }
 
@@ -1116,7 +1512,15 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
     return {
       status: 200,
       body: {
-        application: { id: grant.clientId, name: 'Gatehouse', icon: null, description: '', bot_public: true, bot_require_code_grant: false, verify_key: this.publicKeyHex },
+        application: {
+          id: grant.clientId,
+          name: 'Gatehouse',
+          icon: null,
+          description: '',
+          bot_public: true,
+          bot_require_code_grant: false,
+          verify_key: this.publicKeyHex,
+        },
         scopes: grant.scopes,
         expires: new Date(grant.expiresAt).toISOString(),
         ...(grant.scopes.includes('identify') ? { user: this.installer } : {}),
@@ -1133,7 +1537,18 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
       return { status: 200, body: this.installer };
     }
     if (token !== this.botToken) throw discordUnauthorized();
-    return { status: 200, body: { ...this.botUser, public_flags: 0, flags: 0, banner: null, accent_color: null, mfa_enabled: false, verified: true } };
+    return {
+      status: 200,
+      body: {
+        ...this.botUser,
+        public_flags: 0,
+        flags: 0,
+        banner: null,
+        accent_color: null,
+        mfa_enabled: false,
+        verified: true,
+      },
+    };
   }
 
   /** POST /channels/{channel.id}/messages (resources/message#create-message). */
@@ -1143,28 +1558,66 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
     checkDiscordContentType(route, x);
     // A snowflake is a uint64 (reference#snowflakes); anything else fails coercion.
     if (!/^\d{1,20}$/.test(channelId) || BigInt(channelId) >= 1n << 64n) {
-      throw invalidFormBody('channel_id', 'NUMBER_TYPE_COERCE', `Value "${channelId}" is not snowflake.`, `channel.id must be a snowflake (${DISCORD_DOCS}/reference#snowflakes)`);
+      throw invalidFormBody(
+        'channel_id',
+        'NUMBER_TYPE_COERCE',
+        `Value "${channelId}" is not snowflake.`,
+        `channel.id must be a snowflake (${DISCORD_DOCS}/reference#snowflakes)`,
+      );
     }
     if (!this.channels.has(channelId)) throw new Refusal(discordError(404, 'Unknown Channel', 10003));
     refuseMultipart(x);
-    if (!x.parsed) throw new Refusal(discordError(400, 'The request body contains invalid JSON.', 50109), `discord: the body is not JSON (${DISCORD_DOCS}/topics/opcodes-and-status-codes#json-json-error-codes)`);
+    if (!x.parsed)
+      throw new Refusal(
+        discordError(400, 'The request body contains invalid JSON.', 50109),
+        `discord: the body is not JSON (${DISCORD_DOCS}/topics/opcodes-and-status-codes#json-json-error-codes)`,
+      );
     const body = isRecord(x.body) ? x.body : {};
     const source = `${DISCORD_DOCS}/resources/message#create-message`;
     const content = typeof body.content === 'string' ? body.content : '';
-    const hasOther = ['embeds', 'components', 'sticker_ids', 'attachments', 'poll'].some((k) => Array.isArray(body[k]) ? body[k].length > 0 : body[k] !== undefined);
+    const hasOther = ['embeds', 'components', 'sticker_ids', 'attachments', 'poll'].some((k) =>
+      Array.isArray(body[k]) ? body[k].length > 0 : body[k] !== undefined,
+    );
     // "apps must provide a value for at least one of content, embeds, sticker_ids, components,
     // files[n], or poll". Discord trims content; a blank one counting as empty is what it has been
     // seen to do, not a documented rule.
-    if (!content.trim() && !hasOther) throw new Refusal(discordError(400, 'Cannot send an empty message', 50006), `discord: a message needs content, embeds, sticker_ids, components, files or a poll (${source})`);
+    if (!content.trim() && !hasOther)
+      throw new Refusal(
+        discordError(400, 'Cannot send an empty message', 50006),
+        `discord: a message needs content, embeds, sticker_ids, components, files or a poll (${source})`,
+      );
     // "Message contents (up to 2000 characters)"; characters counted as code points (not defined there).
-    if (characters(content) > 2000) throw invalidFormBody('content', 'BASE_TYPE_MAX_LENGTH', 'Must be 2000 or fewer in length.', `content is up to 2000 characters (${source})`);
-    if (body.nonce !== undefined && String(body.nonce).length > 25) throw invalidFormBody('nonce', 'BASE_TYPE_MAX_LENGTH', 'Must be 25 or fewer in length.', `nonce is up to 25 characters (${source})`);
+    if (characters(content) > 2000)
+      throw invalidFormBody(
+        'content',
+        'BASE_TYPE_MAX_LENGTH',
+        'Must be 2000 or fewer in length.',
+        `content is up to 2000 characters (${source})`,
+      );
+    if (body.nonce !== undefined && String(body.nonce).length > 25)
+      throw invalidFormBody(
+        'nonce',
+        'BASE_TYPE_MAX_LENGTH',
+        'Must be 25 or fewer in length.',
+        `nonce is up to 25 characters (${source})`,
+      );
     const message: DiscordMessage = {
-      id: this.snowflake(), type: 0, channel_id: channelId, content, author: this.botUser,
-      timestamp: new Date().toISOString().replace(/\.(\d{3})Z$/, '.$1000+00:00'), edited_timestamp: null,
-      tts: body.tts === true, mention_everyone: false, mentions: [], mention_roles: [], attachments: [],
-      embeds: Array.isArray(body.embeds) ? body.embeds : [], components: Array.isArray(body.components) ? body.components : [],
-      pinned: false, flags: 0,
+      id: this.snowflake(),
+      type: 0,
+      channel_id: channelId,
+      content,
+      author: this.botUser,
+      timestamp: new Date().toISOString().replace(/\.(\d{3})Z$/, '.$1000+00:00'),
+      edited_timestamp: null,
+      tts: body.tts === true,
+      mention_everyone: false,
+      mentions: [],
+      mention_roles: [],
+      attachments: [],
+      embeds: Array.isArray(body.embeds) ? body.embeds : [],
+      components: Array.isArray(body.components) ? body.components : [],
+      pinned: false,
+      flags: 0,
       ...(typeof body.nonce === 'string' || typeof body.nonce === 'number' ? { nonce: body.nonce } : {}),
     };
     this.sent.push({ channelId, content, body, message });
@@ -1185,7 +1638,10 @@ class FakeDiscordServer extends FakeHttpServer implements FakeDiscord {
 function checkDiscordUserAgent(x: Exchange): void {
   const agent = String(x.headers['user-agent'] ?? '');
   if (!DISCORD_USER_AGENT.test(agent)) {
-    throw new Refusal(discordError(403, 'internal network error', 40333), `discord: User-Agent "${agent}" is not "DiscordBot ($url, $versionNumber)" (${DISCORD_DOCS}/reference#user-agent)`);
+    throw new Refusal(
+      discordError(403, 'internal network error', 40333),
+      `discord: User-Agent "${agent}" is not "DiscordBot ($url, $versionNumber)" (${DISCORD_DOCS}/reference#user-agent)`,
+    );
   }
 }
 
@@ -1202,9 +1658,17 @@ function checkDiscordContentType(route: DocumentedRoute, x: Exchange): void {
   if (route.bodyTypes.includes(x.mediaType)) return;
   const got = x.mediaType || 'no Content-Type';
   if (route.name === 'POST /oauth2/token') {
-    throw oauthRefusal(400, 'unsupported_grant_type', 'Grant type None is not supported', `the token URL takes only application/x-www-form-urlencoded, got ${got} (${DISCORD_DOCS}/topics/oauth2#shared-resources-oauth2-urls)`);
+    throw oauthRefusal(
+      400,
+      'unsupported_grant_type',
+      'Grant type None is not supported',
+      `the token URL takes only application/x-www-form-urlencoded, got ${got} (${DISCORD_DOCS}/topics/oauth2#shared-resources-oauth2-urls)`,
+    );
   }
-  throw new Refusal(discordError(400, 'Invalid Form Body', 50035), `discord: ${route.name} takes ${route.bodyTypes.join(', ')}, got ${got} (${DISCORD_DOCS}/reference#content-type)`);
+  throw new Refusal(
+    discordError(400, 'Invalid Form Body', 50035),
+    `discord: ${route.name} takes ${route.bodyTypes.join(', ')}, got ${got} (${DISCORD_DOCS}/reference#content-type)`,
+  );
 }
 
 /** Where an endpoint's answer to an interaction breaks interactions/receiving-and-responding. */
@@ -1212,11 +1676,24 @@ function interactionAnswerProblems(type: unknown, answer: Omit<DeliveryResult, '
   const source = `${DISCORD_DOCS}/interactions/receiving-and-responding#responding-to-an-interaction`;
   const problems: string[] = [];
   // "you must send an initial response within 3 seconds of receiving the event"
-  if (answer.elapsedMs > 3000) problems.push(`discord: the interaction was answered after ${Math.round(answer.elapsedMs)} ms, not within 3 s (${source})`);
-  if (answer.status < 200 || answer.status > 299) return [...problems, `discord: a signed interaction was answered ${answer.status}: Discord shows "This interaction failed" (${source})`];
+  if (answer.elapsedMs > 3000)
+    problems.push(
+      `discord: the interaction was answered after ${Math.round(answer.elapsedMs)} ms, not within 3 s (${source})`,
+    );
+  if (answer.status < 200 || answer.status > 299)
+    return [
+      ...problems,
+      `discord: a signed interaction was answered ${answer.status}: Discord shows "This interaction failed" (${source})`,
+    ];
   // "You must provide a valid Content-Type when responding to PINGs" (interactions/overview); the response is a JSON object.
-  const contentType = String(answer.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
-  if (contentType !== 'application/json') problems.push(`discord: the interaction response's Content-Type is "${contentType}", not application/json (${DISCORD_DOCS}/interactions/overview#acknowledging-ping-requests)`);
+  const contentType = String(answer.headers['content-type'] ?? '')
+    .split(';')[0]!
+    .trim()
+    .toLowerCase();
+  if (contentType !== 'application/json')
+    problems.push(
+      `discord: the interaction response's Content-Type is "${contentType}", not application/json (${DISCORD_DOCS}/interactions/overview#acknowledging-ping-requests)`,
+    );
   let callback: unknown;
   try {
     callback = (JSON.parse(answer.body) as { type?: unknown }).type;
@@ -1226,7 +1703,9 @@ function interactionAnswerProblems(type: unknown, answer: Omit<DeliveryResult, '
   const allowed = typeof type === 'number' ? DISCORD_CALLBACK_TYPES[type] : undefined;
   if (!allowed) problems.push(`discord: the fake sent an interaction of unknown type ${JSON.stringify(type)}`);
   else if (typeof callback !== 'number' || !allowed.includes(callback)) {
-    problems.push(`discord: an interaction of type ${type} was answered with callback type ${JSON.stringify(callback)}; allowed: ${allowed.join(', ')} (${DISCORD_DOCS}/interactions/receiving-and-responding#interaction-response-object-interaction-callback-type)`);
+    problems.push(
+      `discord: an interaction of type ${type} was answered with callback type ${JSON.stringify(callback)}; allowed: ${allowed.join(', ')} (${DISCORD_DOCS}/interactions/receiving-and-responding#interaction-response-object-interaction-callback-type)`,
+    );
   }
   return problems;
 }
@@ -1234,9 +1713,22 @@ function interactionAnswerProblems(type: unknown, answer: Omit<DeliveryResult, '
 /** The Guild object in the token response of a bot install (the fields a channel might read). */
 function guildObject(guild: DiscordGuild, ownerId: string): Record<string, unknown> {
   return {
-    id: guild.id, name: guild.name, icon: null, description: null, splash: null, banner: null, owner_id: ownerId,
-    features: [], roles: [], emojis: [], stickers: [], verification_level: 0, nsfw_level: 0, premium_tier: 0,
-    preferred_locale: 'en-US', system_channel_id: null,
+    id: guild.id,
+    name: guild.name,
+    icon: null,
+    description: null,
+    splash: null,
+    banner: null,
+    owner_id: ownerId,
+    features: [],
+    roles: [],
+    emojis: [],
+    stickers: [],
+    verification_level: 0,
+    nsfw_level: 0,
+    premium_tier: 0,
+    preferred_locale: 'en-US',
+    system_channel_id: null,
   };
 }
 
@@ -1320,21 +1812,54 @@ const SLACK_CHARSETS = ['utf-8', 'iso-8859-1'];
 
 const slackMethod = (name: string, bodyTypes: string[], auth: string, required: string[]): DocumentedRoute => ({
   // "Pass arguments as GET querystring parameters, POST parameters …, or a mix of both" (apis/web-api#basics).
-  platform: 'slack', name, methods: ['GET', 'POST'], bodyTypes, auth, required, source: `${SLACK_DOCS}/reference/methods/${name}`,
+  platform: 'slack',
+  name,
+  methods: ['GET', 'POST'],
+  bodyTypes,
+  auth,
+  required,
+  source: `${SLACK_DOCS}/reference/methods/${name}`,
 });
 
 /** The Slack pages and Web API methods the fake serves, each as https://docs.slack.dev documents it. */
 export const SLACK_METHODS: readonly DocumentedRoute[] = [
-  { platform: 'slack', name: 'GET /oauth/v2/authorize', methods: ['GET'], bodyTypes: [], auth: "none: the user's browser", required: ['client_id', 'scope or user_scope'], source: `${SLACK_DOCS}/authentication/installing-with-oauth` },
+  {
+    platform: 'slack',
+    name: 'GET /oauth/v2/authorize',
+    methods: ['GET'],
+    bodyTypes: [],
+    auth: "none: the user's browser",
+    required: ['client_id', 'scope or user_scope'],
+    source: `${SLACK_DOCS}/authentication/installing-with-oauth`,
+  },
   // "Content types: application/x-www-form-urlencoded" only; the client "using the HTTP Basic authentication scheme" or as arguments.
-  slackMethod('oauth.v2.access', ['application/x-www-form-urlencoded'], 'the client: HTTP Basic, or client_id and client_secret', ['code (grant_type authorization_code)']),
-  slackMethod('auth.test', ['application/x-www-form-urlencoded', 'application/json'], 'Authorization: Bearer <token> (or token in a form or query)', []),
-  slackMethod('chat.postMessage', ['application/x-www-form-urlencoded', 'application/json'], 'Authorization: Bearer <token> (or token in a form or query); JSON needs the header', ['channel', 'one of text, blocks, attachments']),
+  slackMethod(
+    'oauth.v2.access',
+    ['application/x-www-form-urlencoded'],
+    'the client: HTTP Basic, or client_id and client_secret',
+    ['code (grant_type authorization_code)'],
+  ),
+  slackMethod(
+    'auth.test',
+    ['application/x-www-form-urlencoded', 'application/json'],
+    'Authorization: Bearer <token> (or token in a form or query)',
+    [],
+  ),
+  slackMethod(
+    'chat.postMessage',
+    ['application/x-www-form-urlencoded', 'application/json'],
+    'Authorization: Bearer <token> (or token in a form or query); JSON needs the header',
+    ['channel', 'one of text, blocks, attachments'],
+  ),
 ];
 
 /** A Web API error: HTTP 200 with ok:false, as Slack answers. `violation`: the documented rule the call broke, if that is why. */
 class SlackError extends Error {
-  constructor(readonly error: string, readonly extra: Record<string, unknown> = {}, readonly violation?: string) {
+  constructor(
+    readonly error: string,
+    readonly extra: Record<string, unknown> = {},
+    readonly violation?: string,
+  ) {
     super(error);
   }
 }
@@ -1385,7 +1910,11 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
   }
 
   setConsent(consent: { deny?: boolean; team?: SlackTeam; userId?: string }): void {
-    this.consent = { deny: consent.deny ?? false, team: consent.team ?? this.consent.team, userId: consent.userId ?? this.consent.userId };
+    this.consent = {
+      deny: consent.deny ?? false,
+      team: consent.team ?? this.consent.team,
+      userId: consent.userId ?? this.consent.userId,
+    };
   }
 
   setKnownChannels(ids: KnownIds): void {
@@ -1408,7 +1937,15 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
 
   async deliverEvent(url: string, body: string | object, signingSecret: string): Promise<DeliveryResult> {
     const signed = this.signEvent(body, signingSecret);
-    const answer = await this.deliver(url, { 'Content-Type': 'application/json', 'User-Agent': 'Slackbot 1.0 (+https://api.slack.com/robots)', ...signed.headers }, signed.body);
+    const answer = await this.deliver(
+      url,
+      {
+        'Content-Type': 'application/json',
+        'User-Agent': 'Slackbot 1.0 (+https://api.slack.com/robots)',
+        ...signed.headers,
+      },
+      signed.body,
+    );
     let event: Record<string, unknown> = {};
     try {
       event = JSON.parse(signed.body);
@@ -1421,18 +1958,33 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
   protected resolve(x: Exchange): Resolved {
     const authorize = SLACK_METHODS[0]!;
     if (x.path === '/oauth/v2/authorize') {
-      if (x.method !== 'GET') throw new Refusal(htmlPage(405, 'Method Not Allowed'), `slack: the install page is opened with GET (${authorize.source})`); // fake's wording
+      if (x.method !== 'GET')
+        throw new Refusal(
+          htmlPage(405, 'Method Not Allowed'),
+          `slack: the install page is opened with GET (${authorize.source})`,
+        ); // fake's wording
       return { route: authorize, handle: () => this.authorize(x) };
     }
     // "all with URLs in the form https://slack.com/api/METHOD_FAMILY.method" (apis/web-api#basics)
     const name = /^\/api\/([A-Za-z0-9._]+)$/.exec(x.path)?.[1];
-    if (name === undefined) throw new Refusal(htmlPage(404, 'Not Found'), `slack: ${x.path} is not /api/<method> (${SLACK_DOCS}/apis/web-api#basics)`);
+    if (name === undefined)
+      throw new Refusal(
+        htmlPage(404, 'Not Found'),
+        `slack: ${x.path} is not /api/<method> (${SLACK_DOCS}/apis/web-api#basics)`,
+      );
     const route = SLACK_METHODS.find((r) => r.name === name);
     // Slack's answer to a method it does not have; the 404 status is what it has been seen to send.
-    if (!route) throw new Refusal({ status: 404, body: { ok: false, error: 'unknown_method', req_method: name } }, `slack: no Web API method "${name}" (${SLACK_DOCS}/reference/methods)`);
+    if (!route)
+      throw new Refusal(
+        { status: 404, body: { ok: false, error: 'unknown_method', req_method: name } },
+        `slack: no Web API method "${name}" (${SLACK_DOCS}/reference/methods)`,
+      );
     if (!route.methods.includes(x.method)) {
       // The reference speaks of GET and POST only; what Slack answers to others is not documented.
-      throw new Refusal({ status: 405, body: { ok: false, error: 'method_not_allowed' } }, `slack: ${x.method}: Web API methods take GET or POST (${SLACK_DOCS}/apis/web-api#basics)`); // fake's wording
+      throw new Refusal(
+        { status: 405, body: { ok: false, error: 'method_not_allowed' } },
+        `slack: ${x.method}: Web API methods take GET or POST (${SLACK_DOCS}/apis/web-api#basics)`,
+      ); // fake's wording
     }
     return { route, handle: () => this.webApi(route, x) };
   }
@@ -1447,12 +1999,22 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
     const warnings: string[] = [];
     let body: Record<string, unknown>;
     try {
-      const params: Record<string, unknown> = { ...Object.fromEntries(x.url.searchParams), ...this.arguments(route, x, warnings) };
+      const params: Record<string, unknown> = {
+        ...Object.fromEntries(x.url.searchParams),
+        ...this.arguments(route, x, warnings),
+      };
       switch (route.name) {
-        case 'oauth.v2.access': body = this.oauthAccess(x, params); break;
-        case 'auth.test': body = this.authTest(x, params); break;
-        case 'chat.postMessage': body = this.postMessage(x, params); break;
-        default: throw new Error(`${route.name} is documented but not implemented by the fake`);
+        case 'oauth.v2.access':
+          body = this.oauthAccess(x, params);
+          break;
+        case 'auth.test':
+          body = this.authTest(x, params);
+          break;
+        case 'chat.postMessage':
+          body = this.postMessage(x, params);
+          break;
+        default:
+          throw new Error(`${route.name} is documented but not implemented by the fake`);
       }
     } catch (err) {
       if (!(err instanceof SlackError)) throw err;
@@ -1472,13 +2034,18 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
   private arguments(route: DocumentedRoute, x: Exchange, warnings: string[]): Record<string, unknown> {
     if (x.method !== 'POST' || x.raw === '') return {};
     const source = `${route.source} (Errors)`;
-    if (!x.contentType) throw new SlackError('missing_post_type', {}, `a POST with a body needs a Content-Type (${source})`);
-    if (!SLACK_POST_TYPES.includes(x.mediaType)) throw new SlackError('invalid_post_type', {}, `${x.mediaType} is not a Web API POST type (${source})`);
-    if (x.charset !== undefined && !SLACK_CHARSETS.includes(x.charset)) throw new SlackError('invalid_charset', {}, `charset ${x.charset} is not utf-8 or iso-8859-1 (${source})`);
+    if (!x.contentType)
+      throw new SlackError('missing_post_type', {}, `a POST with a body needs a Content-Type (${source})`);
+    if (!SLACK_POST_TYPES.includes(x.mediaType))
+      throw new SlackError('invalid_post_type', {}, `${x.mediaType} is not a Web API POST type (${source})`);
+    if (x.charset !== undefined && !SLACK_CHARSETS.includes(x.charset))
+      throw new SlackError('invalid_charset', {}, `charset ${x.charset} is not utf-8 or iso-8859-1 (${source})`);
     refuseMultipart(x);
     if (!route.bodyTypes.includes(x.mediaType)) {
       // Which error Slack gives is not documented; the fake reads no arguments from such a body.
-      x.call.violations.push(`slack: ${route.name} does not take ${x.mediaType} (${route.source}, Content types); its arguments were not read`);
+      x.call.violations.push(
+        `slack: ${route.name} does not take ${x.mediaType} (${route.source}, Content types); its arguments were not read`,
+      );
       return {};
     }
     if (x.mediaType === 'application/json') {
@@ -1487,11 +2054,15 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
       // "missing_charset: The method was called via a POST request, and recommended practice for the specified Content-Type is to include a charset parameter."
       if (x.charset === undefined) {
         warnings.push('missing_charset');
-        x.call.violations.push(`slack: JSON without "; charset=utf-8" draws the missing_charset warning (${SLACK_DOCS}/apis/web-api#posting_json)`);
+        x.call.violations.push(
+          `slack: JSON without "; charset=utf-8" draws the missing_charset warning (${SLACK_DOCS}/apis/web-api#posting_json)`,
+        );
       }
       const args = { ...x.body };
       if ('token' in args) {
-        x.call.violations.push(`slack: a token in a JSON body is not read; JSON needs Authorization: Bearer (${SLACK_DOCS}/apis/web-api#posting_json)`);
+        x.call.violations.push(
+          `slack: a token in a JSON body is not read; JSON needs Authorization: Bearer (${SLACK_DOCS}/apis/web-api#posting_json)`,
+        );
         delete args.token;
       }
       return args;
@@ -1514,7 +2085,8 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
     const given = q.get('redirect_uri') ?? undefined;
     // Without redirect_uri Slack uses the app's first Redirect URL.
     const redirectUri = given ?? client.redirectUris?.[0];
-    if (!redirectUri || !redirectAllowed(client.redirectUris, redirectUri)) return htmlPage(400, 'redirect_uri did not match any configured URIs');
+    if (!redirectUri || !redirectAllowed(client.redirectUris, redirectUri))
+      return htmlPage(400, 'redirect_uri did not match any configured URIs');
     // "scope: A comma-separated list of scopes"
     const scopes = (q.get('scope') ?? '').split(/[,\s]+/).filter(Boolean);
     if (!scopes.length && !q.get('user_scope')) return htmlPage(400, 'Invalid permissions requested');
@@ -1524,7 +2096,15 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
       back.searchParams.set('error', 'access_denied');
     } else {
       const code = `${randomDigits(13)}.${randomDigits(13)}.${randomBytes(32).toString('hex')}`;
-      this.codes.set(code, { clientId: client.clientId, redirectUri: given, scopes, team: this.consent.team, userId: this.consent.userId, expiresAt: Date.now() + 600_000, used: false });
+      this.codes.set(code, {
+        clientId: client.clientId,
+        redirectUri: given,
+        scopes,
+        team: this.consent.team,
+        userId: this.consent.userId,
+        expiresAt: Date.now() + 600_000,
+        used: false,
+      });
       back.searchParams.set('code', code);
     }
     if (state !== null) back.searchParams.set('state', state);
@@ -1534,34 +2114,65 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
   /** oauth.v2.access (reference/methods/oauth.v2.access): a form with code (+ redirect_uri); the client by body or HTTP Basic. */
   private oauthAccess(x: Exchange, p: Record<string, unknown>): Record<string, unknown> {
     const source = `${SLACK_DOCS}/reference/methods/oauth.v2.access`;
-    const creds = clientCredentials(x.headers, { client_id: scalar(p.client_id), client_secret: scalar(p.client_secret) });
-    if (creds.id === undefined) throw new SlackError('invalid_client_id', {}, `oauth.v2.access needs the client, by HTTP Basic or client_id and client_secret (${source})`);
+    const creds = clientCredentials(x.headers, {
+      client_id: scalar(p.client_id),
+      client_secret: scalar(p.client_secret),
+    });
+    if (creds.id === undefined)
+      throw new SlackError(
+        'invalid_client_id',
+        {},
+        `oauth.v2.access needs the client, by HTTP Basic or client_id and client_secret (${source})`,
+      );
     const client = this.clients.get(creds.id);
     if (!client) throw new SlackError('invalid_client_id');
     if (creds.secret !== client.clientSecret) throw new SlackError('bad_client_secret');
     // "grant_type: The grant_type param as described in the OAuth spec": authorization_code, or refresh_token with token rotation.
     const grantType = scalar(p.grant_type) ?? 'authorization_code';
-    if (grantType === 'refresh_token') throw new Error('grant_type refresh_token (token rotation) is documented but not implemented by the fake');
-    if (grantType !== 'authorization_code') throw new SlackError('invalid_grant_type', {}, `grant_type is authorization_code or refresh_token, got ${grantType} (${source})`);
+    if (grantType === 'refresh_token')
+      throw new Error('grant_type refresh_token (token rotation) is documented but not implemented by the fake');
+    if (grantType !== 'authorization_code')
+      throw new SlackError(
+        'invalid_grant_type',
+        {},
+        `grant_type is authorization_code or refresh_token, got ${grantType} (${source})`,
+      );
     const code = scalar(p.code);
     if (!code) throw new SlackError('invalid_code', {}, `oauth.v2.access without "code" (${source})`);
     const pending = this.codes.get(code);
-    if (!pending || pending.used || pending.expiresAt <= Date.now() || pending.clientId !== client.clientId) throw new SlackError('invalid_code');
+    if (!pending || pending.used || pending.expiresAt <= Date.now() || pending.clientId !== client.clientId)
+      throw new SlackError('invalid_code');
     pending.used = true;
     // "This must match the originally submitted URI (if one was sent)."
-    if (pending.redirectUri !== undefined && scalar(p.redirect_uri) !== pending.redirectUri) throw new SlackError('bad_redirect_uri');
+    if (pending.redirectUri !== undefined && scalar(p.redirect_uri) !== pending.redirectUri)
+      throw new SlackError('bad_redirect_uri');
     const install = this.install(client, pending.team, pending.scopes);
     return {
-      ok: true, access_token: install.token, token_type: 'bot', scope: pending.scopes.join(','), bot_user_id: install.botUserId,
-      app_id: client.appId, team: { name: pending.team.name, id: pending.team.id }, enterprise: null,
-      authed_user: { id: pending.userId }, is_enterprise_install: false,
+      ok: true,
+      access_token: install.token,
+      token_type: 'bot',
+      scope: pending.scopes.join(','),
+      bot_user_id: install.botUserId,
+      app_id: client.appId,
+      team: { name: pending.team.name, id: pending.team.id },
+      enterprise: null,
+      authed_user: { id: pending.userId },
+      is_enterprise_install: false,
     };
   }
 
   private install(client: FakeSlackClient, team: SlackTeam, scopes: string[]): SlackInstall & { token: string } {
     // One bot user per app and workspace, stable across reinstalls.
     const seed = createHash('sha256').update(`${client.appId}/${team.id}`).digest('hex').toUpperCase();
-    const install: SlackInstall = { clientId: client.clientId, appId: client.appId, team, scopes, botUserId: `U0${seed.slice(0, 9)}`, botId: `B0${seed.slice(9, 18)}`, revoked: false };
+    const install: SlackInstall = {
+      clientId: client.clientId,
+      appId: client.appId,
+      team,
+      scopes,
+      botUserId: `U0${seed.slice(0, 9)}`,
+      botId: `B0${seed.slice(9, 18)}`,
+      revoked: false,
+    };
     const token = `xoxb-${randomDigits(13)}-${randomDigits(13)}-${randomAlnum(24)}`;
     this.tokens.set(token, install);
     return { ...install, token };
@@ -1574,7 +2185,12 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
     const header = x.headers.authorization;
     const source = `${SLACK_DOCS}/apis/web-api#posting_json`;
     // How Slack answers another scheme is not documented; it reads no token from it.
-    if (header !== undefined && !/^Bearer \S+$/.test(header)) throw new SlackError('not_authed', {}, `Authorization must be "Bearer <token>", got "${header.split(' ')[0]} …" (${source})`);
+    if (header !== undefined && !/^Bearer \S+$/.test(header))
+      throw new SlackError(
+        'not_authed',
+        {},
+        `Authorization must be "Bearer <token>", got "${header.split(' ')[0]} …" (${source})`,
+      );
     const token = header ? header.slice('Bearer '.length) : scalar(p.token);
     if (!token) throw new SlackError('not_authed', {}, `${route} without a token (${source})`);
     const install = this.tokens.get(token);
@@ -1586,8 +2202,14 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
   private authTest(x: Exchange, p: Record<string, unknown>): Record<string, unknown> {
     const a = this.authenticate(x, p, 'auth.test');
     return {
-      ok: true, url: `https://${a.team.domain}.slack.com/`, team: a.team.name, user: 'gatehouse', team_id: a.team.id,
-      user_id: a.botUserId, bot_id: a.botId, is_enterprise_install: false,
+      ok: true,
+      url: `https://${a.team.domain}.slack.com/`,
+      team: a.team.name,
+      user: 'gatehouse',
+      team_id: a.team.id,
+      user_id: a.botUserId,
+      bot_id: a.botId,
+      is_enterprise_install: false,
     };
   }
 
@@ -1595,20 +2217,40 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
   private postMessage(x: Exchange, p: Record<string, unknown>): Record<string, unknown> {
     const source = `${SLACK_DOCS}/reference/methods/chat.postMessage`;
     const a = this.authenticate(x, p, 'chat.postMessage');
-    if (!a.scopes.includes('chat:write')) throw new SlackError('missing_scope', { needed: 'chat:write', provided: a.scopes.join(',') });
+    if (!a.scopes.includes('chat:write'))
+      throw new SlackError('missing_scope', { needed: 'chat:write', provided: a.scopes.join(',') });
     const channel = scalar(p.channel);
-    if (!channel) throw new SlackError('channel_not_found', {}, `chat.postMessage without its required "channel" (${source})`);
+    if (!channel)
+      throw new SlackError('channel_not_found', {}, `chat.postMessage without its required "channel" (${source})`);
     if (!this.channels.has(channel)) throw new SlackError('channel_not_found');
     const text = scalar(p.text) || undefined;
-    if (!text && p.blocks === undefined && p.attachments === undefined) throw new SlackError('no_text', {}, `chat.postMessage needs text, blocks or attachments (${source})`);
-    if (text && characters(text) > 40_000) throw new SlackError('msg_too_long', {}, `text is at most 40,000 characters (${source})`);
+    if (!text && p.blocks === undefined && p.attachments === undefined)
+      throw new SlackError('no_text', {}, `chat.postMessage needs text, blocks or attachments (${source})`);
+    if (text && characters(text) > 40_000)
+      throw new SlackError('msg_too_long', {}, `text is at most 40,000 characters (${source})`);
     const ts = this.nextTs();
     this.sent.push({ token: a.token, channel, text, params: p, ts });
     return {
-      ok: true, channel, ts,
+      ok: true,
+      channel,
+      ts,
       message: {
-        user: a.botUserId, type: 'message', ts, bot_id: a.botId, app_id: a.appId, text: text ?? '', team: a.team.id,
-        bot_profile: { id: a.botId, app_id: a.appId, name: 'gatehouse', icons: {}, deleted: false, updated: Math.floor(Date.now() / 1000), team_id: a.team.id },
+        user: a.botUserId,
+        type: 'message',
+        ts,
+        bot_id: a.botId,
+        app_id: a.appId,
+        text: text ?? '',
+        team: a.team.id,
+        bot_profile: {
+          id: a.botId,
+          app_id: a.appId,
+          name: 'gatehouse',
+          icons: {},
+          deleted: false,
+          updated: Math.floor(Date.now() / 1000),
+          team_id: a.team.id,
+        },
         ...(p.blocks !== undefined ? { blocks: p.blocks } : {}),
       },
     };
@@ -1629,19 +2271,34 @@ class FakeSlackServer extends FakeHttpServer implements FakeSlack {
  */
 function eventAnswerProblems(event: Record<string, unknown>, answer: Omit<DeliveryResult, 'violations'>): string[] {
   const problems: string[] = [];
-  if (answer.elapsedMs > 3000) problems.push(`slack: the event was answered after ${Math.round(answer.elapsedMs)} ms, not within 3 s; Slack retries (${SLACK_DOCS}/apis/events-api)`);
-  if (answer.status < 200 || answer.status > 299) problems.push(`slack: the event was answered ${answer.status}, not 2xx; Slack retries (${SLACK_DOCS}/apis/events-api)`);
+  if (answer.elapsedMs > 3000)
+    problems.push(
+      `slack: the event was answered after ${Math.round(answer.elapsedMs)} ms, not within 3 s; Slack retries (${SLACK_DOCS}/apis/events-api)`,
+    );
+  if (answer.status < 200 || answer.status > 299)
+    problems.push(
+      `slack: the event was answered ${answer.status}, not 2xx; Slack retries (${SLACK_DOCS}/apis/events-api)`,
+    );
   if (event.type === 'url_verification') {
-    const contentType = String(answer.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
+    const contentType = String(answer.headers['content-type'] ?? '')
+      .split(';')[0]!
+      .trim()
+      .toLowerCase();
     let echoed: unknown;
     try {
-      echoed = contentType === 'application/json' ? (JSON.parse(answer.body) as { challenge?: unknown }).challenge
-        : contentType === 'application/x-www-form-urlencoded' ? new URLSearchParams(answer.body).get('challenge')
-          : answer.body;
+      echoed =
+        contentType === 'application/json'
+          ? (JSON.parse(answer.body) as { challenge?: unknown }).challenge
+          : contentType === 'application/x-www-form-urlencoded'
+            ? new URLSearchParams(answer.body).get('challenge')
+            : answer.body;
     } catch {
       echoed = undefined;
     }
-    if (answer.status !== 200 || echoed !== event.challenge) problems.push(`slack: url_verification was not answered 200 with the challenge (${SLACK_DOCS}/reference/events/url_verification)`);
+    if (answer.status !== 200 || echoed !== event.challenge)
+      problems.push(
+        `slack: url_verification was not answered 200 with the challenge (${SLACK_DOCS}/reference/events/url_verification)`,
+      );
   }
   return problems;
 }
@@ -1650,7 +2307,8 @@ function eventAnswerProblems(event: Record<string, unknown>, answer: Omit<Delive
 
 function parseBody(raw: string, contentType: string): { body: unknown; parsed: boolean } {
   if (!raw) return { body: undefined, parsed: true };
-  if (contentType.startsWith('application/x-www-form-urlencoded')) return { body: Object.fromEntries(new URLSearchParams(raw)), parsed: true };
+  if (contentType.startsWith('application/x-www-form-urlencoded'))
+    return { body: Object.fromEntries(new URLSearchParams(raw)), parsed: true };
   if (contentType.includes('json')) {
     try {
       return { body: JSON.parse(raw), parsed: true };
@@ -1682,7 +2340,10 @@ function scalar(value: unknown): string | undefined {
 }
 
 /** client_id and client_secret from HTTP Basic (preferred) or the form. */
-function clientCredentials(headers: http.IncomingHttpHeaders, form: { client_id?: string; client_secret?: string }): { id?: string; secret?: string } {
+function clientCredentials(
+  headers: http.IncomingHttpHeaders,
+  form: { client_id?: string; client_secret?: string },
+): { id?: string; secret?: string } {
   const basic = /^Basic\s+(.+)$/i.exec(headers.authorization ?? '')?.[1];
   if (basic) {
     const decoded = Buffer.from(basic, 'base64').toString('utf8');
@@ -1707,7 +2368,11 @@ function redirectTo(location: URL): Reply {
 
 /** An error page a browser would show (text is the fake's own, never request data). */
 function htmlPage(status: number, text: string): Reply {
-  return { status, body: `<!doctype html><title>${text}</title><p>${text}</p>`, headers: { 'content-type': 'text/html; charset=utf-8' } };
+  return {
+    status,
+    body: `<!doctype html><title>${text}</title><p>${text}</p>`,
+    headers: { 'content-type': 'text/html; charset=utf-8' },
+  };
 }
 
 function isLoopback(hostname: string): boolean {

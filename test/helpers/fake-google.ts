@@ -292,15 +292,29 @@ export async function startFakeGoogle(options: FakeGoogleOptions = {}): Promise<
 type Flavour = 'oauth' | 'page' | 'gmail' | 'pubsub' | 'other';
 
 const CANONICAL: Record<number, string> = {
-  400: 'INVALID_ARGUMENT', 401: 'UNAUTHENTICATED', 403: 'PERMISSION_DENIED', 404: 'NOT_FOUND',
-  409: 'ALREADY_EXISTS', 429: 'RESOURCE_EXHAUSTED', 499: 'CANCELLED', 500: 'INTERNAL',
-  501: 'UNIMPLEMENTED', 503: 'UNAVAILABLE', 504: 'DEADLINE_EXCEEDED',
+  400: 'INVALID_ARGUMENT',
+  401: 'UNAUTHENTICATED',
+  403: 'PERMISSION_DENIED',
+  404: 'NOT_FOUND',
+  409: 'ALREADY_EXISTS',
+  429: 'RESOURCE_EXHAUSTED',
+  499: 'CANCELLED',
+  500: 'INTERNAL',
+  501: 'UNIMPLEMENTED',
+  503: 'UNAVAILABLE',
+  504: 'DEADLINE_EXCEEDED',
 };
 
 /** Gmail's legacy `errors[].reason` for a status. */
 const GMAIL_REASON: Record<number, string> = {
-  400: 'invalidArgument', 401: 'authError', 403: 'forbidden', 404: 'notFound', 409: 'conflict',
-  429: 'rateLimitExceeded', 500: 'backendError', 503: 'backendError',
+  400: 'invalidArgument',
+  401: 'authError',
+  403: 'forbidden',
+  404: 'notFound',
+  409: 'conflict',
+  429: 'rateLimitExceeded',
+  500: 'backendError',
+  503: 'backendError',
 };
 
 class GoogleError extends Error {
@@ -327,7 +341,10 @@ class GoogleError extends Error {
 const notFound = (resource: string) => new GoogleError(404, `Resource not found (resource=${resource}).`);
 const invalid = (message: string) => new GoogleError(400, message);
 /** A documented method this fake does not serve: say so, rather than invent an answer. */
-const unimplemented = (match: DiscoveryMatch) => new GoogleError(501, `fake-google: ${match.method.id} is documented but not implemented by the fake`, { status: 'UNIMPLEMENTED' });
+const unimplemented = (match: DiscoveryMatch) =>
+  new GoogleError(501, `fake-google: ${match.method.id} is documented but not implemented by the fake`, {
+    status: 'UNIMPLEMENTED',
+  });
 
 /**
  * The page googleapis.com's front end (GFE) serves, as text/html, when no API method matches the
@@ -336,9 +353,10 @@ const unimplemented = (match: DiscoveryMatch) => new GoogleError(501, `fake-goog
  */
 function frontEndPage(status: number, path: string): Reply {
   const titles: Record<number, string> = { 404: 'Not Found', 502: 'Server Error', 503: 'Service Unavailable' };
-  const said = status === 404
-    ? `<p>The requested URL <code>${path.replace(/[<>&"]/g, '')}</code> was not found on this server.  <ins>That’s all we know.</ins>`
-    : '<p>The server encountered a temporary error and could not complete your request.<p>Please try again in 30 seconds.  <ins>That’s all we know.</ins>';
+  const said =
+    status === 404
+      ? `<p>The requested URL <code>${path.replace(/[<>&"]/g, '')}</code> was not found on this server.  <ins>That’s all we know.</ins>`
+      : '<p>The server encountered a temporary error and could not complete your request.<p>Please try again in 30 seconds.  <ins>That’s all we know.</ins>';
   const body = `<!DOCTYPE html>\n<html lang=en>\n  <meta charset=utf-8>\n  <meta name=viewport content="initial-scale=1, minimum-scale=1, width=device-width">\n  <title>Error ${status} (${titles[status] ?? 'Error'})!!1</title>\n  <a href=//www.google.com/><span id=logo aria-label=Google></span></a>\n  <p><b>${status}.</b> <ins>That’s an error.</ins>\n  ${said}\n`;
   return { status, body, headers: { 'content-type': 'text/html; charset=UTF-8', 'referrer-policy': 'no-referrer' } };
 }
@@ -422,12 +440,15 @@ function compileMethods(api: 'gmail' | 'pubsub', doc: DiscoveryDocument): Compil
       const { rest, verb } = splitVerb(`/${doc.servicePath}${method.path}`);
       const names: string[] = [];
       // RFC 6570 as discovery uses it: {+name} may span segments, {name} is one segment.
-      const source = rest.split(/(\{\+?[^}]+\})/).map((part) => {
-        const variable = /^\{(\+?)([^}]+)\}$/.exec(part);
-        if (!variable) return part.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
-        names.push(variable[2]!);
-        return variable[1] ? '(.+)' : '([^/]+)';
-      }).join('');
+      const source = rest
+        .split(/(\{\+?[^}]+\})/)
+        .map((part) => {
+          const variable = /^\{(\+?)([^}]+)\}$/.exec(part);
+          if (!variable) return part.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+          names.push(variable[2]!);
+          return variable[1] ? '(.+)' : '([^/]+)';
+        })
+        .join('');
       out.push({ api, doc, method, verb, regex: new RegExp(`^${source}$`), names });
     }
     for (const child of Object.values(resource.resources ?? {})) walk(child);
@@ -443,9 +464,8 @@ const DISCOVERY = {
 const METHODS = [...compileMethods('gmail', DISCOVERY.gmail), ...compileMethods('pubsub', DISCOVERY.pubsub)];
 
 /** Every method in the discovery extracts the fake routes by, keyed by id (for contract tests). */
-export const DISCOVERY_METHODS: ReadonlyMap<string, { api: 'gmail' | 'pubsub'; httpMethod: string; path: string }> = new Map(
-  METHODS.map((m) => [m.method.id, { api: m.api, httpMethod: m.method.httpMethod, path: m.method.path }]),
-);
+export const DISCOVERY_METHODS: ReadonlyMap<string, { api: 'gmail' | 'pubsub'; httpMethod: string; path: string }> =
+  new Map(METHODS.map((m) => [m.method.id, { api: m.api, httpMethod: m.method.httpMethod, path: m.method.path }]));
 
 /** The documented method for an HTTP method and a (percent-decoded) path, as Google's front end routes it. */
 export function matchDiscovery(httpMethod: string, path: string): DiscoveryMatch | undefined {
@@ -489,13 +509,15 @@ export function contractProblem(match: DiscoveryMatch, query: URLSearchParams, b
   const { method } = match;
   for (const key of new Set(query.keys())) {
     const param = method.parameters?.[key]?.location === 'query' ? method.parameters[key] : doc.parameters[key];
-    if (!param) return `Invalid JSON payload received. Unknown name "${key}": Cannot bind query parameter. Field '${key}' could not be found in request message.`;
+    if (!param)
+      return `Invalid JSON payload received. Unknown name "${key}": Cannot bind query parameter. Field '${key}' could not be found in request message.`;
     for (const value of query.getAll(key)) {
       if (!scalarFits(param, value, true)) return `Invalid value at '${snake(key)}' (${protoType(param)}), "${value}"`;
     }
   }
   for (const [name, param] of Object.entries(method.parameters ?? {})) {
-    if (param.location === 'query' && param.required && !query.has(name)) return `Invalid argument: required query parameter '${name}' is missing.`;
+    if (param.location === 'query' && param.required && !query.has(name))
+      return `Invalid argument: required query parameter '${name}' is missing.`;
   }
   if (body === undefined) return undefined;
   if (!method.request) {
@@ -511,10 +533,17 @@ function scalarFits(schema: DiscoverySchema, value: unknown, fromQuery: boolean)
     case 'boolean':
       return fromQuery ? value === 'true' || value === 'false' : typeof value === 'boolean';
     case 'integer':
-      return (typeof value === 'number' && Number.isInteger(value)) || (typeof value === 'string' && /^-?\d+$/.test(value));
+      return (
+        (typeof value === 'number' && Number.isInteger(value)) || (typeof value === 'string' && /^-?\d+$/.test(value))
+      );
     case 'string':
       // proto3 JSON: a 64-bit integer may come as a JSON number too.
-      return typeof value === 'string' || ((schema.format === 'int64' || schema.format === 'uint64') && typeof value === 'number' && Number.isInteger(value));
+      return (
+        typeof value === 'string' ||
+        ((schema.format === 'int64' || schema.format === 'uint64') &&
+          typeof value === 'number' &&
+          Number.isInteger(value))
+      );
     default:
       return true;
   }
@@ -526,13 +555,19 @@ function valueProblem(doc: DiscoveryDocument, schema: DiscoverySchema, value: un
   if (!resolved || value === null) return undefined;
   const where = at ? ` at '${at}'` : '';
   if (resolved.type === 'object') {
-    if (typeof value !== 'object' || Array.isArray(value)) return `Invalid value${where} (TYPE_MESSAGE), ${JSON.stringify(value)}`;
+    if (typeof value !== 'object' || Array.isArray(value))
+      return `Invalid value${where} (TYPE_MESSAGE), ${JSON.stringify(value)}`;
     for (const [key, child] of Object.entries(value as Record<string, unknown>)) {
       const path = at ? `${at}.${snake(camel(key))}` : snake(camel(key));
       const property = resolved.properties?.[key] ?? resolved.properties?.[camel(key)];
       const next = property ?? resolved.additionalProperties;
       if (!next) return `Invalid JSON payload received. Unknown name "${key}"${where}: Cannot find field.`;
-      const problem = valueProblem(doc, next, child, resolved.additionalProperties && !property ? `${at}[${key}]` : path);
+      const problem = valueProblem(
+        doc,
+        next,
+        child,
+        resolved.additionalProperties && !property ? `${at}[${key}]` : path,
+      );
       if (problem) return problem;
     }
     return undefined;
@@ -545,7 +580,9 @@ function valueProblem(doc: DiscoveryDocument, schema: DiscoverySchema, value: un
     }
     return undefined;
   }
-  return scalarFits(resolved, value, false) ? undefined : `Invalid value${where} (${protoType(resolved)}), ${JSON.stringify(value)}`;
+  return scalarFits(resolved, value, false)
+    ? undefined
+    : `Invalid value${where} (${protoType(resolved)}), ${JSON.stringify(value)}`;
 }
 
 // ─── Server ─────────────────────────────────────────────────────────────────────────────────
@@ -601,7 +638,12 @@ type Keys = Awaited<ReturnType<typeof generateKeyPair>>;
 
 class FakeGoogleServer implements FakeGoogle {
   url = '';
-  endpoints = { oauth2AuthBaseUrl: '', oauth2TokenUrl: '', oauth2FederatedSignonPemCertsUrl: '', oauth2FederatedSignonJwkCertsUrl: '' };
+  endpoints = {
+    oauth2AuthBaseUrl: '',
+    oauth2TokenUrl: '',
+    oauth2FederatedSignonPemCertsUrl: '',
+    oauth2FederatedSignonJwkCertsUrl: '',
+  };
   jwksUrl = '';
   client: FakeOAuthClient;
   calls: RecordedCall[] = [];
@@ -638,7 +680,10 @@ class FakeGoogleServer implements FakeGoogle {
   private idleWaiters: (() => void)[] = [];
   private closed = false;
 
-  constructor(options: FakeGoogleOptions, private readonly keys: Keys) {
+  constructor(
+    options: FakeGoogleOptions,
+    private readonly keys: Keys,
+  ) {
     const clients = options.clients ?? [FAKE_CLIENT];
     for (const c of clients) this.clients.set(c.clientId, c);
     this.client = clients[0]!;
@@ -717,7 +762,10 @@ class FakeGoogleServer implements FakeGoogle {
       }
       reply = this.injectedFailure(x, flavour) ?? (await this.route(x, call.problem));
     } catch (err) {
-      reply = errorReply(err instanceof GoogleError ? err : new GoogleError(500, `fake-google: ${(err as Error).message}`), flavour);
+      reply = errorReply(
+        err instanceof GoogleError ? err : new GoogleError(500, `fake-google: ${(err as Error).message}`),
+        flavour,
+      );
     }
     call.status = reply.status;
     const headers: Record<string, string> = { ...reply.headers };
@@ -754,14 +802,20 @@ class FakeGoogleServer implements FakeGoogle {
   }
 
   private injectedFailure(x: Exchange, flavour: Flavour): Reply | undefined {
-    const i = this.failures.findIndex(({ matcher: m }) =>
-      (!m.method || m.method.toUpperCase() === x.method) && (typeof m.path === 'string' ? m.path === x.path : m.path.test(x.path)));
+    const i = this.failures.findIndex(
+      ({ matcher: m }) =>
+        (!m.method || m.method.toUpperCase() === x.method) &&
+        (typeof m.path === 'string' ? m.path === x.path : m.path.test(x.path)),
+    );
     if (i < 0) return undefined;
     const entry = this.failures[i]!;
     if (--entry.left <= 0) this.failures.splice(i, 1);
     const f = entry.failure;
     if (f.html) return frontEndPage(f.status, x.path);
-    return errorReply(new GoogleError(f.status, f.message, { status: f.errorStatus, reason: f.reason, infoReason: f.reason }), flavour);
+    return errorReply(
+      new GoogleError(f.status, f.message, { status: f.errorStatus, reason: f.reason, infoReason: f.reason }),
+      flavour,
+    );
   }
 
   // ─── OAuth 2.0 (accounts.google.com / oauth2.googleapis.com) ────────────────────────────
@@ -775,14 +829,22 @@ class FakeGoogleServer implements FakeGoogle {
     if (!client) throw page(401, 'invalid_client', 'The OAuth client was not found.');
     const redirectUri = q.get('redirect_uri') ?? '';
     // Like Google, an unregistered redirect_uri gets an error page, never a redirect.
-    if (!redirectAllowed(client, redirectUri)) throw page(400, 'redirect_uri_mismatch', `You can't sign in to this app because it doesn't comply with Google's OAuth 2.0 policy. redirect_uri=${redirectUri}`);
-    if (q.get('response_type') !== 'code') throw page(400, 'invalid_request', `Invalid response_type: ${q.get('response_type') ?? ''}`);
+    if (!redirectAllowed(client, redirectUri))
+      throw page(
+        400,
+        'redirect_uri_mismatch',
+        `You can't sign in to this app because it doesn't comply with Google's OAuth 2.0 policy. redirect_uri=${redirectUri}`,
+      );
+    if (q.get('response_type') !== 'code')
+      throw page(400, 'invalid_request', `Invalid response_type: ${q.get('response_type') ?? ''}`);
     const scope = q.get('scope');
     if (!scope) throw page(400, 'invalid_request', 'Missing required parameter: scope');
     const challenge = q.get('code_challenge') ?? undefined;
     const challengeMethod = challenge ? (q.get('code_challenge_method') ?? 'plain') : undefined;
-    if (challengeMethod && challengeMethod !== 'S256' && challengeMethod !== 'plain') throw page(400, 'invalid_request', `Invalid code_challenge_method: ${challengeMethod}`);
-    if (challenge && !/^[A-Za-z0-9\-._~]{43,128}$/.test(challenge)) throw page(400, 'invalid_request', 'Invalid code_challenge.');
+    if (challengeMethod && challengeMethod !== 'S256' && challengeMethod !== 'plain')
+      throw page(400, 'invalid_request', `Invalid code_challenge_method: ${challengeMethod}`);
+    if (challenge && !/^[A-Za-z0-9\-._~]{43,128}$/.test(challenge))
+      throw page(400, 'invalid_request', 'Invalid code_challenge.');
 
     const back = new URL(redirectUri);
     const state = q.get('state');
@@ -792,8 +854,15 @@ class FakeGoogleServer implements FakeGoogle {
     } else {
       const code = `4/0A${randomBytes(32).toString('base64url')}`;
       this.codes.set(code, {
-        client, redirectUri, scope, account: this.consent.account, offline: q.get('access_type') === 'offline',
-        challenge, challengeMethod, expiresAt: Date.now() + this.codeTtl * 1000, used: false,
+        client,
+        redirectUri,
+        scope,
+        account: this.consent.account,
+        offline: q.get('access_type') === 'offline',
+        challenge,
+        challengeMethod,
+        expiresAt: Date.now() + this.codeTtl * 1000,
+        used: false,
       });
       back.searchParams.set('code', code);
       back.searchParams.set('scope', scope);
@@ -804,7 +873,8 @@ class FakeGoogleServer implements FakeGoogle {
   /** POST /token, form-encoded, client authenticated by client_secret_post or HTTP Basic. */
   private token(x: Exchange): Reply {
     const form = (x.body ?? {}) as Record<string, string>;
-    const oauthError = (status: number, error: string, description: string) => new GoogleError(status, description, { reason: error });
+    const oauthError = (status: number, error: string, description: string) =>
+      new GoogleError(status, description, { reason: error });
     let clientId = form.client_id;
     let clientSecret = form.client_secret;
     const basic = /^Basic (.+)$/i.exec(x.headers.authorization ?? '');
@@ -817,18 +887,26 @@ class FakeGoogleServer implements FakeGoogle {
     if (form.grant_type === 'authorization_code') {
       if (!form.code) throw oauthError(400, 'invalid_request', 'Missing required parameter: code');
       const pending = this.codes.get(form.code);
-      if (!pending || pending.used || pending.expiresAt <= Date.now() || pending.client !== client) throw oauthError(400, 'invalid_grant', 'Bad Request');
+      if (!pending || pending.used || pending.expiresAt <= Date.now() || pending.client !== client)
+        throw oauthError(400, 'invalid_grant', 'Bad Request');
       // A code is single-use (RFC 6749 §4.1.2): even a failed redemption burns it.
       pending.used = true;
       if (form.redirect_uri !== pending.redirectUri) throw oauthError(400, 'redirect_uri_mismatch', 'Bad Request');
       if (pending.challenge) {
         const verifier = form.code_verifier;
         if (!verifier) throw oauthError(400, 'invalid_grant', 'Missing code verifier.');
-        const derived = pending.challengeMethod === 'S256' ? createHash('sha256').update(verifier).digest('base64url') : verifier;
-        if (!/^[A-Za-z0-9\-._~]{43,128}$/.test(verifier) || derived !== pending.challenge) throw oauthError(400, 'invalid_grant', 'Invalid code verifier.');
+        const derived =
+          pending.challengeMethod === 'S256' ? createHash('sha256').update(verifier).digest('base64url') : verifier;
+        if (!/^[A-Za-z0-9\-._~]{43,128}$/.test(verifier) || derived !== pending.challenge)
+          throw oauthError(400, 'invalid_grant', 'Invalid code verifier.');
       }
       const grant = this.issueAccessToken(client, pending.account, pending.scope.split(' '));
-      const body: Record<string, unknown> = { access_token: grant.token, expires_in: this.accessTokenTtl, scope: pending.scope, token_type: 'Bearer' };
+      const body: Record<string, unknown> = {
+        access_token: grant.token,
+        expires_in: this.accessTokenTtl,
+        scope: pending.scope,
+        token_type: 'Bearer',
+      };
       if (pending.offline) {
         const refreshToken = `1//0${randomBytes(48).toString('base64url')}`;
         this.refreshTokens.set(refreshToken, { ...grant.grant, expiresAt: Infinity });
@@ -842,14 +920,33 @@ class FakeGoogleServer implements FakeGoogle {
       if (!stored || stored.revoked) throw oauthError(400, 'invalid_grant', 'Token has been expired or revoked.');
       if (stored.clientId !== client.clientId) throw oauthError(400, 'unauthorized_client', 'Unauthorized');
       const grant = this.issueAccessToken(client, stored.account, stored.scopes);
-      return { status: 200, body: { access_token: grant.token, expires_in: this.accessTokenTtl, scope: stored.scopes.join(' '), token_type: 'Bearer' }, headers };
+      return {
+        status: 200,
+        body: {
+          access_token: grant.token,
+          expires_in: this.accessTokenTtl,
+          scope: stored.scopes.join(' '),
+          token_type: 'Bearer',
+        },
+        headers,
+      };
     }
     throw oauthError(400, 'unsupported_grant_type', `Invalid grant_type: ${form.grant_type ?? ''}`);
   }
 
-  private issueAccessToken(client: FakeOAuthClient, account: string, scopes: string[]): { token: string; grant: Grant } {
+  private issueAccessToken(
+    client: FakeOAuthClient,
+    account: string,
+    scopes: string[],
+  ): { token: string; grant: Grant } {
     const token = `ya29.${randomBytes(48).toString('base64url')}`;
-    const grant = { clientId: client.clientId, account, scopes, expiresAt: Date.now() + this.accessTokenTtl * 1000, revoked: false };
+    const grant = {
+      clientId: client.clientId,
+      account,
+      scopes,
+      expiresAt: Date.now() + this.accessTokenTtl * 1000,
+      revoked: false,
+    };
     this.accessTokens.set(token, grant);
     return { token, grant };
   }
@@ -857,34 +954,51 @@ class FakeGoogleServer implements FakeGoogle {
   /** The Authorization: Bearer check every API call passes, plus the scope check. */
   private authenticate(x: Exchange, acceptedScopes: readonly string[], service: string): Grant {
     const header = x.headers.authorization;
-    const help = 'Expected OAuth 2 access token, login cookie or other valid authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project.';
+    const help =
+      'Expected OAuth 2 access token, login cookie or other valid authentication credential. See https://developers.google.com/identity/sign-in/web/devconsole-project.';
     if (!header) {
       throw new GoogleError(401, `Request is missing required authentication credential. ${help}`, {
-        reason: 'required', legacyMessage: 'Login Required.', location: 'Authorization', infoReason: 'CREDENTIALS_MISSING',
-        infoMetadata: { service }, headers: { 'www-authenticate': 'Bearer realm="https://accounts.google.com/"' },
+        reason: 'required',
+        legacyMessage: 'Login Required.',
+        location: 'Authorization',
+        infoReason: 'CREDENTIALS_MISSING',
+        infoMetadata: { service },
+        headers: { 'www-authenticate': 'Bearer realm="https://accounts.google.com/"' },
       });
     }
     const token = /^Bearer (.+)$/i.exec(header)?.[1];
     const grant = token ? this.accessTokens.get(token) : undefined;
     if (!grant || grant.revoked || grant.expiresAt <= Date.now()) {
       throw new GoogleError(401, `Request had invalid authentication credentials. ${help}`, {
-        reason: 'authError', legacyMessage: 'Invalid Credentials', location: 'Authorization',
-        infoReason: grant ? 'ACCESS_TOKEN_EXPIRED' : 'ACCESS_TOKEN_TYPE_UNSUPPORTED', infoMetadata: { service },
+        reason: 'authError',
+        legacyMessage: 'Invalid Credentials',
+        location: 'Authorization',
+        infoReason: grant ? 'ACCESS_TOKEN_EXPIRED' : 'ACCESS_TOKEN_TYPE_UNSUPPORTED',
+        infoMetadata: { service },
         headers: { 'www-authenticate': 'Bearer realm="https://accounts.google.com/", error="invalid_token"' },
       });
     }
     if (!grant.scopes.some((s) => acceptedScopes.includes(s))) {
       throw new GoogleError(403, 'Request had insufficient authentication scopes.', {
-        reason: 'insufficientPermissions', legacyMessage: 'Insufficient Permission', infoReason: 'ACCESS_TOKEN_SCOPE_INSUFFICIENT', infoMetadata: { service },
+        reason: 'insufficientPermissions',
+        legacyMessage: 'Insufficient Permission',
+        infoReason: 'ACCESS_TOKEN_SCOPE_INSUFFICIENT',
+        infoMetadata: { service },
       });
     }
     const api = service === 'gmail.googleapis.com' ? 'gmail' : 'pubsub';
     if (this.disabledApis.has(api)) {
       const client = [...this.clients.values()].find((c) => c.clientId === grant.clientId)!;
       const title = api === 'gmail' ? 'Gmail API' : 'Cloud Pub/Sub API';
-      throw new GoogleError(403, `${title} has not been used in project ${client.projectNumber} before or it is disabled. Enable it by visiting https://console.developers.google.com/apis/api/${service}/overview?project=${client.projectNumber} then retry. If you enabled this API recently, wait a few minutes for the action to propagate to our systems and retry.`, {
-        reason: 'accessNotConfigured', infoReason: 'SERVICE_DISABLED', infoMetadata: { service, consumer: `projects/${client.projectNumber}` },
-      });
+      throw new GoogleError(
+        403,
+        `${title} has not been used in project ${client.projectNumber} before or it is disabled. Enable it by visiting https://console.developers.google.com/apis/api/${service}/overview?project=${client.projectNumber} then retry. If you enabled this API recently, wait a few minutes for the action to propagate to our systems and retry.`,
+        {
+          reason: 'accessNotConfigured',
+          infoReason: 'SERVICE_DISABLED',
+          infoMetadata: { service, consumer: `projects/${client.projectNumber}` },
+        },
+      );
     }
     return grant;
   }
@@ -892,21 +1006,38 @@ class FakeGoogleServer implements FakeGoogle {
   // The JWKS that push OIDC tokens verify against (Google: https://www.googleapis.com/oauth2/v3/certs).
   private async jwks(): Promise<Reply> {
     const jwk: JWK = await exportJWK(this.keys.publicKey);
-    return { status: 200, body: { keys: [{ ...jwk, kid: this.kid, alg: 'RS256', use: 'sig' }] }, headers: { 'cache-control': 'public, max-age=300' } };
+    return {
+      status: 200,
+      body: { keys: [{ ...jwk, kid: this.kid, alg: 'RS256', use: 'sig' }] },
+      headers: { 'cache-control': 'public, max-age=300' },
+    };
   }
 
   // The PEM flavour OAuth2Client.verifyIdToken fetches in Node (Google serves X.509 certificates;
   // an SPKI public key verifies the same way with node:crypto).
   private async pemCerts(): Promise<Reply> {
-    return { status: 200, body: { [this.kid]: await exportSPKI(this.keys.publicKey) }, headers: { 'cache-control': 'public, max-age=300' } };
+    return {
+      status: 200,
+      body: { [this.kid]: await exportSPKI(this.keys.publicKey) },
+      headers: { 'cache-control': 'public, max-age=300' },
+    };
   }
 
   async signOidcToken(claims: Record<string, unknown> = {}, options: OidcSignOptions = {}): Promise<string> {
     const now = Math.floor(Date.now() / 1000);
-    const email = typeof claims.email === 'string' ? claims.email : `pubsub-push@${this.client.projectId}.iam.gserviceaccount.com`;
+    const email =
+      typeof claims.email === 'string' ? claims.email : `pubsub-push@${this.client.projectId}.iam.gserviceaccount.com`;
     const sub = numericId(email);
     const payload: Record<string, unknown> = {
-      aud: this.url, azp: sub, email, email_verified: true, exp: now + 3600, iat: now, iss: 'https://accounts.google.com', sub, ...claims,
+      aud: this.url,
+      azp: sub,
+      email,
+      email_verified: true,
+      exp: now + 3600,
+      iat: now,
+      iss: 'https://accounts.google.com',
+      sub,
+      ...claims,
     };
     for (const [k, v] of Object.entries(payload)) if (v === undefined) delete payload[k];
     let key = this.keys.privateKey;
@@ -914,7 +1045,9 @@ class FakeGoogleServer implements FakeGoogle {
       this.stranger ??= await generateKeyPair('RS256');
       key = this.stranger.privateKey;
     }
-    return new SignJWT(payload).setProtectedHeader({ alg: 'RS256', kid: options.kid ?? this.kid, typ: 'JWT' }).sign(key);
+    return new SignJWT(payload)
+      .setProtectedHeader({ alg: 'RS256', kid: options.kid ?? this.kid, typ: 'JWT' })
+      .sign(key);
   }
 
   // ─── Cloud Pub/Sub v1 (pubsub.googleapis.com/v1/…) ──────────────────────────────────────
@@ -933,7 +1066,8 @@ class FakeGoogleServer implements FakeGoogle {
       }
       case 'topics.create': {
         if (!validResourceId(shortName)) throw invalid(`Invalid [topics] name: (name=${name})`);
-        if (this.topics.has(name)) throw new GoogleError(409, `Resource already exists in the project (resource=${shortName}).`);
+        if (this.topics.has(name))
+          throw new GoogleError(409, `Resource already exists in the project (resource=${shortName}).`);
         const topic: Topic = { name, ...(body.labels ? { labels: body.labels } : {}) };
         this.topics.set(name, topic);
         this.iamPolicies.set(name, { etag: 'ACAB' });
@@ -942,7 +1076,8 @@ class FakeGoogleServer implements FakeGoogle {
       case 'topics.getIamPolicy': {
         // "Valid values are 0, 1, and 3. Requests specifying an invalid value will be rejected."
         const version = x.url.searchParams.get('options.requestedPolicyVersion');
-        if (version !== null && !['0', '1', '3'].includes(version)) throw invalid(`Invalid requested policy version: ${version}. Valid values are 0, 1, and 3.`);
+        if (version !== null && !['0', '1', '3'].includes(version))
+          throw invalid(`Invalid requested policy version: ${version}. Valid values are 0, 1, and 3.`);
         const policy = this.iamPolicies.get(name);
         if (!policy) throw notFound(shortName);
         return ok(policy);
@@ -954,12 +1089,23 @@ class FakeGoogleServer implements FakeGoogle {
         if (!policy || typeof policy !== 'object') throw invalid('Invalid JSON payload: policy is required.');
         // Read-modify-write: a stale etag is refused.
         if (policy.etag !== undefined && policy.etag !== current.etag) {
-          throw new GoogleError(409, 'There were concurrent policy changes. Please retry the whole read-modify-write with exponential backoff.', { status: 'ABORTED' });
+          throw new GoogleError(
+            409,
+            'There were concurrent policy changes. Please retry the whole read-modify-write with exponential backoff.',
+            { status: 'ABORTED' },
+          );
         }
         const bindings = (policy.bindings ?? []).filter((b) => b.members?.length);
         for (const b of bindings) {
-          if (typeof b.role !== 'string' || !b.role.startsWith('roles/')) throw invalid(`Role (${String(b.role)}) does not exist in the resource's hierarchy.`);
-          for (const m of b.members) if (!/^(user|serviceAccount|group|domain|principal|principalSet):.+|^allUsers$|^allAuthenticatedUsers$/.test(m)) throw invalid(`Invalid member: ${m}`);
+          if (typeof b.role !== 'string' || !b.role.startsWith('roles/'))
+            throw invalid(`Role (${String(b.role)}) does not exist in the resource's hierarchy.`);
+          for (const m of b.members)
+            if (
+              !/^(user|serviceAccount|group|domain|principal|principalSet):.+|^allUsers$|^allAuthenticatedUsers$/.test(
+                m,
+              )
+            )
+              throw invalid(`Invalid member: ${m}`);
         }
         const next: IamPolicy = bindings.length
           ? { version: 1, etag: randomBytes(8).toString('base64'), bindings: structuredClone(bindings) }
@@ -974,8 +1120,12 @@ class FakeGoogleServer implements FakeGoogle {
       }
       case 'subscriptions.create': {
         if (!validResourceId(shortName)) throw invalid(`Invalid [subscriptions] name: (name=${name})`);
-        if (this.subscriptions.has(name)) throw new GoogleError(409, `Resource already exists in the project (resource=${shortName}).`);
-        if (typeof body.topic !== 'string' || !body.topic) throw invalid('Invalid resource name given (name=). Refer to https://cloud.google.com/pubsub/docs/pubsub-basics#resource_names for more information.');
+        if (this.subscriptions.has(name))
+          throw new GoogleError(409, `Resource already exists in the project (resource=${shortName}).`);
+        if (typeof body.topic !== 'string' || !body.topic)
+          throw invalid(
+            'Invalid resource name given (name=). Refer to https://cloud.google.com/pubsub/docs/pubsub-basics#resource_names for more information.',
+          );
         if (!this.topics.has(body.topic)) throw notFound(body.topic.split('/').pop()!);
         const sub: Subscription = {
           name,
@@ -992,16 +1142,30 @@ class FakeGoogleServer implements FakeGoogle {
       case 'subscriptions.patch': {
         const sub = this.subscriptions.get(name);
         if (!sub) throw notFound(shortName);
-        const mask = typeof body.updateMask === 'string' ? body.updateMask.split(',').map((s: string) => s.trim()).filter(Boolean) : [];
-        if (!mask.length) throw invalid('Invalid update_mask provided in the UpdateSubscriptionRequest: the update_mask must not be empty.');
+        const mask =
+          typeof body.updateMask === 'string'
+            ? body.updateMask
+                .split(',')
+                .map((s: string) => s.trim())
+                .filter(Boolean)
+            : [];
+        if (!mask.length)
+          throw invalid(
+            'Invalid update_mask provided in the UpdateSubscriptionRequest: the update_mask must not be empty.',
+          );
         const patch = (body.subscription ?? {}) as Record<string, any>;
         const next = { ...sub };
         for (const field of mask) {
           if (field === 'pushConfig') next.pushConfig = validPushConfig(patch.pushConfig);
-          else if (field === 'ackDeadlineSeconds') next.ackDeadlineSeconds = validAckDeadline(patch.ackDeadlineSeconds ?? 10);
-          else if (field === 'messageRetentionDuration') next.messageRetentionDuration = patch.messageRetentionDuration ?? '604800s';
+          else if (field === 'ackDeadlineSeconds')
+            next.ackDeadlineSeconds = validAckDeadline(patch.ackDeadlineSeconds ?? 10);
+          else if (field === 'messageRetentionDuration')
+            next.messageRetentionDuration = patch.messageRetentionDuration ?? '604800s';
           else if (field === 'labels') next.labels = patch.labels;
-          else throw invalid(`Invalid update_mask provided in the UpdateSubscriptionRequest: the '${field}' field cannot be updated.`);
+          else
+            throw invalid(
+              `Invalid update_mask provided in the UpdateSubscriptionRequest: the '${field}' field cannot be updated.`,
+            );
         }
         this.subscriptions.set(name, next);
         this.pump(name);
@@ -1027,7 +1191,8 @@ class FakeGoogleServer implements FakeGoogle {
         if (!Array.isArray(ids) || !ids.length) throw invalid('No ack ids specified.');
         for (const id of ids) {
           const lease = this.ackIds.get(String(id));
-          if (!lease || lease.subscription !== name) throw invalid(`You have passed an invalid ack ID to the service (ack_id=${String(id)}).`);
+          if (!lease || lease.subscription !== name)
+            throw invalid(`You have passed an invalid ack ID to the service (ack_id=${String(id)}).`);
         }
         // An ack for a lease that has since been redelivered (stale ackId) is silently ignored.
         for (const id of ids) {
@@ -1057,7 +1222,11 @@ class FakeGoogleServer implements FakeGoogle {
     d.acked = true;
     clearTimeout(d.timer);
     const list = this.deliveries.get(subscription);
-    if (list) this.deliveries.set(subscription, list.filter((e) => e !== d));
+    if (list)
+      this.deliveries.set(
+        subscription,
+        list.filter((e) => e !== d),
+      );
   }
 
   /** Publishes to a topic: each of its subscriptions gets its own copy. */
@@ -1080,7 +1249,11 @@ class FakeGoogleServer implements FakeGoogle {
   }
 
   private newMessage(data: Buffer, attributes?: Record<string, string>): PubsubMessage {
-    const message: PubsubMessage = { data: data.toString('base64'), messageId: String(this.nextPubsubId++), publishTime: new Date().toISOString() };
+    const message: PubsubMessage = {
+      data: data.toString('base64'),
+      messageId: String(this.nextPubsubId++),
+      publishTime: new Date().toISOString(),
+    };
     if (attributes && Object.keys(attributes).length) message.attributes = attributes;
     return message;
   }
@@ -1093,7 +1266,8 @@ class FakeGoogleServer implements FakeGoogle {
     if (!sub?.pushConfig.pushEndpoint || this.closed) return;
     const now = Date.now();
     for (const d of this.deliveries.get(subscription)!) {
-      if (!d.acked && !d.pushing && !d.timer && d.visibleAt <= now && d.pushAttempts < this.timing.pushMaxAttempts) void this.push(sub, d);
+      if (!d.acked && !d.pushing && !d.timer && d.visibleAt <= now && d.pushAttempts < this.timing.pushMaxAttempts)
+        void this.push(sub, d);
     }
   }
 
@@ -1103,7 +1277,13 @@ class FakeGoogleServer implements FakeGoogle {
     d.pushAttempts++;
     this.pendingPushes++;
     const timeoutMs = this.ackDeadlineMs(sub.name);
-    const attempt: PushAttempt = { subscription: sub.name, messageId: d.message.messageId, attempt: d.pushAttempts, endpoint, at: new Date() };
+    const attempt: PushAttempt = {
+      subscription: sub.name,
+      messageId: d.message.messageId,
+      attempt: d.pushAttempts,
+      endpoint,
+      at: new Date(),
+    };
     try {
       const headers: Record<string, string> = {
         'content-type': 'application/json',
@@ -1118,7 +1298,14 @@ class FakeGoogleServer implements FakeGoogle {
       // Google sends both spellings of the id and time fields.
       const m = d.message;
       const body = JSON.stringify({
-        message: { ...(m.attributes ? { attributes: m.attributes } : {}), data: m.data, messageId: m.messageId, message_id: m.messageId, publishTime: m.publishTime, publish_time: m.publishTime },
+        message: {
+          ...(m.attributes ? { attributes: m.attributes } : {}),
+          data: m.data,
+          messageId: m.messageId,
+          message_id: m.messageId,
+          publishTime: m.publishTime,
+          publish_time: m.publishTime,
+        },
         subscription: sub.name,
       });
       attempt.status = await postJson(endpoint, headers, body, timeoutMs, this.inflight);
@@ -1176,7 +1363,12 @@ class FakeGoogleServer implements FakeGoogle {
     const metadataOnly = !grant.scopes.some((s) => fullScopes.includes(s));
     switch (match.method.id) {
       case 'gmail.users.getProfile':
-        return ok({ emailAddress: box.emailAddress, messagesTotal: box.messages.length, threadsTotal: new Set(box.messages.map((m) => m.threadId)).size, historyId: String(box.historyId) });
+        return ok({
+          emailAddress: box.emailAddress,
+          messagesTotal: box.messages.length,
+          threadsTotal: new Set(box.messages.map((m) => m.threadId)).size,
+          historyId: String(box.historyId),
+        });
       case 'gmail.users.watch':
         return ok(this.watch(grant, box, (x.body ?? {}) as Record<string, any>));
       case 'gmail.users.stop':
@@ -1185,17 +1377,20 @@ class FakeGoogleServer implements FakeGoogle {
       case 'gmail.users.history.list':
         return ok(listHistory(box, q));
       case 'gmail.users.messages.list': {
-        if (q.get('q') && metadataOnly) throw new GoogleError(403, "Metadata scope does not support 'q' parameter", { reason: 'forbidden' });
+        if (q.get('q') && metadataOnly)
+          throw new GoogleError(403, "Metadata scope does not support 'q' parameter", { reason: 'forbidden' });
         return ok(listMessages(box, q));
       }
       case 'gmail.users.messages.get': {
         const message = box.messages.find((m) => m.id === id);
         if (!message) {
-          if (!/^[0-9a-f]{16}$/.test(id!)) throw new GoogleError(400, 'Invalid id value', { reason: 'invalidArgument' });
+          if (!/^[0-9a-f]{16}$/.test(id!))
+            throw new GoogleError(400, 'Invalid id value', { reason: 'invalidArgument' });
           throw new GoogleError(404, 'Requested entity was not found.', { reason: 'notFound' });
         }
         const format = q.get('format') ?? 'full';
-        if (format === 'full' && metadataOnly) throw new GoogleError(403, "Metadata scope doesn't allow format FULL", { reason: 'forbidden' });
+        if (format === 'full' && metadataOnly)
+          throw new GoogleError(403, "Metadata scope doesn't allow format FULL", { reason: 'forbidden' });
         if (format === 'raw') throw unimplemented(match);
         return ok(renderMessage(message, format, q.getAll('metadataHeaders')));
       }
@@ -1218,18 +1413,33 @@ class FakeGoogleServer implements FakeGoogle {
     const client = this.clients.get(grant.clientId)!;
     const topicName = body.topicName ?? body.topic_name;
     if (typeof topicName !== 'string' || !topicName.startsWith(`projects/${client.projectId}/topics/`)) {
-      throw new GoogleError(400, `Invalid topicName does not match projects/${client.projectId}/topics/*`, { reason: 'invalidArgument' });
+      throw new GoogleError(400, `Invalid topicName does not match projects/${client.projectId}/topics/*`, {
+        reason: 'invalidArgument',
+      });
     }
     if (!this.topics.has(topicName)) {
-      throw new GoogleError(404, `Error sending test message to Cloud PubSub ${topicName} : Resource not found (resource=${topicName.split('/').pop()}).`, { reason: 'notFound' });
+      throw new GoogleError(
+        404,
+        `Error sending test message to Cloud PubSub ${topicName} : Resource not found (resource=${topicName.split('/').pop()}).`,
+        { reason: 'notFound' },
+      );
     }
     if (!this.gmailMayPublish(topicName)) {
-      throw new GoogleError(403, `Error sending test message to Cloud PubSub ${topicName} : User not authorized to perform this action.`, { reason: 'forbidden' });
+      throw new GoogleError(
+        403,
+        `Error sending test message to Cloud PubSub ${topicName} : User not authorized to perform this action.`,
+        { reason: 'forbidden' },
+      );
     }
     // The enum ("include" | "exclude") is checked against the discovery document before this
     // runs. labelFilterBehavior replaces the deprecated labelFilterAction: "if set,
     // label_filter_action is ignored". Either may come in proto3's snake_case spelling.
-    const behavior: 'include' | 'exclude' = body.labelFilterBehavior ?? body.label_filter_behavior ?? body.labelFilterAction ?? body.label_filter_action ?? 'include';
+    const behavior: 'include' | 'exclude' =
+      body.labelFilterBehavior ??
+      body.label_filter_behavior ??
+      body.labelFilterAction ??
+      body.label_filter_action ??
+      'include';
     const watch: GmailWatch = {
       topicName,
       labelIds: (body.labelIds ?? body.label_ids ?? []).map(String),
@@ -1243,8 +1453,12 @@ class FakeGoogleServer implements FakeGoogle {
 
   private gmailMayPublish(topic: string): boolean {
     const member = `serviceAccount:${GMAIL_PUSH_SERVICE_ACCOUNT}`;
-    return (this.iamPolicies.get(topic)?.bindings ?? []).some((b) =>
-      ['roles/pubsub.publisher', 'roles/pubsub.editor', 'roles/pubsub.admin', 'roles/editor', 'roles/owner'].includes(b.role) && b.members.includes(member));
+    return (this.iamPolicies.get(topic)?.bindings ?? []).some(
+      (b) =>
+        ['roles/pubsub.publisher', 'roles/pubsub.editor', 'roles/pubsub.admin', 'roles/editor', 'roles/owner'].includes(
+          b.role,
+        ) && b.members.includes(member),
+    );
   }
 
   addEmail(email: NewEmail): StoredEmail {
@@ -1279,7 +1493,12 @@ class FakeGoogleServer implements FakeGoogle {
     const hit = watch.labelIds.some((l) => labels.includes(l));
     if (watch.labelIds.length && (watch.labelFilterBehavior === 'include' ? !hit : hit)) return;
     const published = this.topics.has(watch.topicName) && this.gmailMayPublish(watch.topicName);
-    this.gmailNotifications.push({ account: box.emailAddress, topicName: watch.topicName, historyId: box.historyId, published });
+    this.gmailNotifications.push({
+      account: box.emailAddress,
+      topicName: watch.topicName,
+      historyId: box.historyId,
+      published,
+    });
     if (!published) return;
     const data = Buffer.from(JSON.stringify({ emailAddress: box.emailAddress, historyId: box.historyId }));
     this.publish(watch.topicName, this.newMessage(data));
@@ -1319,12 +1538,16 @@ class FakeGoogleServer implements FakeGoogle {
 
 function listHistory(box: Mailbox, q: URLSearchParams): object {
   const start = Number(q.get('startHistoryId'));
-  if (!q.get('startHistoryId') || !Number.isSafeInteger(start) || start < 0) throw new GoogleError(400, 'Invalid startHistoryId', { reason: 'invalidArgument' });
+  if (!q.get('startHistoryId') || !Number.isSafeInteger(start) || start < 0)
+    throw new GoogleError(400, 'Invalid startHistoryId', { reason: 'invalidArgument' });
   // Google: "A historyId is typically valid for at least a week"; older ones answer 404.
   if (start < box.retainedFrom) throw new GoogleError(404, 'Requested entity was not found.', { reason: 'notFound' });
   const types = q.getAll('historyTypes');
   const labelId = q.get('labelId');
-  const records = box.history.filter((h) => h.id > start && (!types.length || types.includes('messageAdded')) && (!labelId || h.labelIds.includes(labelId)));
+  const records = box.history.filter(
+    (h) =>
+      h.id > start && (!types.length || types.includes('messageAdded')) && (!labelId || h.labelIds.includes(labelId)),
+  );
   const { page, nextPageToken } = paginate(records, q, 100);
   const out: Record<string, unknown> = {};
   if (page.length) {
@@ -1372,14 +1595,23 @@ function searchQuery(q: string): (m: StoredEmail) => boolean {
     const has = (s: string) => s.toLowerCase().includes(value);
     const day = (v: string) => (/^\d+$/.test(v) ? Number(v) * 1000 : Date.parse(v.replace(/\//g, '-')));
     switch (op) {
-      case 'from': return (m: StoredEmail) => has(m.from);
-      case 'to': return (m: StoredEmail) => has(m.to);
-      case 'subject': return (m: StoredEmail) => has(m.subject);
-      case 'label': case 'in': return (m: StoredEmail) => m.labelIds.some((l) => l.toLowerCase() === value);
-      case 'is': return (m: StoredEmail) => m.labelIds.some((l) => l.toLowerCase() === value);
-      case 'after': return (m: StoredEmail) => Number(m.internalDate) >= day(value);
-      case 'before': return (m: StoredEmail) => Number(m.internalDate) < day(value);
-      default: return (m: StoredEmail) => [m.from, m.to, m.subject, m.text].some(has);
+      case 'from':
+        return (m: StoredEmail) => has(m.from);
+      case 'to':
+        return (m: StoredEmail) => has(m.to);
+      case 'subject':
+        return (m: StoredEmail) => has(m.subject);
+      case 'label':
+      case 'in':
+        return (m: StoredEmail) => m.labelIds.some((l) => l.toLowerCase() === value);
+      case 'is':
+        return (m: StoredEmail) => m.labelIds.some((l) => l.toLowerCase() === value);
+      case 'after':
+        return (m: StoredEmail) => Number(m.internalDate) >= day(value);
+      case 'before':
+        return (m: StoredEmail) => Number(m.internalDate) < day(value);
+      default:
+        return (m: StoredEmail) => [m.from, m.to, m.subject, m.text].some(has);
     }
   });
   return (m) => tests.every((t) => t(m));
@@ -1406,19 +1638,45 @@ function renderMessage(m: StoredEmail, format: string, metadataHeaders: string[]
     { name: 'Subject', value: m.subject },
     { name: 'From', value: m.from },
     { name: 'To', value: m.to },
-    { name: 'Content-Type', value: htmlPart ? `multipart/alternative; boundary="${boundary}"` : 'text/plain; charset="UTF-8"' },
+    {
+      name: 'Content-Type',
+      value: htmlPart ? `multipart/alternative; boundary="${boundary}"` : 'text/plain; charset="UTF-8"',
+    },
   ];
   const payload: MessagePart = htmlPart
-    ? { partId: '', mimeType: 'multipart/alternative', filename: '', headers, body: { size: 0 }, parts: [textPart, htmlPart] }
+    ? {
+        partId: '',
+        mimeType: 'multipart/alternative',
+        filename: '',
+        headers,
+        body: { size: 0 },
+        parts: [textPart, htmlPart],
+      }
     : { ...textPart, headers: [...headers, ...textPart.headers.slice(1)] };
-  const sizeEstimate = headers.reduce((n, h) => n + h.name.length + h.value.length + 4, 0) + textPart.body.size + (htmlPart?.body.size ?? 0) + 200;
+  const sizeEstimate =
+    headers.reduce((n, h) => n + h.name.length + h.value.length + 4, 0) +
+    textPart.body.size +
+    (htmlPart?.body.size ?? 0) +
+    200;
   const base = {
-    id: m.id, threadId: m.threadId, labelIds: m.labelIds, snippet: snippetOf(m.text), sizeEstimate, historyId: m.historyId, internalDate: m.internalDate,
+    id: m.id,
+    threadId: m.threadId,
+    labelIds: m.labelIds,
+    snippet: snippetOf(m.text),
+    sizeEstimate,
+    historyId: m.historyId,
+    internalDate: m.internalDate,
   };
   if (format === 'minimal') return base;
   if (format === 'metadata') {
     const wanted = metadataHeaders.map((h) => h.toLowerCase());
-    return { ...base, payload: { mimeType: payload.mimeType, headers: wanted.length ? headers.filter((h) => wanted.includes(h.name.toLowerCase())) : headers } };
+    return {
+      ...base,
+      payload: {
+        mimeType: payload.mimeType,
+        headers: wanted.length ? headers.filter((h) => wanted.includes(h.name.toLowerCase())) : headers,
+      },
+    };
   }
   return { ...base, payload };
 }
@@ -1447,7 +1705,12 @@ function base64UrlPadded(bytes: Buffer): string {
 /** Gmail's snippet: whitespace collapsed, about 200 characters, HTML-escaped. */
 function snippetOf(text: string): string {
   const plain = text.replace(/\s+/g, ' ').trim().slice(0, 200);
-  return plain.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;').replace(/'/g, '&#39;');
+  return plain
+    .replace(/&/g, '&amp;')
+    .replace(/</g, '&lt;')
+    .replace(/>/g, '&gt;')
+    .replace(/"/g, '&quot;')
+    .replace(/'/g, '&#39;');
 }
 
 // ─── Plumbing ─────────────────────────────────────────────────────────────────────────────
@@ -1471,20 +1734,41 @@ function isOAuthPath(path: string): boolean {
 function errorReply(err: GoogleError, flavour: Flavour): Reply {
   const e = err.extra;
   if (flavour === 'oauth') {
-    return { status: err.code, body: { error: e.reason ?? (err.code >= 500 ? 'server_error' : 'invalid_request'), error_description: err.message } };
+    return {
+      status: err.code,
+      body: {
+        error: e.reason ?? (err.code >= 500 ? 'server_error' : 'invalid_request'),
+        error_description: err.message,
+      },
+    };
   }
   if (flavour === 'page') {
-    return { status: err.code, body: `<!doctype html><title>Error ${err.code}: ${e.reason ?? 'error'}</title><p>Error ${err.code}: ${e.reason ?? 'error'}</p><p>${err.message}</p>`, headers: { 'content-type': 'text/html; charset=utf-8' } };
+    return {
+      status: err.code,
+      body: `<!doctype html><title>Error ${err.code}: ${e.reason ?? 'error'}</title><p>Error ${err.code}: ${e.reason ?? 'error'}</p><p>${err.message}</p>`,
+      headers: { 'content-type': 'text/html; charset=utf-8' },
+    };
   }
   const error: Record<string, unknown> = { code: err.code, message: err.message };
   if (flavour === 'gmail') {
-    const legacy: Record<string, string> = { message: e.legacyMessage ?? err.message, domain: e.reason === 'accessNotConfigured' ? 'usageLimits' : 'global', reason: e.reason ?? GMAIL_REASON[err.code] ?? 'backendError' };
+    const legacy: Record<string, string> = {
+      message: e.legacyMessage ?? err.message,
+      domain: e.reason === 'accessNotConfigured' ? 'usageLimits' : 'global',
+      reason: e.reason ?? GMAIL_REASON[err.code] ?? 'backendError',
+    };
     if (e.location) Object.assign(legacy, { location: e.location, locationType: 'header' });
     error.errors = [legacy];
   }
   error.status = e.status ?? CANONICAL[err.code] ?? (err.code >= 500 ? 'INTERNAL' : 'FAILED_PRECONDITION');
   if (e.infoReason) {
-    error.details = [{ '@type': 'type.googleapis.com/google.rpc.ErrorInfo', reason: e.infoReason, domain: 'googleapis.com', ...(e.infoMetadata ? { metadata: e.infoMetadata } : {}) }];
+    error.details = [
+      {
+        '@type': 'type.googleapis.com/google.rpc.ErrorInfo',
+        reason: e.infoReason,
+        domain: 'googleapis.com',
+        ...(e.infoMetadata ? { metadata: e.infoMetadata } : {}),
+      },
+    ];
   }
   return { status: err.code, body: { error }, headers: e.headers };
 }
@@ -1526,7 +1810,10 @@ function validResourceId(id: string): boolean {
 
 function validAckDeadline(seconds: unknown): number {
   const n = Number(seconds);
-  if (!Number.isInteger(n) || n < 10 || n > 600) throw invalid(`Invalid ack deadline given: ${String(seconds)}. The minimum deadline you can specify is 10 seconds and the maximum is 600 seconds.`);
+  if (!Number.isInteger(n) || n < 10 || n > 600)
+    throw invalid(
+      `Invalid ack deadline given: ${String(seconds)}. The minimum deadline you can specify is 10 seconds and the maximum is 600 seconds.`,
+    );
   return n;
 }
 
@@ -1537,10 +1824,13 @@ function validPushConfig(config: unknown): PushConfig {
     try {
       new URL(c.pushEndpoint);
     } catch {
-      throw invalid(`Invalid push endpoint given (endpoint=${c.pushEndpoint}). Refer to https://cloud.google.com/pubsub/docs/push#configure_push_endpoint for more information.`);
+      throw invalid(
+        `Invalid push endpoint given (endpoint=${c.pushEndpoint}). Refer to https://cloud.google.com/pubsub/docs/push#configure_push_endpoint for more information.`,
+      );
     }
   }
-  if (c.oidcToken && !c.oidcToken.serviceAccountEmail) throw invalid('Invalid push config: oidc_token.service_account_email is required.');
+  if (c.oidcToken && !c.oidcToken.serviceAccountEmail)
+    throw invalid('Invalid push config: oidc_token.service_account_email is required.');
   if (!c.pushEndpoint && c.oidcToken) throw invalid('Invalid push config: push_endpoint is required.');
   return structuredClone(c);
 }
@@ -1552,15 +1842,30 @@ function numericId(seed: string): string {
 }
 
 /** One POST on a fresh connection; resolves with the status, rejects on network error or timeout. */
-function postJson(endpoint: string, headers: Record<string, string>, body: string, timeoutMs: number, inflight: Set<http.ClientRequest>): Promise<number> {
+function postJson(
+  endpoint: string,
+  headers: Record<string, string>,
+  body: string,
+  timeoutMs: number,
+  inflight: Set<http.ClientRequest>,
+): Promise<number> {
   const url = new URL(endpoint);
   const transport = url.protocol === 'https:' ? https : http;
   return new Promise((resolve, reject) => {
-    const req = transport.request(url, { method: 'POST', headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) }, agent: false, timeout: timeoutMs }, (res) => {
-      res.resume();
-      res.on('end', () => resolve(res.statusCode!));
-      res.on('error', reject);
-    });
+    const req = transport.request(
+      url,
+      {
+        method: 'POST',
+        headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) },
+        agent: false,
+        timeout: timeoutMs,
+      },
+      (res) => {
+        res.resume();
+        res.on('end', () => resolve(res.statusCode!));
+        res.on('error', reject);
+      },
+    );
     inflight.add(req);
     req.on('close', () => inflight.delete(req));
     req.on('timeout', () => req.destroy(new Error(`push timed out after ${timeoutMs} ms`)));

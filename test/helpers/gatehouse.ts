@@ -49,7 +49,15 @@ export async function startTestGatehouse(rawConfig: Record<string, any>): Promis
 
 function merge(a: any, b: any): any {
   if (b === undefined) return a;
-  if (a === null || typeof a !== 'object' || Array.isArray(a) || b === null || typeof b !== 'object' || Array.isArray(b)) return b;
+  if (
+    a === null ||
+    typeof a !== 'object' ||
+    Array.isArray(a) ||
+    b === null ||
+    typeof b !== 'object' ||
+    Array.isArray(b)
+  )
+    return b;
   const out: any = { ...a };
   // An explicit `undefined` removes the key (e.g. `{ apiKey: undefined }` for a bearer-only gateway).
   for (const [k, v] of Object.entries(b)) {

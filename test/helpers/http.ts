@@ -21,25 +21,30 @@ export interface RequestOptions {
 export function request(baseUrl: string, path: string, options: RequestOptions = {}): Promise<Reply> {
   const url = new URL(baseUrl);
   return new Promise((resolve, reject) => {
-    const req = http.request({
-      host: url.hostname.replace(/^\[|\]$/g, ''),
-      port: url.port,
-      method: options.method ?? 'GET',
-      path,
-      // Tuples go out as raw headers, so repeated names and exact spellings are sent as given.
-      // (node:http adds no Host header to raw headers, so it is added here.)
-      headers: (Array.isArray(options.headers) ? ['Host', url.host, ...options.headers.flat()] : options.headers) as http.OutgoingHttpHeaders,
-      localAddress: options.localAddress,
-      agent: options.agent ?? false,
-    }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        const body = Buffer.concat(chunks).toString('utf8');
-        resolve({ status: res.statusCode!, headers: res.headers, body, json: () => JSON.parse(body) });
-      });
-      res.on('error', reject);
-    });
+    const req = http.request(
+      {
+        host: url.hostname.replace(/^\[|\]$/g, ''),
+        port: url.port,
+        method: options.method ?? 'GET',
+        path,
+        // Tuples go out as raw headers, so repeated names and exact spellings are sent as given.
+        // (node:http adds no Host header to raw headers, so it is added here.)
+        headers: (Array.isArray(options.headers)
+          ? ['Host', url.host, ...options.headers.flat()]
+          : options.headers) as http.OutgoingHttpHeaders,
+        localAddress: options.localAddress,
+        agent: options.agent ?? false,
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          const body = Buffer.concat(chunks).toString('utf8');
+          resolve({ status: res.statusCode!, headers: res.headers, body, json: () => JSON.parse(body) });
+        });
+        res.on('error', reject);
+      },
+    );
     req.on('error', reject);
     req.end(options.body);
   });

@@ -31,7 +31,9 @@ export function findPostgresBin(): string | undefined {
   if (process.env.GATEHOUSE_PG_BIN) return process.env.GATEHOUSE_PG_BIN;
   const root = '/usr/lib/postgresql';
   if (!existsSync(root)) return undefined;
-  const versions = readdirSync(root).filter((v) => existsSync(path.join(root, v, 'bin', 'initdb'))).sort((a, b) => Number(b) - Number(a));
+  const versions = readdirSync(root)
+    .filter((v) => existsSync(path.join(root, v, 'bin', 'initdb')))
+    .sort((a, b) => Number(b) - Number(a));
   return versions[0] !== undefined ? path.join(root, versions[0], 'bin') : undefined;
 }
 
@@ -65,7 +67,9 @@ export interface StartPostgresOptions {
 function toolRunner(bin: string) {
   const asPostgres = process.getuid?.() === 0;
   const command = (tool: string, args: string[]) =>
-    asPostgres ? run('runuser', ['-u', 'postgres', '--', path.join(bin, tool), ...args]) : run(path.join(bin, tool), args);
+    asPostgres
+      ? run('runuser', ['-u', 'postgres', '--', path.join(bin, tool), ...args])
+      : run(path.join(bin, tool), args);
   return { asPostgres, command };
 }
 
@@ -86,10 +90,16 @@ const INITDB_ARGS = ['-A', 'trust', '-U', 'postgres', '--no-sync', '--no-locale'
  * initdb into a new temporary folder, not started: the template `npm test` copies for every cluster of
  * its run. Its data folder, or the reason it cannot be made (printed loudly, as startPostgres does).
  */
-export async function initTemplate(options: Pick<StartPostgresOptions, 'purpose' | 'required'> = {}): Promise<{ data: string; remove(): void } | { skip: string }> {
-  const unavailable = (reason: string) => cannotStart(reason, options.purpose ?? 'PostgreSQL tests', options.required ?? Boolean(process.env.CI));
+export async function initTemplate(
+  options: Pick<StartPostgresOptions, 'purpose' | 'required'> = {},
+): Promise<{ data: string; remove(): void } | { skip: string }> {
+  const unavailable = (reason: string) =>
+    cannotStart(reason, options.purpose ?? 'PostgreSQL tests', options.required ?? Boolean(process.env.CI));
   const bin = findPostgresBin();
-  if (!bin) return unavailable('no PostgreSQL binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql, or set GATEHOUSE_PG_BIN)');
+  if (!bin)
+    return unavailable(
+      'no PostgreSQL binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql, or set GATEHOUSE_PG_BIN)',
+    );
   const { asPostgres, command } = toolRunner(bin);
   const root = await clusterRoot(asPostgres);
   const data = path.join(root, 'data');
@@ -107,9 +117,13 @@ export async function initTemplate(options: Pick<StartPostgresOptions, 'purpose'
  * Shared by the tests and `npm run bench` (bench/run.ts).
  */
 export async function startPostgres(options: StartPostgresOptions = {}): Promise<PostgresCluster | { skip: string }> {
-  const unavailable = (reason: string) => cannotStart(reason, options.purpose ?? 'PostgreSQL tests', options.required ?? Boolean(process.env.CI));
+  const unavailable = (reason: string) =>
+    cannotStart(reason, options.purpose ?? 'PostgreSQL tests', options.required ?? Boolean(process.env.CI));
   const bin = findPostgresBin();
-  if (!bin) return unavailable('no PostgreSQL binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql, or set GATEHOUSE_PG_BIN)');
+  if (!bin)
+    return unavailable(
+      'no PostgreSQL binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql, or set GATEHOUSE_PG_BIN)',
+    );
   const { asPostgres, command } = toolRunner(bin);
   const template = options.template ?? (options.durable ? undefined : process.env[TEST_PG_ENV.template]);
   const root = await clusterRoot(asPostgres);
@@ -124,8 +138,18 @@ export async function startPostgres(options: StartPostgresOptions = {}): Promise
   }
   const port = await freePort();
   const start = async () => {
-    await command('pg_ctl', ['-D', data, '-l', path.join(root, 'log'), '-w', '-t', '30', 'start', '-o',
-      `-k ${root} -p ${port} -c listen_addresses=127.0.0.1 ${options.durable ? '' : '-c fsync=off -c full_page_writes=off '}-c max_connections=${options.maxConnections ?? 200}`]);
+    await command('pg_ctl', [
+      '-D',
+      data,
+      '-l',
+      path.join(root, 'log'),
+      '-w',
+      '-t',
+      '30',
+      'start',
+      '-o',
+      `-k ${root} -p ${port} -c listen_addresses=127.0.0.1 ${options.durable ? '' : '-c fsync=off -c full_page_writes=off '}-c max_connections=${options.maxConnections ?? 200}`,
+    ]);
   };
   const stop = async () => {
     await command('pg_ctl', ['-D', data, '-w', '-t', '30', '-m', 'fast', 'stop']);
@@ -177,7 +201,9 @@ export interface PostgresDatabases {
  * cluster when `npm test` started one ($GATEHOUSE_TEST_PG_URL), else on a cluster of the file's own
  * (one file run by hand). A file that stops the server must use startPostgres: it would stop every file's.
  */
-export async function postgresDatabases(options: Pick<StartPostgresOptions, 'purpose' | 'required'> = {}): Promise<PostgresDatabases | { skip: string }> {
+export async function postgresDatabases(
+  options: Pick<StartPostgresOptions, 'purpose' | 'required'> = {},
+): Promise<PostgresDatabases | { skip: string }> {
   const shared = process.env[TEST_PG_ENV.url];
   if (!shared) return startPostgres(options);
   return {

@@ -41,7 +41,10 @@ function distIsCurrent(): boolean {
 }
 
 /** Runs the CLI (built, or from source: see cliEntry) to completion. */
-export async function runCli(args: string[], options: { env?: NodeJS.ProcessEnv; cwd?: string; timeoutMs?: number } = {}): Promise<CliResult> {
+export async function runCli(
+  args: string[],
+  options: { env?: NodeJS.ProcessEnv; cwd?: string; timeoutMs?: number } = {},
+): Promise<CliResult> {
   const child = spawnCli(args, options);
   let stdout = '';
   let stderr = '';
@@ -75,7 +78,10 @@ export interface ServerProcess {
  * Starts `gatehouse start --config F` as a real child process and follows its JSON log;
  * `command` runs another long-lived command instead (e.g. ['webhooks', 'gmail', 'run']).
  */
-export function startServerProcess(configFile: string, options: { env?: NodeJS.ProcessEnv; cwd?: string; command?: string[] } = {}): ServerProcess {
+export function startServerProcess(
+  configFile: string,
+  options: { env?: NodeJS.ProcessEnv; cwd?: string; command?: string[] } = {},
+): ServerProcess {
   const child = spawnCli([...(options.command ?? ['start']), '--config', configFile], options);
   const lines: Record<string, any>[] = [];
   const waiters: { match: (l: Record<string, any>) => boolean; resolve: (l: Record<string, any>) => void }[] = [];
@@ -95,23 +101,38 @@ export function startServerProcess(configFile: string, options: { env?: NodeJS.P
         continue;
       }
       lines.push(line);
-      for (const w of [...waiters]) if (w.match(line)) {
-        waiters.splice(waiters.indexOf(w), 1);
-        w.resolve(line);
-      }
+      for (const w of [...waiters])
+        if (w.match(line)) {
+          waiters.splice(waiters.indexOf(w), 1);
+          w.resolve(line);
+        }
     }
   });
   const exited = once(child, 'exit').then(([code]) => code as number | null);
   return {
     child,
     lines,
-    waitFor(match, timeoutMs = 60_000) { // generous: a loaded CI machine starts tsx processes slowly
+    waitFor(match, timeoutMs = 60_000) {
+      // generous: a loaded CI machine starts tsx processes slowly
       const found = lines.find(match);
       if (found) return Promise.resolve(found);
       return new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`timed out waiting for a log line; stderr: ${stderr}; lines: ${JSON.stringify(lines)}`)), timeoutMs);
-        waiters.push({ match, resolve: (l) => { clearTimeout(timer); resolve(l); } });
-        void exited.then((code) => { clearTimeout(timer); reject(new Error(`process exited (${code}) before the log line; stderr: ${stderr}`)); });
+        const timer = setTimeout(
+          () =>
+            reject(new Error(`timed out waiting for a log line; stderr: ${stderr}; lines: ${JSON.stringify(lines)}`)),
+          timeoutMs,
+        );
+        waiters.push({
+          match,
+          resolve: (l) => {
+            clearTimeout(timer);
+            resolve(l);
+          },
+        });
+        void exited.then((code) => {
+          clearTimeout(timer);
+          reject(new Error(`process exited (${code}) before the log line; stderr: ${stderr}`));
+        });
       });
     },
     async stop(signal = 'SIGTERM') {

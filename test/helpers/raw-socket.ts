@@ -45,7 +45,12 @@ export function rawExchange(
       clearTimeout(writing);
       socket.destroy();
       const raw = Buffer.concat(received).toString('latin1');
-      resolve({ raw, responses: parseResponses(raw, options.headMethods ?? []), closedByServer, ms: performance.now() - started });
+      resolve({
+        raw,
+        responses: parseResponses(raw, options.headMethods ?? []),
+        closedByServer,
+        ms: performance.now() - started,
+      });
     };
     const armIdle = () => {
       clearTimeout(idle);
@@ -58,7 +63,9 @@ export function rawExchange(
     });
     socket.on('end', () => finish(true));
     socket.on('close', () => finish(true));
-    socket.on('error', (err: NodeJS.ErrnoException) => (err.code === 'ECONNRESET' || err.code === 'EPIPE' ? finish(true) : reject(err)));
+    socket.on('error', (err: NodeJS.ErrnoException) =>
+      err.code === 'ECONNRESET' || err.code === 'EPIPE' ? finish(true) : reject(err),
+    );
     let next = 0;
     const writeNext = () => {
       if (done || next >= parts.length) return armIdle();

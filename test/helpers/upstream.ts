@@ -33,7 +33,14 @@ export async function startRecordingUpstream(
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
-      const record = { method: req.method!, url: req.url!, headers: req.headers, rawHeaders: req.rawHeaders, body: Buffer.concat(chunks).toString('utf8'), remotePort: req.socket.remotePort! };
+      const record = {
+        method: req.method!,
+        url: req.url!,
+        headers: req.headers,
+        rawHeaders: req.rawHeaders,
+        body: Buffer.concat(chunks).toString('utf8'),
+        remotePort: req.socket.remotePort!,
+      };
       received.push(record);
       respond(record, res);
     });
@@ -44,9 +51,10 @@ export async function startRecordingUpstream(
     url: `http://127.0.0.1:${port}`,
     port,
     received,
-    close: () => new Promise((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }

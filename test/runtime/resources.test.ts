@@ -6,7 +6,8 @@ describe('ResourceStack (the start and shutdown lifecycle)', () => {
   it('closes the last opened first, with the grace given, and only once', async () => {
     const closed: string[] = [];
     const stack = new ResourceStack();
-    for (const name of ['store', 'deliverer', 'listener']) stack.defer((graceMs) => void closed.push(`${name}:${graceMs}`));
+    for (const name of ['store', 'deliverer', 'listener'])
+      stack.defer((graceMs) => void closed.push(`${name}:${graceMs}`));
     await stack.close(5_000);
     await stack.close(5_000);
     assert.deepEqual(closed, ['listener:5000', 'deliverer:5000', 'store:5000']);
@@ -28,27 +29,33 @@ describe('ResourceStack (the start and shutdown lifecycle)', () => {
     assert.deepEqual(closed, ['c', 'b', 'a']);
   });
 
-  it('a start that throws closes what it had opened, with grace 0, and rethrows its own error (not a closer\'s)', async () => {
+  it("a start that throws closes what it had opened, with grace 0, and rethrows its own error (not a closer's)", async () => {
     const closed: string[] = [];
     const stack = new ResourceStack();
-    await assert.rejects(stack.open(async (resources) => {
-      resources.defer((graceMs) => void closed.push(`store:${graceMs}`));
-      resources.defer(() => {
-        closed.push('gateway');
-        throw new Error('closing failed too');
-      });
-      throw new Error('port in use');
-    }), /port in use/);
+    await assert.rejects(
+      stack.open(async (resources) => {
+        resources.defer((graceMs) => void closed.push(`store:${graceMs}`));
+        resources.defer(() => {
+          closed.push('gateway');
+          throw new Error('closing failed too');
+        });
+        throw new Error('port in use');
+      }),
+      /port in use/,
+    );
     assert.deepEqual(closed, ['gateway', 'store:0']);
   });
 
   it('a start that succeeds keeps everything open until close', async () => {
     const closed: string[] = [];
     const stack = new ResourceStack();
-    assert.equal(await stack.open(async (resources) => {
-      resources.defer(() => void closed.push('store'));
-      return 'started';
-    }), 'started');
+    assert.equal(
+      await stack.open(async (resources) => {
+        resources.defer(() => void closed.push('store'));
+        return 'started';
+      }),
+      'started',
+    );
     assert.deepEqual(closed, []);
     await stack.close(0);
     assert.deepEqual(closed, ['store']);

@@ -16,9 +16,10 @@ import { waitFor } from '../helpers/wait.js';
 /** A recount whose answers the test gives one by one (a Map, or an Error to fail with). */
 function scriptedRecount() {
   const calls: ((answer: Map<WebhookAction, number> | Error) => void)[] = [];
-  const recount = () => new Promise<Map<WebhookAction, number>>((resolve, reject) => {
-    calls.push((answer) => (answer instanceof Error ? reject(answer) : resolve(answer)));
-  });
+  const recount = () =>
+    new Promise<Map<WebhookAction, number>>((resolve, reject) => {
+      calls.push((answer) => (answer instanceof Error ? reject(answer) : resolve(answer)));
+    });
   return { recount, calls };
 }
 const settle = () => new Promise((r) => setImmediate(r));
@@ -58,7 +59,10 @@ describe('DeliveredCounts (the delivered counts of /metrics)', () => {
     assert.deepEqual(await counts.get(2 * R), counted(5));
     calls[2]!(new Error('connection lost'));
     await settle();
-    assert.deepEqual(errors.map((e) => (e as Error).message), ['statement timeout', 'connection lost']);
+    assert.deepEqual(
+      errors.map((e) => (e as Error).message),
+      ['statement timeout', 'connection lost'],
+    );
     assert.deepEqual(await counts.get(2 * R + 1), counted(5), 'the last count stands');
     assert.equal(calls.length, 3, 'no retry at once after a failure');
     await counts.get(3 * R);
@@ -97,10 +101,19 @@ describe('the first scrape after a start (a real admin listener on a real SQLite
   it('does not wait for a long first delivered count: queued and dead at once, delivered left out (unknown, not 0) until it is counted', async () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-first-scrape-'));
     const store = new SqliteEventStore(path.join(dir, 'events.db'));
-    const event = (receivedAt: number) => ({ endpoint: '/webhook/a', action: 'message' as const, receivedAt, envelope: () => '{}' });
+    const event = (receivedAt: number) => ({
+      endpoint: '/webhook/a',
+      action: 'message' as const,
+      receivedAt,
+      envelope: () => '{}',
+    });
     const delivered = (await store.accept(event(1_000))).id;
     await store.accept(event(2_000));
-    await store.recordAttempt(delivered, { attempt: 1, at: 3_000, status: 200, error: null, durationMs: 1 }, { status: 'delivered' });
+    await store.recordAttempt(
+      delivered,
+      { attempt: 1, at: 3_000, status: 200, error: null, durationMs: 1 },
+      { status: 'delivered' },
+    );
     // The first count runs (as one of tens of millions of events would) until the test lets it finish.
     let finishCount!: () => void;
     const countMayFinish = new Promise<void>((resolve) => (finishCount = resolve));
@@ -112,10 +125,22 @@ describe('the first scrape after a start (a real admin listener on a real SQLite
     };
     const config = parseConfig({
       gateway: { upstream: { target: 'http://127.0.0.1:1' } },
-      webhooks: { enabled: true, endpoints: [{ path: '/webhook/a', secret: 'first-scrape-secret-0123456789', action: 'message' }], targets: { message: { url: 'http://127.0.0.1:1/' } } },
+      webhooks: {
+        enabled: true,
+        endpoints: [{ path: '/webhook/a', secret: 'first-scrape-secret-0123456789', action: 'message' }],
+        targets: { message: { url: 'http://127.0.0.1:1/' } },
+      },
       admin: { listen: { host: '127.0.0.1', port: 0 } },
     });
-    const admin = await startAdmin(config, { probeGateway: async () => ({ keysLoaded: true, snapshots: [] }), lockoutStore: new MemoryLockoutStore(), store }, pino({ level: 'silent' }));
+    const admin = await startAdmin(
+      config,
+      {
+        probeGateway: async () => ({ keysLoaded: true, snapshots: [] }),
+        lockoutStore: new MemoryLockoutStore(),
+        store,
+      },
+      pino({ level: 'silent' }),
+    );
     try {
       const first = await request(admin.url, '/metrics');
       assert.equal(first.status, 200);
@@ -123,8 +148,13 @@ describe('the first scrape after a start (a real admin listener on a real SQLite
       assert.match(first.body, /^gatehouse_queue_events\{action="message",status="dead"\} 0$/m);
       assert.doesNotMatch(first.body, /status="delivered"/, 'delivered is not known yet: no series rather than a 0');
       finishCount();
-      await waitFor(async () => /^gatehouse_queue_events\{action="message",status="delivered"\} 1$/m.test((await request(admin.url, '/metrics')).body),
-        { intervalMs: 50, what: 'the delivered count on /metrics' });
+      await waitFor(
+        async () =>
+          /^gatehouse_queue_events\{action="message",status="delivered"\} 1$/m.test(
+            (await request(admin.url, '/metrics')).body,
+          ),
+        { intervalMs: 50, what: 'the delivered count on /metrics' },
+      );
     } finally {
       finishCount();
       await admin.close(0);

@@ -6,9 +6,24 @@ import { HandOverQueue } from '../../src/storage/hand-over-queue.js';
 // The local hand-over queue both drivers keep (src/storage/hand-over-queue.ts): its bounds, claim
 // order, and the two ways an event leaves it besides a take (forgotten; its lane dropped).
 
-const event = (id: string, nextAttemptAt: number, bytes = 10, action: StoredEvent['action'] = 'message'): StoredEvent => ({
-  id, endpoint: 'e', action, idempotencyKey: null, receivedAt: nextAttemptAt, envelope: 'x'.repeat(bytes),
-  status: 'queued', attempts: 0, roundAttempts: 0, nextAttemptAt, lastError: null, deliveredAt: null,
+const event = (
+  id: string,
+  nextAttemptAt: number,
+  bytes = 10,
+  action: StoredEvent['action'] = 'message',
+): StoredEvent => ({
+  id,
+  endpoint: 'e',
+  action,
+  idempotencyKey: null,
+  receivedAt: nextAttemptAt,
+  envelope: 'x'.repeat(bytes),
+  status: 'queued',
+  attempts: 0,
+  roundAttempts: 0,
+  nextAttemptAt,
+  lastError: null,
+  deliveredAt: null,
 });
 const ids = (events: readonly StoredEvent[]) => events.map((e) => e.id);
 
@@ -28,7 +43,13 @@ describe('hand-over queue', () => {
 
   it('takes due events oldest first, up to the limit; one not due yet keeps its place', () => {
     const queue = new HandOverQueue<StoredEvent>({ maxEvents: 10, maxBytes: 1_000 });
-    for (const [id, at] of [['a', 1], ['later', 50], ['b', 2], ['c', 3]] as const) queue.push(event(id, at));
+    for (const [id, at] of [
+      ['a', 1],
+      ['later', 50],
+      ['b', 2],
+      ['c', 3],
+    ] as const)
+      queue.push(event(id, at));
     assert.deepEqual(ids(queue.take('message', 10, 2)), ['a', 'b']);
     assert.deepEqual(ids(queue.lane('message')!), ['later', 'c']);
     assert.deepEqual(ids(queue.take('message', 10, 5)), ['c']);

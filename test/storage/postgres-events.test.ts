@@ -54,10 +54,11 @@ async function startTarget(delayMs = 0): Promise<{ url: string; ids: string[]; c
   return {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
     ids,
-    close: () => new Promise<void>((r) => {
-      server.closeAllConnections();
-      server.close(() => r());
-    }),
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
   };
 }
 
@@ -119,11 +120,14 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     for (const s of open) await s.close().catch(() => {});
   });
   /** Three instances on a database of their own (the first migrates it), closed after `run`. */
-  async function onNewDatabase(run: (stores: [PostgresEventStore, PostgresEventStore, PostgresEventStore]) => Promise<void>): Promise<void> {
+  async function onNewDatabase(
+    run: (stores: [PostgresEventStore, PostgresEventStore, PostgresEventStore]) => Promise<void>,
+  ): Promise<void> {
     const db = await pgc().createDatabase();
     const stores: PostgresEventStore[] = [];
     try {
-      for (let i = 0; i < 3; i++) stores.push(await PostgresEventStore.open(storage(db), { migrate: i === 0, logger: silent }));
+      for (let i = 0; i < 3; i++)
+        stores.push(await PostgresEventStore.open(storage(db), { migrate: i === 0, logger: silent }));
       await run(stores as [PostgresEventStore, PostgresEventStore, PostgresEventStore]);
     } finally {
       for (const store of stores) await store.close();
@@ -134,11 +138,17 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     const fresh = await pgc().createDatabase();
     const stores = await Promise.all([1, 2, 3].map(() => PostgresEventStore.open(storage(fresh), { migrate: true })));
     const versions = await Promise.all(stores.map((s) => s.status(T0)));
-    assert.deepEqual(versions.map((v) => v.schemaVersion), [POSTGRES_SCHEMA_VERSION, POSTGRES_SCHEMA_VERSION, POSTGRES_SCHEMA_VERSION]);
+    assert.deepEqual(
+      versions.map((v) => v.schemaVersion),
+      [POSTGRES_SCHEMA_VERSION, POSTGRES_SCHEMA_VERSION, POSTGRES_SCHEMA_VERSION],
+    );
     const client = new pg.Client({ connectionString: fresh });
     await client.connect();
     const { rows } = await client.query('SELECT version FROM schema_migrations ORDER BY version');
-    assert.deepEqual(rows.map((r) => r.version), MIGRATIONS.map((m) => m.version));
+    assert.deepEqual(
+      rows.map((r) => r.version),
+      MIGRATIONS.map((m) => m.version),
+    );
     await client.end();
     for (const s of stores) await s.close();
     // The CLI's open (no migrate) refuses a database without the schema, saying what to run.
@@ -151,7 +161,9 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     const db = await pgc().createDatabase();
     const client = new pg.Client({ connectionString: db });
     await client.connect();
-    await client.query('CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())');
+    await client.query(
+      'CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())',
+    );
     for (const m of MIGRATIONS.filter((m) => m.version <= 4)) {
       assert.ok('sql' in m);
       await client.query(m.sql);
@@ -160,7 +172,7 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     return { db, client };
   }
 
-  it('a migration outlasting the pool\'s query timeout (an index build waiting for a long reader) completes instead of failing the start', async () => {
+  it("a migration outlasting the pool's query timeout (an index build waiting for a long reader) completes instead of failing the start", async () => {
     // (Found by review: the lockout pool's 2 s timeout gave up on the client side, the build went on under the lock.)
     const { db, client } = await databaseAtVersion4();
     const reader = new pg.Client({ connectionString: db });
@@ -173,7 +185,10 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
       await reader.query('COMMIT');
       const lockout = await opening;
       await lockout.close();
-      assert.deepEqual((await client.query('SELECT max(version) AS v FROM schema_migrations')).rows[0].v, POSTGRES_SCHEMA_VERSION);
+      assert.deepEqual(
+        (await client.query('SELECT max(version) AS v FROM schema_migrations')).rows[0].v,
+        POSTGRES_SCHEMA_VERSION,
+      );
     } finally {
       await reader.end();
       await client.end();
@@ -184,19 +199,40 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     // A database at version 4 (events stored), where a concurrent build of events_free failed half way.
     const { db, client } = await databaseAtVersion4();
     try {
-      await client.query(`INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at) VALUES ('a', '/w', 'message', 1, '{}', 'queued', 1), ('b', '/w', 'message', 2, '{}', 'queued', 2)`);
-      await assert.rejects(client.query('CREATE UNIQUE INDEX CONCURRENTLY events_free ON events (action)'), /could not create unique index/);
-      const valid = async (index: string) => (await client.query('SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)', [index])).rows[0]?.indisvalid;
+      await client.query(
+        `INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at) VALUES ('a', '/w', 'message', 1, '{}', 'queued', 1), ('b', '/w', 'message', 2, '{}', 'queued', 2)`,
+      );
+      await assert.rejects(
+        client.query('CREATE UNIQUE INDEX CONCURRENTLY events_free ON events (action)'),
+        /could not create unique index/,
+      );
+      const valid = async (index: string) =>
+        (await client.query('SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)', [index])).rows[0]
+          ?.indisvalid;
       assert.equal(await valid('events_free'), false, 'left invalid');
       // The CLI (which does not migrate) refuses a schema behind it, saying what to run; a Gmail command met a missing table before.
-      await assert.rejects(PostgresEventStore.open(storage(db)), /has schema version 4, older than this gatehouse's \d+: run `gatehouse storage migrate`/);
+      await assert.rejects(
+        PostgresEventStore.open(storage(db)),
+        /has schema version 4, older than this gatehouse's \d+: run `gatehouse storage migrate`/,
+      );
       const store = await PostgresEventStore.open(storage(db), { migrate: true, logger: silent });
       await store.close();
       assert.equal(await valid('events_free'), true);
-      const { rows } = await client.query("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'events' AND indexname IN ('events_free', 'events_due', 'events_next')");
-      assert.deepEqual(rows.map((r) => r.indexname), ['events_free']);
-      assert.match(rows[0].indexdef, /\(action, next_attempt_at, id\) WHERE \(\(status = 'queued'::text\) AND \(lease_until IS NULL\)\)/);
-      assert.deepEqual((await client.query('SELECT version FROM schema_migrations ORDER BY version')).rows.map((r) => r.version), MIGRATIONS.map((m) => m.version));
+      const { rows } = await client.query(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'events' AND indexname IN ('events_free', 'events_due', 'events_next')",
+      );
+      assert.deepEqual(
+        rows.map((r) => r.indexname),
+        ['events_free'],
+      );
+      assert.match(
+        rows[0].indexdef,
+        /\(action, next_attempt_at, id\) WHERE \(\(status = 'queued'::text\) AND \(lease_until IS NULL\)\)/,
+      );
+      assert.deepEqual(
+        (await client.query('SELECT version FROM schema_migrations ORDER BY version')).rows.map((r) => r.version),
+        MIGRATIONS.map((m) => m.version),
+      );
     } finally {
       await client.end();
     }
@@ -204,7 +240,9 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
 
   it('concurrent claims from two instances never hand the same event to both', async () => {
     const [a, b] = [await instance(), await instance()];
-    const accepted = await Promise.all(Array.from({ length: 200 }, (_, i) => (i % 2 ? a : b).accept(event({ receivedAt: T0 + (i % 5) }))));
+    const accepted = await Promise.all(
+      Array.from({ length: 200 }, (_, i) => (i % 2 ? a : b).accept(event({ receivedAt: T0 + (i % 5) }))),
+    );
     const claimedBy = { a: [] as string[], b: [] as string[] };
     // Every drainer's first claim is in flight before any drainer goes on, so both instances take
     // part however the machine schedules them (a loaded one let one instance drain all 200).
@@ -224,7 +262,10 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     const all = [...claimedBy.a, ...claimedBy.b];
     assert.equal(new Set(all).size, all.length, 'no event claimed twice');
     assert.deepEqual(new Set(all), new Set(accepted.map((r) => r.id)));
-    assert.ok(claimedBy.a.length > 0 && claimedBy.b.length > 0, `both instances claimed (${claimedBy.a.length} / ${claimedBy.b.length})`);
+    assert.ok(
+      claimedBy.a.length > 0 && claimedBy.b.length > 0,
+      `both instances claimed (${claimedBy.a.length} / ${claimedBy.b.length})`,
+    );
     await (a as PostgresEventStore).releaseLeases();
     await (b as PostgresEventStore).releaseLeases();
     await a.purgeDelivered(Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
@@ -232,14 +273,14 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     await a.purgeDelivered(Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER);
   });
 
-  it('a lease that expires (its instance died) is taken over; the old holder\'s late outcome and renewal are ignored', async () => {
+  it("a lease that expires (its instance died) is taken over; the old holder's late outcome and renewal are ignored", async () => {
     const [a, b] = [await instance(), await instance()];
     const { id } = await a.accept(event({ idempotencyKey: 'lease-takeover' }));
     const [held] = await a.claimDue(T0, 1, LEASE, 'message');
     assert.equal(held?.id, id);
     assert.deepEqual(await b.claimDue(T0 + LEASE - 1, 10, LEASE, 'message'), [], 'still leased');
     const [taken] = await b.claimDue(T0 + LEASE, 10, LEASE, 'message');
-    assert.equal(taken?.id, id, 'taken over at the lease\'s end');
+    assert.equal(taken?.id, id, "taken over at the lease's end");
     assert.equal(await a.renewLease(id, held!.claimId, T0 + 10 * LEASE), false);
     assert.equal(await a.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' }, held!.claimId), false);
     assert.equal((await b.get(id))?.event.status, 'queued');
@@ -252,13 +293,13 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     await (await instance()).accept(event({ idempotencyKey: 'lease-owner' }));
     const [mine] = await b.claimDue(T0, 1, LEASE, 'message');
     assert.equal(await a.releaseLeases(), 0);
-    assert.deepEqual(await a.claimDue(T0 + 1, 1, LEASE, 'message'), [], 'b\'s lease survives a\'s release');
+    assert.deepEqual(await a.claimDue(T0 + 1, 1, LEASE, 'message'), [], "b's lease survives a's release");
     assert.equal(await b.releaseLeases(), 1);
     // A second on: a found nothing at T0 + 1 and asks again after its quiet time (a listening one is woken by b's NOTIFY).
     assert.equal((await a.claimDue(T0 + 1_001, 1, LEASE, 'message'))[0]?.id, mine!.id);
   });
 
-  it('a retry from the CLI leaves an attempt under way alone, even one claimed by an instance whose clock is ahead of the CLI\'s', async () => {
+  it("a retry from the CLI leaves an attempt under way alone, even one claimed by an instance whose clock is ahead of the CLI's", async () => {
     const [server, cli] = [await instance(), await instance()];
     const { id } = await cli.accept(event({ idempotencyKey: 'retry-while-leased' }));
     const [held] = await server.claimDue(T0, 1, LEASE, 'message');
@@ -266,22 +307,32 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     // The CLI's clock is 10 s behind: the event's next attempt (T0) is "later" for it, but the event is leased.
     assert.equal(await cli.requeue(id, T0 - 10_000), false);
     assert.equal(await cli.requeueWaiting(T0 - 10_000), 0);
-    assert.equal(await server.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' }, held!.claimId), true, 'the holder still settles it');
+    assert.equal(
+      await server.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' }, held!.claimId),
+      true,
+      'the holder still settles it',
+    );
     assert.equal((await cli.get(id))?.event.status, 'delivered');
   });
 
   it('the same delivery id (or signed request) accepted by two instances at once is stored once', async () => {
     const [a, b] = [await instance(), await instance()];
     const keys = Array.from({ length: 60 }, (_, i) => `dup-${i}`);
-    const pairs = await Promise.all(keys.map((k) => Promise.all([a.accept(event({ idempotencyKey: k })), b.accept(event({ idempotencyKey: k }))])));
+    const pairs = await Promise.all(
+      keys.map((k) => Promise.all([a.accept(event({ idempotencyKey: k })), b.accept(event({ idempotencyKey: k }))])),
+    );
     for (const [x, y] of pairs) {
       assert.equal(x.id, y.id);
       assert.equal([x, y].filter((r) => r.duplicate).length, 1);
     }
-    const replays = await Promise.all(keys.map((k, i) => Promise.all([
-      a.accept(event({ idempotencyKey: `r-a-${i}`, replayKey: `sig-${k}` })),
-      b.accept(event({ idempotencyKey: `r-b-${i}`, replayKey: `sig-${k}` })),
-    ])));
+    const replays = await Promise.all(
+      keys.map((k, i) =>
+        Promise.all([
+          a.accept(event({ idempotencyKey: `r-a-${i}`, replayKey: `sig-${k}` })),
+          b.accept(event({ idempotencyKey: `r-b-${i}`, replayKey: `sig-${k}` })),
+        ]),
+      ),
+    );
     for (const [x, y] of replays) {
       assert.equal(x.id, y.id);
       assert.equal([x, y].filter((r) => r.duplicate).length, 1);
@@ -306,32 +357,47 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     const deliverers = [new Deliverer(a, config, silent), new Deliverer(b, config, silent)];
     await Promise.all(deliverers.map((d) => d.start()));
     try {
-      const accepted = await Promise.all(Array.from({ length: 80 }, (_, i) => (i % 2 ? a : b).accept(event({ receivedAt: Date.now() }))));
+      const accepted = await Promise.all(
+        Array.from({ length: 80 }, (_, i) => (i % 2 ? a : b).accept(event({ receivedAt: Date.now() }))),
+      );
       const expected = new Set([...accepted.map((r) => r.id)]);
-      await waitFor(() => [...expected].every((id) => target.ids.includes(id)), { timeoutMs: 15_000, what: 'every event delivered' });
+      await waitFor(() => [...expected].every((id) => target.ids.includes(id)), {
+        timeoutMs: 15_000,
+        what: 'every event delivered',
+      });
       const delivered = target.ids.filter((id) => expected.has(id));
       assert.equal(delivered.length, expected.size, 'each delivered exactly once');
-      await waitFor(async () => {
-        const statuses = await Promise.all([...expected].map(async (id) => (await a.get(id))?.event.status));
-        return statuses.every((s) => s === 'delivered');
-      }, { what: 'every outcome committed' });
+      await waitFor(
+        async () => {
+          const statuses = await Promise.all([...expected].map(async (id) => (await a.get(id))?.event.status));
+          return statuses.every((s) => s === 'delivered');
+        },
+        { what: 'every outcome committed' },
+      );
     } finally {
       await Promise.all(deliverers.map((d) => d.stop(1_000)));
       await target.close();
     }
   });
 
-  it('under steady accepts a retry and a dead instance\'s expired lease are claimed when due, ahead of newer accepts', async () => {
+  it("under steady accepts a retry and a dead instance's expired lease are claimed when due, ahead of newer accepts", async () => {
     // (Found by review: while fresh accepts filled every claim, the database was never asked.)
     await onNewDatabase(async ([a, dead]) => {
       const T = Date.now();
       const { id: orphan } = await dead.accept(event({ receivedAt: T - 100, idempotencyKey: 'orphan' }));
-      assert.equal((await dead.claimDue(T, 1, 1_000, 'message'))[0]?.id, orphan, 'claimed by an instance that then dies: its lease runs out at T + 1 s');
+      assert.equal(
+        (await dead.claimDue(T, 1, 1_000, 'message'))[0]?.id,
+        orphan,
+        'claimed by an instance that then dies: its lease runs out at T + 1 s',
+      );
       assert.deepEqual(await a.claimDue(T, 1, LEASE, 'message'), []); // a's deliverer is claiming: its accepts are leased to it on insert
       const { id: retry } = await a.accept(event({ receivedAt: T }));
       const [first] = await a.claimDue(T, 1, LEASE, 'message');
       assert.equal(first?.id, retry);
-      assert.equal(await a.recordAttempt(retry, attempt(1, T, 503), { status: 'queued', nextAttemptAt: T + 10 }, first!.claimId), true);
+      assert.equal(
+        await a.recordAttempt(retry, attempt(1, T, 503), { status: 'queued', nextAttemptAt: T + 10 }, first!.claimId),
+        true,
+      );
       const order: string[] = [];
       for (let i = 1; i <= 5; i++) {
         const now = T + i * 1_000; // one new accept for every free slot
@@ -359,7 +425,7 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     });
   });
 
-  it('a busy instance\'s look in the database takes only what goes ahead of its own due events, leaving newer ones to the others', async () => {
+  it("a busy instance's look in the database takes only what goes ahead of its own due events, leaving newer ones to the others", async () => {
     // (Found by review: each look claimed up to the limit and held what it could not start yet under its lease.)
     await onNewDatabase(async ([busy, elsewhere, idle]) => {
       const T = Date.now();
@@ -367,9 +433,16 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
       const own = await Promise.all([1, 2, 3, 4, 5].map(() => busy.accept(event({ receivedAt: T }))));
       const newer = await Promise.all([1, 2, 3].map(() => elsewhere.accept(event({ receivedAt: T + 5 })))); // unleased: no deliverer there
       const taken = await busy.claimDue(T + 1_100, 2, LEASE, 'message'); // past the 1 s look
-      assert.deepEqual(taken.map((e) => e.id), own.slice(0, 2).map((r) => r.id));
+      assert.deepEqual(
+        taken.map((e) => e.id),
+        own.slice(0, 2).map((r) => r.id),
+      );
       const byIdle = await idle.claimDue(T + 1_100, 10, LEASE, 'message');
-      assert.deepEqual(new Set(byIdle.map((e) => e.id)), new Set(newer.map((r) => r.id)), 'the newer accepts were left claimable');
+      assert.deepEqual(
+        new Set(byIdle.map((e) => e.id)),
+        new Set(newer.map((r) => r.id)),
+        'the newer accepts were left claimable',
+      );
     });
   });
 
@@ -381,13 +454,18 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     const counting = new Proxy(a, {
       get(t, prop, receiver) {
         const value = Reflect.get(t, prop, receiver);
-        if (prop === 'renewLease') return async (...args: [string, string, number]) => (renewals.push(await t.renewLease(...args)), renewals.at(-1)!);
+        if (prop === 'renewLease')
+          return async (...args: [string, string, number]) => (
+            renewals.push(await t.renewLease(...args)),
+            renewals.at(-1)!
+          );
         return typeof value === 'function' ? value.bind(t) : value;
       },
     });
     const deliverer = new Deliverer(counting, config, silent, Date.now, { leaseMarginMs: 0 }); // lease = 1 s, renewed every 0.5 s
     // Earlier cases' leftovers on this database would be delivered first, one at a time: settled beforehand.
-    for (const e of await a.list({ status: 'queued', limit: 10_000 })) await a.recordAttempt(e.id, attempt(e.attempts + 1, T0, 200), { status: 'delivered' });
+    for (const e of await a.list({ status: 'queued', limit: 10_000 }))
+      await a.recordAttempt(e.id, attempt(e.attempts + 1, T0, 200), { status: 'delivered' });
     const { id } = await a.accept(event({ receivedAt: Date.now() }));
     await deliverer.start();
     try {
@@ -397,7 +475,10 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
       assert.ok(!(await b.claimDue(Date.now(), 10, 1_000, 'message')).some((e) => e.id === id), 'still held');
       await waitFor(async () => (await a.get(id))?.event.status === 'delivered', { what: 'delivered' });
       assert.ok(renewals.length >= 1 && renewals.every(Boolean), `renewals: ${renewals}`);
-      assert.deepEqual(target.ids.filter((x) => x === id), [id]);
+      assert.deepEqual(
+        target.ids.filter((x) => x === id),
+        [id],
+      );
     } finally {
       await deliverer.stop(1_000);
       await target.close();
@@ -413,7 +494,10 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
       const { rows } = await client.query(`EXPLAIN (ANALYZE, FORMAT JSON) ${sql}`, params);
       let read = 0;
       const walk = (node: Record<string, unknown>) => {
-        if (node['Relation Name'] === 'events') read += ((node['Actual Rows'] as number) + ((node['Rows Removed by Filter'] as number | undefined) ?? 0)) * (node['Actual Loops'] as number);
+        if (node['Relation Name'] === 'events')
+          read +=
+            ((node['Actual Rows'] as number) + ((node['Rows Removed by Filter'] as number | undefined) ?? 0)) *
+            (node['Actual Loops'] as number);
         for (const child of (node.Plans as Record<string, unknown>[] | undefined) ?? []) walk(child);
       };
       walk(rows[0]['QUERY PLAN'][0].Plan);
@@ -423,25 +507,36 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
     }
   }
 
-  interface Rows { prefix: string; action: string; status?: string; count: number; firstAt: number; leaseUntil?: number | null }
+  interface Rows {
+    prefix: string;
+    action: string;
+    status?: string;
+    count: number;
+    firstAt: number;
+    leaseUntil?: number | null;
+  }
   /**
    * A fresh database with a store on it and a plain connection that fills it: `count` rows of
    * `action` in `status` (default queued) received from firstAt + 1 ms on, ids prefix000001…, each
    * due when received (delivered then, if delivered), leased to another instance until
    * `leaseUntil` if given.
    */
-  async function onFilledDatabase(run: (store: PostgresEventStore, client: pg.Client, add: (rows: Rows) => Promise<unknown>) => Promise<void>): Promise<void> {
+  async function onFilledDatabase(
+    run: (store: PostgresEventStore, client: pg.Client, add: (rows: Rows) => Promise<unknown>) => Promise<void>,
+  ): Promise<void> {
     const url = await pgc().createDatabase();
     const store = await PostgresEventStore.open(storage(url), { migrate: true, logger: silent });
     const client = new pg.Client({ connectionString: url });
     await client.connect();
     const envelope = JSON.stringify({ padding: 'x'.repeat(500) });
-    const add = ({ prefix, action, status = 'queued', count, firstAt, leaseUntil = null }: Rows) => client.query(
-      `INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at, delivered_at, lease_until, claim_id, lease_owner)
+    const add = ({ prefix, action, status = 'queued', count, firstAt, leaseUntil = null }: Rows) =>
+      client.query(
+        `INSERT INTO events (id, endpoint, action, received_at, envelope, status, next_attempt_at, delivered_at, lease_until, claim_id, lease_owner)
        SELECT $1 || lpad(g::text, 6, '0'), '/webhook/x', $2, $3::bigint + g, $4, $5, $3::bigint + g, CASE WHEN $5 = 'delivered' THEN $3::bigint + g END,
               $6::bigint, CASE WHEN $6::bigint IS NULL THEN NULL ELSE gen_random_uuid() END, CASE WHEN $6::bigint IS NULL THEN NULL ELSE 'other' END
          FROM generate_series(1, $7::int) g`,
-      [prefix, action, firstAt, envelope, status, leaseUntil, count]);
+        [prefix, action, firstAt, envelope, status, leaseUntil, count],
+      );
     try {
       await run(store, client, add);
     } finally {
@@ -461,9 +556,15 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
       const before = await rowsRead(client, CLAIM_DUE_SQL, [now, LEASE, 'me', 'message', 32, now]);
       await client.query('ANALYZE events');
       const after = await rowsRead(client, CLAIM_DUE_SQL, [now, LEASE, 'me', 'message', 32, now]);
-      assert.ok(before < 300 && after < 300, `rows of events read by a claim of 32: ${before} without statistics, ${after} with`);
+      assert.ok(
+        before < 300 && after < 300,
+        `rows of events read by a claim of 32: ${before} without statistics, ${after} with`,
+      );
       const claimed = await store.claimDue(now, 32, LEASE, 'message');
-      assert.deepEqual(claimed.map((e) => e.id), ['expired-000001', ...Array.from({ length: 31 }, (_, i) => `free-${String(i + 1).padStart(6, '0')}`)]);
+      assert.deepEqual(
+        claimed.map((e) => e.id),
+        ['expired-000001', ...Array.from({ length: 31 }, (_, i) => `free-${String(i + 1).padStart(6, '0')}`)],
+      );
       assert.equal(await store.nextDueAt(now), T0 + 1, 'more are due: the oldest unleased (of any action)');
       assert.equal((await store.queueStats(now)).oldestDueAt, T0 - 9, 'the oldest due counts leased rows too');
     });
@@ -479,8 +580,13 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
       const before = await rowsRead(client, UNDELIVERED_COUNTS_SQL, []);
       await client.query('ANALYZE events');
       const after = await rowsRead(client, UNDELIVERED_COUNTS_SQL, []);
-      assert.ok(before < 200 && after < 200, `rows of events read by a scrape's counts: ${before} without statistics, ${after} with`);
-      const counts = Object.fromEntries((await store.queueStats(T0)).counts.map((c) => [`${c.action}/${c.status}`, c.events]));
+      assert.ok(
+        before < 200 && after < 200,
+        `rows of events read by a scrape's counts: ${before} without statistics, ${after} with`,
+      );
+      const counts = Object.fromEntries(
+        (await store.queueStats(T0)).counts.map((c) => [`${c.action}/${c.status}`, c.events]),
+      );
       assert.deepEqual(counts, { 'message/queued': 35, 'agent/dead': 3, 'message/delivered': 20_000 });
     });
   });
@@ -494,13 +600,21 @@ describe('PostgresEventStore: a claim and a scrape read only what they need', { 
       try {
         // The recount alone (a scrape's other statements would wait on the lock too).
         await (store as unknown as { delivered: DeliveredCounts }).delivered.get(T0 + DELIVERED_RECOUNT_MS);
-        await waitFor(async () => {
-          // Inside this transaction the activity view is a snapshot taken at its first read: cleared for each look.
-          await client.query('SELECT pg_stat_clear_snapshot()');
-          const { rows } = await client.query("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%status = ''delivered'' GROUP BY action%'");
-          return rows[0].n > 0;
-        }, { what: 'the recount waiting' });
-        const closed = await Promise.race([store.close().then(() => 'closed'), new Promise((r) => setTimeout(() => r('still waiting after 10 s'), 10_000))]);
+        await waitFor(
+          async () => {
+            // Inside this transaction the activity view is a snapshot taken at its first read: cleared for each look.
+            await client.query('SELECT pg_stat_clear_snapshot()');
+            const { rows } = await client.query(
+              "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%status = ''delivered'' GROUP BY action%'",
+            );
+            return rows[0].n > 0;
+          },
+          { what: 'the recount waiting' },
+        );
+        const closed = await Promise.race([
+          store.close().then(() => 'closed'),
+          new Promise((r) => setTimeout(() => r('still waiting after 10 s'), 10_000)),
+        ]);
         assert.equal(closed, 'closed');
       } finally {
         await client.query('ROLLBACK');
@@ -531,11 +645,16 @@ describe('PostgresEventStore: Postgres stopped, then restarted', { skip, timeout
       await pgc().start();
       // The pool opens new connections: the first accept after the restart works.
       for (let i = 0; i < 10; i++) accepted.push((await store.accept(event({ receivedAt: Date.now() }))).id);
-      await waitFor(() => accepted.every((id) => target.ids.includes(id)), { timeoutMs: 15_000, what: 'every event delivered after the restart' });
+      await waitFor(() => accepted.every((id) => target.ids.includes(id)), {
+        timeoutMs: 15_000,
+        what: 'every event delivered after the restart',
+      });
       const stored = await store.list({ limit: 1_000 });
       assert.deepEqual(new Set(stored.map((e) => e.id)), new Set(accepted), 'nothing accepted is lost');
       // The target answered; the outcome is committed just after.
-      await waitFor(async () => (await store.list({ status: 'delivered', limit: 1_000 })).length === accepted.length, { what: 'every event settled as delivered' });
+      await waitFor(async () => (await store.list({ status: 'delivered', limit: 1_000 })).length === accepted.length, {
+        what: 'every event settled as delivered',
+      });
     } finally {
       await deliverer.stop(1_000);
       await store.close();
@@ -561,7 +680,9 @@ describe('gatehouse on storage.driver "postgres"', { skip, timeout: 90_000 }, ()
     const gatehouse = await startTestGatehouse(raw);
     try {
       const reply = await request(gatehouse.webhooks!.url, '/webhook/deploys', {
-        method: 'POST', body: '{"v":1}', headers: { 'content-type': 'application/json', 'x-webhook-secret': 's'.repeat(24), 'idempotency-key': 'd-1' },
+        method: 'POST',
+        body: '{"v":1}',
+        headers: { 'content-type': 'application/json', 'x-webhook-secret': 's'.repeat(24), 'idempotency-key': 'd-1' },
       });
       assert.equal(reply.status, 202, reply.body);
       const { id } = JSON.parse(reply.body);
@@ -582,7 +703,10 @@ describe('gatehouse on storage.driver "postgres"', { skip, timeout: 90_000 }, ()
       assert.equal(parsed.counts.delivered, 1);
       const list = await runCli(['webhooks', 'deliveries', 'list', '--config', file, '--json'], { env });
       assert.equal(list.code, 0, list.stderr);
-      assert.deepEqual(JSON.parse(list.stdout).map((e: { id: string; status: string }) => [e.id, e.status]), [[id, 'delivered']]);
+      assert.deepEqual(
+        JSON.parse(list.stdout).map((e: { id: string; status: string }) => [e.id, e.status]),
+        [[id, 'delivered']],
+      );
     } finally {
       await gatehouse.close();
       await target.close();
@@ -590,8 +714,15 @@ describe('gatehouse on storage.driver "postgres"', { skip, timeout: 90_000 }, ()
   });
 
   it('a config with channels is accepted on postgres (their state is in the driver: test/storage/state-stores.test.ts)', () => {
-    const base = { gateway: { upstream: { target: 'http://127.0.0.1:1' } }, storage: { driver: 'postgres', url: 'postgres://u@127.0.0.1/db' } };
-    const config = parseConfig({ ...base, webhooks: { enabled: true, targets: { message: { url: 'http://127.0.0.1:2' } } }, channels: { tg: { kind: 'qr' } } });
+    const base = {
+      gateway: { upstream: { target: 'http://127.0.0.1:1' } },
+      storage: { driver: 'postgres', url: 'postgres://u@127.0.0.1/db' },
+    };
+    const config = parseConfig({
+      ...base,
+      webhooks: { enabled: true, targets: { message: { url: 'http://127.0.0.1:2' } } },
+      channels: { tg: { kind: 'qr' } },
+    });
     assert.equal(config.storage.driver, 'postgres');
     assert.deepEqual(Object.keys(config.channels), ['tg']);
   });

@@ -30,9 +30,14 @@ describe('applyLockoutOp: one client row', () => {
 
   it('the max-th failure locks and clears the count; failures past the window drop out', () => {
     let row = empty;
-    for (let i = 0; i < MAX - 1; i++) row = applyLockoutOp(row, { kind: 'failure', reserved: false }, T + i, SETTINGS).row;
+    for (let i = 0; i < MAX - 1; i++)
+      row = applyLockoutOp(row, { kind: 'failure', reserved: false }, T + i, SETTINGS).row;
     assert.equal(row.lockedUntil, 0);
-    assert.equal(applyLockoutOp(row, { kind: 'failure', reserved: false }, T + 60_000 + 1, SETTINGS).row.lockedUntil, 0, 'the first failures left the window');
+    assert.equal(
+      applyLockoutOp(row, { kind: 'failure', reserved: false }, T + 60_000 + 1, SETTINGS).row.lockedUntil,
+      0,
+      'the first failures left the window',
+    );
     const locked = applyLockoutOp(row, { kind: 'failure', reserved: false }, T + 10, SETTINGS).row;
     assert.equal(locked.lockedUntil, T + 10 + 300_000);
     assert.deepEqual(locked.failures, []);
@@ -49,7 +54,11 @@ describe('applyLockoutOp: one client row', () => {
     }
     assert.deepEqual(answers, ['reserved', 'reserved', 'reserved', { refusedFor: 0 }, { refusedFor: 0 }]);
     row = applyLockoutOp(row, { kind: 'release' }, T + 3, SETTINGS).row;
-    assert.deepEqual([row.reserved, row.failures], [2, [T, T + 1]], 'a release gives the place back and keeps the failures');
+    assert.deepEqual(
+      [row.reserved, row.failures],
+      [2, [T, T + 1]],
+      'a release gives the place back and keeps the failures',
+    );
     row = applyLockoutOp(row, { kind: 'failure', reserved: true }, T + 4, SETTINGS).row;
     assert.deepEqual([row.reserved, row.failures.length], [1, 3]);
     // A reservation whose instance died is forgotten after 30 s.
@@ -92,16 +101,24 @@ describe('three gatehouse instances on one database share the lockout', { skip, 
   const call = (g: TestGatehouse, from: string, key: string, path = '/api/x'): Promise<Reply> =>
     request(g.url, path, { headers: { 'x-api-key': key }, localAddress: from });
   const bad = (g: TestGatehouse, from: string) => call(g, from, BAD_KEY);
-  const statuses = (from: string, key: string) => Promise.all(instances.map((g) => call(g, from, key).then((r) => r.status)));
+  const statuses = (from: string, key: string) =>
+    Promise.all(instances.map((g) => call(g, from, key).then((r) => r.status)));
   /** Polled without a credential (401 missing_credentials is not a guess, and counts nothing) until all three answer 429. */
-  const refusedEverywhere = (from: string, timeoutMs?: number) => waitFor(async () =>
-    (await Promise.all(instances.map((g) => request(g.url, '/api/poll', { localAddress: from })))).every((r) => r.status === 429), { timeoutMs: timeoutMs ?? 2_000, what: 'every instance to refuse the client' });
+  const refusedEverywhere = (from: string, timeoutMs?: number) =>
+    waitFor(
+      async () =>
+        (await Promise.all(instances.map((g) => request(g.url, '/api/poll', { localAddress: from })))).every(
+          (r) => r.status === 429,
+        ),
+      { timeoutMs: timeoutMs ?? 2_000, what: 'every instance to refuse the client' },
+    );
   const upstreamGot = (path: string) => upstream.received.filter((r) => r.url === path).length;
 
   it('bad keys round-robin over three instances: at most max are checked in total, then all three refuse', async () => {
     const from = '127.0.0.11';
     const answers: number[] = [];
-    for (let i = 0; i < 6 * MAX && !answers.includes(429); i++) answers.push((await bad(instances[i % 3]!, from)).status);
+    for (let i = 0; i < 6 * MAX && !answers.includes(429); i++)
+      answers.push((await bad(instances[i % 3]!, from)).status);
     const checked = answers.filter((s) => s === 401).length;
     // Per instance it would be 3 × max: the shared count stops it at max.
     assert.ok(checked <= MAX, `${checked} bad keys checked (${answers.join(' ')}), max ${MAX}`);
@@ -134,7 +151,13 @@ describe('three gatehouse instances on one database share the lockout', { skip, 
     assert.equal((await bad(a, from)).status, 429);
     const ms = await refusedEverywhere(from);
     // Refused before its key is looked at: even a valid key.
-    assert.deepEqual([(await call(b, from, TEST_PLAIN_KEY, '/api/lock')).status, (await call(c, from, TEST_PLAIN_KEY, '/api/lock')).status], [429, 429]);
+    assert.deepEqual(
+      [
+        (await call(b, from, TEST_PLAIN_KEY, '/api/lock')).status,
+        (await call(c, from, TEST_PLAIN_KEY, '/api/lock')).status,
+      ],
+      [429, 429],
+    );
     assert.equal(upstreamGot('/api/lock'), 0, 'the locked client reached the upstream through another instance');
     process.stdout.write(`# a lock set through A: refused by B and C within ${ms} ms\n`);
     // Another client is not concerned.
@@ -160,14 +183,17 @@ describe('three gatehouse instances on one database share the lockout', { skip, 
       // Locks learned before the outage keep applying.
       assert.equal((await call(c, '127.0.0.11', TEST_PLAIN_KEY)).status, 429);
       // A and B tried the database (C finds out at its next refresh): each says so once, however many tries.
-      for (const g of [a, b]) assert.equal(g.logs.filter((l) => /postgres unreachable/.test(l.msg)).length, 1, 'the outage logged once');
+      for (const g of [a, b])
+        assert.equal(g.logs.filter((l) => /postgres unreachable/.test(l.msg)).length, 1, 'the outage logged once');
     } finally {
       await pgc().start();
     }
     const said = (g: TestGatehouse, what: RegExp) => g.logs.filter((l) => what.test(l.msg)).length;
     const restarted = Date.now();
-    await waitFor(() =>
-      instances.every((g) => said(g, /postgres reachable again/) === said(g, /postgres unreachable/)), { timeoutMs: 15_000, what: 'every instance that saw the outage to find Postgres back' });
+    await waitFor(
+      () => instances.every((g) => said(g, /postgres reachable again/) === said(g, /postgres unreachable/)),
+      { timeoutMs: 15_000, what: 'every instance that saw the outage to find Postgres back' },
+    );
     const recoveredMs = Date.now() - restarted;
     // Shared again: a lock through C is refused by A and B.
     const from = '127.0.0.18';
@@ -181,6 +207,9 @@ describe('three gatehouse instances on one database share the lockout', { skip, 
     admin = new pg.Client({ connectionString: url });
     await admin.connect();
     await admin.query("INSERT INTO lockouts (key, failures, expires_at) VALUES ('gateway:192.0.2.1', '{1}', 1)");
-    await waitFor(async () => (await admin.query("SELECT 1 FROM lockouts WHERE key = 'gateway:192.0.2.1'")).rowCount === 0, { timeoutMs: 7_000, what: 'the expired row to go' });
+    await waitFor(
+      async () => (await admin.query("SELECT 1 FROM lockouts WHERE key = 'gateway:192.0.2.1'")).rowCount === 0,
+      { timeoutMs: 7_000, what: 'the expired row to go' },
+    );
   });
 });

@@ -19,17 +19,20 @@ after(async () => {
   if (!('skip' in cluster)) await cluster.destroy();
 });
 
-const storage = (url: string): PostgresStorageConfig => ({ driver: 'postgres', url, pool: { max: 2 } } as PostgresStorageConfig);
+const storage = (url: string): PostgresStorageConfig =>
+  ({ driver: 'postgres', url, pool: { max: 2 } }) as PostgresStorageConfig;
 /** 10 tokens, refilled at 1 per second. */
 const SHAPE = { capacity: 10, refillPerMs: 1 / 1000 };
 const T = 1_700_000_000_000;
-const assertNear = (actual: number, expected: number, message?: string) => assert.ok(Math.abs(actual - expected) < 1e-9, `${message ?? ''}: ${actual} ≠ ${expected}`);
+const assertNear = (actual: number, expected: number, message?: string) =>
+  assert.ok(Math.abs(actual - expected) < 1e-9, `${message ?? ''}: ${actual} ≠ ${expected}`);
 
 describe('PostgresRateLimitStore: one sync statement', { skip }, () => {
   let url: string;
   let store: PostgresRateLimitStore;
   let db: pg.Client;
-  const spend = (bucket: string, spent: number, now: number) => store.sync([{ bucket, spent, ...SHAPE }], now).then((levels) => levels.get(bucket));
+  const spend = (bucket: string, spent: number, now: number) =>
+    store.sync([{ bucket, spent, ...SHAPE }], now).then((levels) => levels.get(bucket));
 
   before(async () => {
     url = await (cluster as PostgresDatabases).createDatabase();
@@ -65,16 +68,33 @@ describe('PostgresRateLimitStore: one sync statement', { skip }, () => {
   });
 
   it('many buckets in one statement, each by its own row; full rows are deleted', async () => {
-    const levels = await store.sync([
-      { bucket: 'm2', spent: 2, ...SHAPE },
-      { bucket: 'm1', spent: 1, capacity: 4, refillPerMs: 4 / 60_000 },
-    ], T);
+    const levels = await store.sync(
+      [
+        { bucket: 'm2', spent: 2, ...SHAPE },
+        { bucket: 'm1', spent: 1, capacity: 4, refillPerMs: 4 / 60_000 },
+      ],
+      T,
+    );
     assert.deepEqual([levels.get('m1'), levels.get('m2')], [3, 8]);
-    const full = await db.query<{ bucket: string; full_at: string }>("SELECT bucket, full_at FROM rate_limit_buckets WHERE bucket IN ('m1', 'm2') ORDER BY bucket");
-    assert.deepEqual(full.rows.map((r) => [r.bucket, Number(r.full_at)]), [['m1', T + 15_000], ['m2', T + 2_000]]);
-    assert.equal(await store.deleteFull(T + 2_001, 1_000) >= 1, true);
-    const left = await db.query<{ bucket: string }>("SELECT bucket FROM rate_limit_buckets WHERE bucket IN ('m1', 'm2')");
-    assert.deepEqual(left.rows.map((r) => r.bucket), ['m1'], 'm2 was full again at T+2 s; m1 is not until T+15 s');
+    const full = await db.query<{ bucket: string; full_at: string }>(
+      "SELECT bucket, full_at FROM rate_limit_buckets WHERE bucket IN ('m1', 'm2') ORDER BY bucket",
+    );
+    assert.deepEqual(
+      full.rows.map((r) => [r.bucket, Number(r.full_at)]),
+      [
+        ['m1', T + 15_000],
+        ['m2', T + 2_000],
+      ],
+    );
+    assert.equal((await store.deleteFull(T + 2_001, 1_000)) >= 1, true);
+    const left = await db.query<{ bucket: string }>(
+      "SELECT bucket FROM rate_limit_buckets WHERE bucket IN ('m1', 'm2')",
+    );
+    assert.deepEqual(
+      left.rows.map((r) => r.bucket),
+      ['m1'],
+      'm2 was full again at T+2 s; m1 is not until T+15 s',
+    );
   });
 
   it('two processes on one database converge within one sync each', async () => {
@@ -92,16 +112,24 @@ describe('PostgresRateLimitStore: one sync statement', { skip }, () => {
       };
       takeN(bucketsA, 6);
       takeN(bucketsB, 3);
-      assert.deepEqual([bucketsA.available('client', now()), bucketsB.available('client', now())], [4, 7], 'each decides locally');
+      assert.deepEqual(
+        [bucketsA.available('client', now()), bucketsB.available('client', now())],
+        [4, 7],
+        'each decides locally',
+      );
       await syncA.syncNow();
       await syncB.syncNow();
       assert.equal(bucketsB.available('client', now()), 1, 'B has both spends after its sync');
       takeN(bucketsA, 1); // A spends on its stale 4 (the bound: what it holds locally)...
       await syncA.syncNow();
       assert.equal(bucketsA.available('client', now()), 0, '...and has every spend after its next sync');
-      const stored = await db.query<{ tokens: number }>('SELECT tokens FROM rate_limit_buckets WHERE bucket = $1', [sharedBucketId(signature, 'client')]);
+      const stored = await db.query<{ tokens: number }>('SELECT tokens FROM rate_limit_buckets WHERE bucket = $1', [
+        sharedBucketId(signature, 'client'),
+      ]);
       assert.equal(stored.rows[0]!.tokens, 0);
-      const raw = await db.query<{ n: string }>("SELECT count(*) AS n FROM rate_limit_buckets WHERE bucket LIKE '%client%'");
+      const raw = await db.query<{ n: string }>(
+        "SELECT count(*) AS n FROM rate_limit_buckets WHERE bucket LIKE '%client%'",
+      );
       assert.equal(Number(raw.rows[0]!.n), 0, 'no client key stored in the clear');
 
       // What is taken while a sync travels stays charged: taken after the collection, sent next time.
@@ -110,7 +138,12 @@ describe('PostgresRateLimitStore: one sync statement', { skip }, () => {
       const travelling = syncB.syncNow(); // collects B's spend of 1 at once, then waits for Postgres
       takeN(bucketsB, 1);
       await travelling;
-      const level = async () => (await db.query<{ tokens: number }>('SELECT tokens FROM rate_limit_buckets WHERE bucket = $1', [sharedBucketId(signature, 'client')])).rows[0]!.tokens;
+      const level = async () =>
+        (
+          await db.query<{ tokens: number }>('SELECT tokens FROM rate_limit_buckets WHERE bucket = $1', [
+            sharedBucketId(signature, 'client'),
+          ])
+        ).rows[0]!.tokens;
       assertNear(await level(), 1, 'the row: 0 + 2 − 1');
       assertNear(bucketsB.available('client', now()), 0, 'B: the row less the token taken while the sync travelled');
       await syncB.syncNow();

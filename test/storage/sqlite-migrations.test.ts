@@ -187,37 +187,103 @@ function fill(db: Database.Database): void {
   event.run('e1', 'github', 'message', 'd-1', T, '{"n":1}', 'queued', 0, 0, T, null, null);
   event.run('e2', 'github', 'message', 'd-2', T + 1, '{"n":2}', 'delivered', 1, 1, 0, null, T + 10);
   event.run('e3', 'stripe', 'message', null, T + 2, '{"n":3}', 'dead', 3, 3, 0, 'HTTP 500', null);
-  db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)').run('e2', 1, T + 5, 200, null, 5);
-  db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)').run('e3', 3, T + 6, 500, 'HTTP 500', 7);
-  if (has('event_replay_keys')) db.prepare('INSERT INTO event_replay_keys (endpoint, replay_key, event_id) VALUES (?, ?, ?)').run('github', 'sig-1', 'e1');
+  db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)').run(
+    'e2',
+    1,
+    T + 5,
+    200,
+    null,
+    5,
+  );
+  db.prepare('INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)').run(
+    'e3',
+    3,
+    T + 6,
+    500,
+    'HTTP 500',
+    7,
+  );
+  if (has('event_replay_keys'))
+    db.prepare('INSERT INTO event_replay_keys (endpoint, replay_key, event_id) VALUES (?, ?, ?)').run(
+      'github',
+      'sig-1',
+      'e1',
+    );
   if (has('store_probe')) db.prepare('INSERT INTO store_probe (id, at) VALUES (1, ?)').run(T);
   if (has('gmail_accounts')) {
-    db.prepare('INSERT INTO gmail_accounts (account, client_id, sealed_grant, cursor, emails_enqueued) VALUES (?, ?, ?, ?, ?)').run('a@example.com', 'client', 'sealed', '42', 3);
+    db.prepare(
+      'INSERT INTO gmail_accounts (account, client_id, sealed_grant, cursor, emails_enqueued) VALUES (?, ?, ?, ?, ?)',
+    ).run('a@example.com', 'client', 'sealed', '42', 3);
   }
-  if (has('gmail_seen')) db.prepare('INSERT INTO gmail_seen (account, message_id, event_id, seen_at) VALUES (?, ?, ?, ?)').run('a@example.com', 'm1', 'e1', T);
+  if (has('gmail_seen'))
+    db.prepare('INSERT INTO gmail_seen (account, message_id, event_id, seen_at) VALUES (?, ?, ?, ?)').run(
+      'a@example.com',
+      'm1',
+      'e1',
+      T,
+    );
   if (has('channel_grants')) fillChannels(db);
 }
 
 function fillChannels(db: Database.Database): void {
-  db.prepare('INSERT INTO channel_grants (name, kind, sealed, details, connected_at) VALUES (?, ?, ?, ?, ?)').run('tg', 'telegram', 'sealed', '{}', T);
-  db.prepare('INSERT INTO channel_devices (id, channel, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)').run('d1', 'tg', 'phone', 'hash', T);
-  db.prepare('INSERT INTO channel_pairings (code_hash, channel, created_at, expires_at) VALUES (?, ?, ?, ?)').run('code', 'tg', T, T + 60_000);
-  db.prepare('INSERT INTO channel_outbox (channel, device_id, text, created_at) VALUES (?, ?, ?, ?)').run('tg', 'd1', 'hello', T);
-  db.prepare('INSERT INTO channel_oauth_requests (state_hash, channel, expires_at) VALUES (?, ?, ?)').run('state', 'tg', T + 60_000);
+  db.prepare('INSERT INTO channel_grants (name, kind, sealed, details, connected_at) VALUES (?, ?, ?, ?, ?)').run(
+    'tg',
+    'telegram',
+    'sealed',
+    '{}',
+    T,
+  );
+  db.prepare('INSERT INTO channel_devices (id, channel, name, token_hash, created_at) VALUES (?, ?, ?, ?, ?)').run(
+    'd1',
+    'tg',
+    'phone',
+    'hash',
+    T,
+  );
+  db.prepare('INSERT INTO channel_pairings (code_hash, channel, created_at, expires_at) VALUES (?, ?, ?, ?)').run(
+    'code',
+    'tg',
+    T,
+    T + 60_000,
+  );
+  db.prepare('INSERT INTO channel_outbox (channel, device_id, text, created_at) VALUES (?, ?, ?, ?)').run(
+    'tg',
+    'd1',
+    'hello',
+    T,
+  );
+  db.prepare('INSERT INTO channel_oauth_requests (state_hash, channel, expires_at) VALUES (?, ?, ?)').run(
+    'state',
+    'tg',
+    T + 60_000,
+  );
 }
 
 function tables(db: Database.Database): string[] {
-  return db.prepare<[], { name: string }>("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name").all().map((r) => r.name);
+  return db
+    .prepare<[], { name: string }>(
+      "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+    )
+    .all()
+    .map((r) => r.name);
 }
 
 /** Every schema object's name and SQL, as the file holds them. */
 function schemaOf(db: Database.Database): { type: string; name: string; sql: string | null }[] {
-  return db.prepare<[], { type: string; name: string; sql: string | null }>("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name").all();
+  return db
+    .prepare<[], { type: string; name: string; sql: string | null }>(
+      "SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name",
+    )
+    .all();
 }
 
 /** Every row of every table, by table. */
 function rowsOf(db: Database.Database): Record<string, unknown[]> {
-  const sorted = (rows: unknown[]) => rows.map((r) => [JSON.stringify(r), r] as const).sort(([a], [b]) => (a < b ? -1 : 1)).map(([, r]) => r);
+  const sorted = (rows: unknown[]) =>
+    rows
+      .map((r) => [JSON.stringify(r), r] as const)
+      .sort(([a], [b]) => (a < b ? -1 : 1))
+      .map(([, r]) => r);
   return Object.fromEntries(tables(db).map((table) => [table, sorted(db.prepare(`SELECT * FROM ${table}`).all())]));
 }
 
@@ -250,7 +316,12 @@ describe('SQLite schema migrations', () => {
     const events = new SqliteEventStore(file, { singleWriter: true });
     const gmail = new SqliteGmailStore(events);
     const channels = new SqliteChannelStore(file);
-    const found = { event: await events.get('e1'), account: await gmail.get('a@example.com'), grant: await channels.grant('tg'), status: await events.status(Date.now()) };
+    const found = {
+      event: await events.get('e1'),
+      account: await gmail.get('a@example.com'),
+      grant: await channels.grant('tg'),
+      status: await events.status(Date.now()),
+    };
     await channels.close();
     await events.close();
     return found;
@@ -265,10 +336,17 @@ describe('SQLite schema migrations', () => {
   });
   after(() => rmSync(dir, { recursive: true, force: true }));
 
-  it('numbers the SQLite schema from 1, today\'s schema being version 1', () => {
+  it("numbers the SQLite schema from 1, today's schema being version 1", () => {
     assert.equal(SQLITE_SCHEMA_VERSION, SQLITE_MIGRATIONS.length);
     assert.equal(SQLITE_SCHEMA_VERSION, 1);
-    assert.throws(() => latestVersion([{ version: 1, name: 'a' }, { version: 3, name: 'b' }]), /numbered 3, expected 2/);
+    assert.throws(
+      () =>
+        latestVersion([
+          { version: 1, name: 'a' },
+          { version: 3, name: 'b' },
+        ]),
+      /numbered 3, expected 2/,
+    );
   });
 
   it('a new file gets exactly the schema the stores used to create, at user_version 1', () => {
@@ -276,7 +354,7 @@ describe('SQLite schema migrations', () => {
     assert.deepEqual(withFile(before, schemaOf), fresh);
   });
 
-  it('a file of today\'s build, every part in it, at user_version 1, opens unchanged with every row', async () => {
+  it("a file of today's build, every part in it, at user_version 1, opens unchanged with every row", async () => {
     const file = fileMadeWith([EVENTS_BEFORE, CHANNELS_BEFORE, GMAIL_BEFORE], 1);
     const [schema, rows] = withFile(file, (db) => [schemaOf(db), rowsOf(db)] as const);
     const found = await openAsServer(file);
@@ -292,7 +370,7 @@ describe('SQLite schema migrations', () => {
     });
   });
 
-  it('a file of today\'s build whose channel and Gmail parts never ran gains their tables, and keeps its rows', async () => {
+  it("a file of today's build whose channel and Gmail parts never ran gains their tables, and keeps its rows", async () => {
     const file = fileMadeWith([EVENTS_BEFORE], 1);
     const rows = withFile(file, rowsOf);
     const found = await openAsServer(file);
@@ -335,11 +413,21 @@ describe('SQLite schema migrations', () => {
       const after = rowsOf(db);
       assert.deepEqual(after.events, rows.events);
       assert.deepEqual(after.attempts, rows.attempts);
-      assert.deepEqual(after.gmail_accounts, (rows.gmail_accounts as object[]).map((r) => ({ ...r, project: null })));
+      assert.deepEqual(
+        after.gmail_accounts,
+        (rows.gmail_accounts as object[]).map((r) => ({ ...r, project: null })),
+      );
     });
     // And it works as a store: an accept lands beside the rows that were there.
     const events = new SqliteEventStore(file);
-    const accepted = await events.accept({ endpoint: 'github', action: 'message', idempotencyKey: 'd-3', replayKey: 'sig-2', receivedAt: T + 100, envelope: () => '{"n":4}' });
+    const accepted = await events.accept({
+      endpoint: 'github',
+      action: 'message',
+      idempotencyKey: 'd-3',
+      replayKey: 'sig-2',
+      receivedAt: T + 100,
+      envelope: () => '{"n":4}',
+    });
     assert.equal(accepted.duplicate, false);
     assert.equal((await events.list({})).length, 4);
     await events.close();
@@ -348,7 +436,10 @@ describe('SQLite schema migrations', () => {
   it('refuses a file a newer gatehouse migrated, and leaves it as it was', () => {
     const file = fileMadeWith([EVENTS_BEFORE, CHANNELS_BEFORE, GMAIL_BEFORE], SQLITE_SCHEMA_VERSION + 1);
     const rows = withFile(file, rowsOf);
-    assert.throws(() => new SqliteEventStore(file), /schema is at version 2, newer than this gatehouse knows \(1\): upgrade gatehouse/);
+    assert.throws(
+      () => new SqliteEventStore(file),
+      /schema is at version 2, newer than this gatehouse knows \(1\): upgrade gatehouse/,
+    );
     assert.throws(() => new SqliteChannelStore(file), /newer than this gatehouse knows/);
     withFile(file, (db) => {
       assert.deepEqual(rowsOf(db), rows);
@@ -359,18 +450,27 @@ describe('SQLite schema migrations', () => {
   it('applies a later migration once, in one transaction with its version: a failing one leaves the file at the version before', () => {
     const file = fileMadeWith([EVENTS_BEFORE, CHANNELS_BEFORE, GMAIL_BEFORE], 1);
     const rows = withFile(file, rowsOf);
-    const failing: SqliteMigration[] = [...SQLITE_MIGRATIONS, { version: 2, name: 'fails half way', up: 'CREATE TABLE half (x); INSERT INTO nowhere VALUES (1);' }];
+    const failing: SqliteMigration[] = [
+      ...SQLITE_MIGRATIONS,
+      { version: 2, name: 'fails half way', up: 'CREATE TABLE half (x); INSERT INTO nowhere VALUES (1);' },
+    ];
     withFile(file, (db) => {
       assert.throws(() => migrateSqlite(db, failing), /no such table: nowhere/);
       assert.equal(db.pragma('user_version', { simple: true }), 1);
       assert.ok(!tables(db).includes('half'));
     });
-    const next: SqliteMigration[] = [...SQLITE_MIGRATIONS, { version: 2, name: 'a column', up: 'ALTER TABLE events ADD COLUMN note TEXT' }];
+    const next: SqliteMigration[] = [
+      ...SQLITE_MIGRATIONS,
+      { version: 2, name: 'a column', up: 'ALTER TABLE events ADD COLUMN note TEXT' },
+    ];
     withFile(file, (db) => {
       assert.deepEqual(migrateSqlite(db, next), { from: 1, to: 2, applied: [2] });
       assert.deepEqual(migrateSqlite(db, next), { from: 2, to: 2, applied: [] });
       assert.equal(db.pragma('user_version', { simple: true }), 2);
-      assert.deepEqual((rowsOf(db).events as object[]).map((r) => ({ ...r, note: undefined })), (rows.events as object[]).map((r) => ({ ...r, note: undefined })));
+      assert.deepEqual(
+        (rowsOf(db).events as object[]).map((r) => ({ ...r, note: undefined })),
+        (rows.events as object[]).map((r) => ({ ...r, note: undefined })),
+      );
     });
   });
 });

@@ -10,7 +10,12 @@ import { assertSafeSqliteBuild, unsafeBuildProblem } from '../../src/storage/sql
 
 const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-addon-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
-const installed = path.join(path.dirname(createRequire(import.meta.url).resolve('better-sqlite3/package.json')), 'build', 'Release', 'better_sqlite3.node');
+const installed = path.join(
+  path.dirname(createRequire(import.meta.url).resolve('better-sqlite3/package.json')),
+  'build',
+  'Release',
+  'better_sqlite3.node',
+);
 
 // The abort of nodejs/node#65446, reproduced: statements dropped by the hundred thousand are collected
 // by GCs the allocation triggers; a build against Node 24.19+ headers dies with SIGABRT on the first.
@@ -38,14 +43,17 @@ test('a build that imports RemoveEnvironmentCleanupHook is refused, naming the f
   copyFileSync(installed, bad);
   // What a build against Node 24.19+ headers adds to the addon's dynamic symbols (Itanium mangling).
   writeFileSync(bad, '\0_ZN4node28RemoveEnvironmentCleanupHookEPN2v87IsolateEPFvPvES3_\0', { flag: 'a' });
-  assert.throws(() => assertSafeSqliteBuild(bad), (err: unknown) => {
-    assert.ok(err instanceof UsageError);
-    assert.match(err.message, new RegExp(`native module \\(${bad.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\\)`));
-    assert.match(err.message, /nodejs\/node#65446/);
-    assert.match(err.message, /24\.18\.1 headers/);
-    assert.match(err.message, /storage\.driver "postgres"/);
-    return true;
-  });
+  assert.throws(
+    () => assertSafeSqliteBuild(bad),
+    (err: unknown) => {
+      assert.ok(err instanceof UsageError);
+      assert.match(err.message, new RegExp(`native module \\(${bad.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}\\)`));
+      assert.match(err.message, /nodejs\/node#65446/);
+      assert.match(err.message, /24\.18\.1 headers/);
+      assert.match(err.message, /storage\.driver "postgres"/);
+      return true;
+    },
+  );
 });
 
 test('an addon that cannot be read is left to the loader to report', () => {

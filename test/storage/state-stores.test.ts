@@ -23,7 +23,9 @@ describe('Gmail and channel state on SQLite', () => {
     const events = new SqliteEventStore(file());
     const channels = new SqliteChannelStore(file());
     return {
-      events, gmail: new SqliteGmailStore(events), channels,
+      events,
+      gmail: new SqliteGmailStore(events),
+      channels,
       async close() {
         await channels.close();
         await events.close();
@@ -72,7 +74,9 @@ describe('Gmail and channel state on PostgreSQL', { skip }, () => {
     const events = await PostgresEventStore.open(storage(), { migrate });
     const channels = await PostgresChannelStore.open(storage());
     return {
-      events, gmail: new PostgresGmailStore(events), channels,
+      events,
+      gmail: new PostgresGmailStore(events),
+      channels,
       async close() {
         await channels.close();
         await events.close();
@@ -98,7 +102,8 @@ describe('Gmail and channel state on PostgreSQL', { skip }, () => {
     other: () => instance(false),
     ageSeenIds: (ms) => sql('UPDATE gmail_seen SET seen_at = seen_at - $1', [ms]),
     // This database's holders only: the cluster is shared with the run's other files.
-    endLockHolders: () => sql(`SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
+    endLockHolders: () =>
+      sql(`SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`),
     async reset() {
       url = undefined;

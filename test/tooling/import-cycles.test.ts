@@ -15,10 +15,16 @@ describe('import cycles (scripts/check-cycles.ts, run by npm run lint)', () => {
       };
       const a = file('a.ts', "import { b } from './b.js';\nexport const a = 1;\n");
       const b = file('b.ts', "import {\n  a,\n} from './a.js';\nexport const b = a;\n");
-      const c = file('c.ts', "import type { d } from './d.js';\nimport { type D } from './d.js';\nexport const c = 1;\n");
+      const c = file(
+        'c.ts',
+        "import type { d } from './d.js';\nimport { type D } from './d.js';\nexport const c = 1;\n",
+      );
       const d = file('d.ts', "import { c } from './c.js';\nexport type D = number;\nexport const d = c;\n");
       const found = cycles(importGraph([a, b, c, d]));
-      assert.deepEqual(found.map((component) => component.map((f) => path.basename(f)).sort()), [['a.ts', 'b.ts']]);
+      assert.deepEqual(
+        found.map((component) => component.map((f) => path.basename(f)).sort()),
+        [['a.ts', 'b.ts']],
+      );
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -25,7 +25,10 @@ describe('deliverer: no busy loop while due work waits for a slot', () => {
       gateway: { upstream: { target: 'http://127.0.0.1:1' }, auth: { apiKey: 'k'.repeat(40) } },
       webhooks: {
         enabled: true,
-        endpoints: [{ path: '/webhook/a', secret: 's'.repeat(16), action: 'agent' }, { path: '/webhook/m', secret: 's'.repeat(16), action: 'message' }],
+        endpoints: [
+          { path: '/webhook/a', secret: 's'.repeat(16), action: 'agent' },
+          { path: '/webhook/m', secret: 's'.repeat(16), action: 'message' },
+        ],
         targets: { agent: { url: `${url}/agent` }, message: { url: `${url}/message` } },
         delivery: { concurrency: 1, timeoutMs: 5000 },
       },
@@ -35,12 +38,18 @@ describe('deliverer: no busy loop while due work waits for a slot', () => {
     const counting = new Proxy(store, {
       get(t, prop, receiver) {
         const value = Reflect.get(t, prop, receiver);
-        if (prop === 'claimDue' || prop === 'nextDueAt') return (...args: unknown[]) => (calls++, (value as (...a: unknown[]) => unknown).apply(t, args));
+        if (prop === 'claimDue' || prop === 'nextDueAt')
+          return (...args: unknown[]) => (calls++, (value as (...a: unknown[]) => unknown).apply(t, args));
         return typeof value === 'function' ? value.bind(t) : value;
       },
     }) as EventStore;
     for (let i = 0; i < 3; i++) {
-      await store.accept({ endpoint: '/webhook/a', action: 'agent', receivedAt: Date.now(), envelope: (id) => JSON.stringify({ id }) });
+      await store.accept({
+        endpoint: '/webhook/a',
+        action: 'agent',
+        receivedAt: Date.now(),
+        envelope: (id) => JSON.stringify({ id }),
+      });
     }
     const deliverer = new Deliverer(counting, config.webhooks, pino({ level: 'silent' }));
     await deliverer.start();

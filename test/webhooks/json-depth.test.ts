@@ -27,13 +27,24 @@ describe('jsonNestsDeeperThan: one linear scan before JSON.parse', () => {
   it('brackets inside strings do not count, nor escaped quotes, and an escaped backslash ends the escape', () => {
     assert.equal(jsonNestsDeeperThan('{"a":"[[[[{{{{"}', 1), false);
     assert.equal(jsonNestsDeeperThan('{"a\\"[[[":"\\"[[[[\\""}', 1), false, 'an escaped quote does not end the string');
-    assert.equal(jsonNestsDeeperThan('{"a":"\\\\","b":[[1]]}', 2), true, '"\\\\" is a backslash; the string ends at the next quote');
+    assert.equal(
+      jsonNestsDeeperThan('{"a":"\\\\","b":[[1]]}', 2),
+      true,
+      '"\\\\" is a backslash; the string ends at the next quote',
+    );
     assert.equal(jsonNestsDeeperThan('{"a":"\\\\","b":[[1]]}', 3), false);
     assert.equal(jsonNestsDeeperThan('{"\\u005b":"\\u007b","é[":"漢{"}', 1), false);
   });
 
   it('agrees with the depth JSON.parse builds, for a spread of bodies', () => {
-    const bodies = ['{}', '[]', '{"a":{"b":{"c":[1,[2,[3]]]}}}', '[{"x":"]}"},[[["\\""]]]]', '{"s":"\\\\\\"[","t":[{}]}', '{"k":[[],[[{}]],{"z":[]}]}'];
+    const bodies = [
+      '{}',
+      '[]',
+      '{"a":{"b":{"c":[1,[2,[3]]]}}}',
+      '[{"x":"]}"},[[["\\""]]]]',
+      '{"s":"\\\\\\"[","t":[{}]}',
+      '{"k":[[],[[{}]],{"z":[]}]}',
+    ];
     for (const text of bodies) {
       const depth = depthOf(JSON.parse(text));
       assert.equal(jsonNestsDeeperThan(text, depth), false, `${text} at ${depth}`);

@@ -1,7 +1,12 @@
 import assert from 'node:assert/strict';
 import { afterEach, beforeEach, describe, it } from 'node:test';
 import type { WebhookAction } from '../../src/config/schema.js';
-import { DELIVERED_RECOUNT_MS, IDEMPOTENCY_WINDOW_MS, type EventStore, type NewEvent } from '../../src/storage/contracts/events.js';
+import {
+  DELIVERED_RECOUNT_MS,
+  IDEMPOTENCY_WINDOW_MS,
+  type EventStore,
+  type NewEvent,
+} from '../../src/storage/contracts/events.js';
 import { waitFor } from '../helpers/wait.js';
 
 /**
@@ -102,7 +107,11 @@ export function eventStoreContract(harness: StoreHarness): void {
 
     it('stores every one of many accepts made in the same tick (group commit), with distinct ids', async () => {
       const count = 250;
-      const results = await Promise.all(Array.from({ length: count }, (_, i) => store.accept(event({ receivedAt: T0 + (i % 3), idempotencyKey: `k${i}` }))));
+      const results = await Promise.all(
+        Array.from({ length: count }, (_, i) =>
+          store.accept(event({ receivedAt: T0 + (i % 3), idempotencyKey: `k${i}` })),
+        ),
+      );
       const ids = new Set(results.map((r) => r.id));
       assert.equal(ids.size, count);
       assert.ok(results.every((r) => !r.duplicate && ID.test(r.id)));
@@ -136,7 +145,10 @@ export function eventStoreContract(harness: StoreHarness): void {
     it('the same (endpoint, key) within 24 h is a duplicate carrying the original id, and stores nothing', async () => {
       let built = 0;
       const original = await store.accept(event({ idempotencyKey: 'gh-1' }));
-      const repeat = await store.accept({ ...event({ idempotencyKey: 'gh-1', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS - 1 }), envelope: (id) => (built++, id) });
+      const repeat = await store.accept({
+        ...event({ idempotencyKey: 'gh-1', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS - 1 }),
+        envelope: (id) => (built++, id),
+      });
       assert.deepEqual(repeat, { id: original.id, duplicate: true });
       assert.equal(built, 0, 'no envelope built for a duplicate');
       assert.equal((await store.list({})).length, 1);
@@ -193,8 +205,15 @@ export function eventStoreContract(harness: StoreHarness): void {
     it('the same (endpoint, replay key) is a duplicate of the first event under any delivery id, long after the idempotency window', async () => {
       let built = 0;
       const original = await store.accept(event({ idempotencyKey: 'delivery-1', replayKey: 'sig-1' }));
-      for (const [idempotencyKey, receivedAt] of [['delivery-2', T0 + 1], [undefined, T0 + 2], ['delivery-1', T0 + IDEMPOTENCY_WINDOW_MS * 30]] as const) {
-        const replay = await store.accept({ ...event({ idempotencyKey, replayKey: 'sig-1', receivedAt }), envelope: (id) => (built++, id) });
+      for (const [idempotencyKey, receivedAt] of [
+        ['delivery-2', T0 + 1],
+        [undefined, T0 + 2],
+        ['delivery-1', T0 + IDEMPOTENCY_WINDOW_MS * 30],
+      ] as const) {
+        const replay = await store.accept({
+          ...event({ idempotencyKey, replayKey: 'sig-1', receivedAt }),
+          envelope: (id) => (built++, id),
+        });
         assert.deepEqual(replay, { id: original.id, duplicate: true }, `${idempotencyKey} at +${receivedAt - T0} ms`);
       }
       assert.equal(built, 0, 'no envelope built for a replay');
@@ -214,7 +233,10 @@ export function eventStoreContract(harness: StoreHarness): void {
       const otherKey = await store.accept(event({ replayKey: 'sig-b' }));
       const none = await store.accept(event());
       assert.ok([otherEndpoint, otherKey, none].every((r) => !r.duplicate && r.id !== first.id));
-      assert.deepEqual(await store.accept(event({ replayKey: 'sig', endpoint: '/webhook/whatsapp' })), { id: otherEndpoint.id, duplicate: true });
+      assert.deepEqual(await store.accept(event({ replayKey: 'sig', endpoint: '/webhook/whatsapp' })), {
+        id: otherEndpoint.id,
+        duplicate: true,
+      });
     });
 
     it('repeats inside one group commit are recognised too', async () => {
@@ -236,10 +258,18 @@ export function eventStoreContract(harness: StoreHarness): void {
 
     it('an envelope that throws writes nothing: an expired delivery id is not forgotten, no replay key is left', async () => {
       const first = await store.accept(event({ idempotencyKey: 'k' }));
-      const failing = store.accept({ ...event({ idempotencyKey: 'k', replayKey: 'sig', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS + 1 }), envelope: () => { throw new Error('boom'); } });
+      const failing = store.accept({
+        ...event({ idempotencyKey: 'k', replayKey: 'sig', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS + 1 }),
+        envelope: () => {
+          throw new Error('boom');
+        },
+      });
       await assert.rejects(failing, /boom/);
       assert.equal((await store.get(first.id))?.event.idempotencyKey, 'k');
-      assert.equal((await store.accept(event({ replayKey: 'sig', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS + 2 }))).duplicate, false);
+      assert.equal(
+        (await store.accept(event({ replayKey: 'sig', receivedAt: T0 + IDEMPOTENCY_WINDOW_MS + 2 }))).duplicate,
+        false,
+      );
     });
   });
 
@@ -247,19 +277,34 @@ export function eventStoreContract(harness: StoreHarness): void {
     it('leases: a second claim before the lease ends gets nothing; at its end the event is claimable again', async () => {
       const id = await acceptAt(T0);
       const first = await store.claimDue(T0, 10, LEASE, 'message');
-      assert.deepEqual(first.map((e) => e.id), [id]);
+      assert.deepEqual(
+        first.map((e) => e.id),
+        [id],
+      );
       assert.deepEqual(await store.claimDue(T0 + 1, 10, LEASE, 'message'), []);
       assert.deepEqual(await store.claimDue(T0 + LEASE - 1, 10, LEASE, 'message'), []);
       const again = await store.claimDue(T0 + LEASE, 10, LEASE, 'message');
-      assert.deepEqual(again.map((e) => e.id), [id]);
+      assert.deepEqual(
+        again.map((e) => e.id),
+        [id],
+      );
     });
 
     it('only returns events of the requested action', async () => {
       const message = await acceptAt(T0, 'message');
       const agent = await acceptAt(T0, 'agent');
-      assert.deepEqual((await store.claimDue(T0, 10, LEASE, 'system-event')).map((e) => e.id), []);
-      assert.deepEqual((await store.claimDue(T0, 10, LEASE, 'agent')).map((e) => e.id), [agent]);
-      assert.deepEqual((await store.claimDue(T0, 10, LEASE, 'message')).map((e) => e.id), [message]);
+      assert.deepEqual(
+        (await store.claimDue(T0, 10, LEASE, 'system-event')).map((e) => e.id),
+        [],
+      );
+      assert.deepEqual(
+        (await store.claimDue(T0, 10, LEASE, 'agent')).map((e) => e.id),
+        [agent],
+      );
+      assert.deepEqual(
+        (await store.claimDue(T0, 10, LEASE, 'message')).map((e) => e.id),
+        [message],
+      );
     });
 
     it('only returns events whose next attempt is due, earliest first, up to the limit', async () => {
@@ -267,10 +312,22 @@ export function eventStoreContract(harness: StoreHarness): void {
       const early = await acceptAt(T0 + 1_000);
       const mid = await acceptAt(T0 + 2_000);
       assert.deepEqual(await store.claimDue(T0, 10, LEASE, 'message'), []);
-      assert.deepEqual((await store.claimDue(T0 + 2_000, 1, LEASE, 'message')).map((e) => e.id), [early]);
-      assert.deepEqual((await store.claimDue(T0 + 2_000, 10, LEASE, 'message')).map((e) => e.id), [mid]);
-      assert.deepEqual((await store.claimDue(T0 + 4_999, 10, LEASE, 'message')).map((e) => e.id), []);
-      assert.deepEqual((await store.claimDue(T0 + 5_000, 10, LEASE, 'message')).map((e) => e.id), [late]);
+      assert.deepEqual(
+        (await store.claimDue(T0 + 2_000, 1, LEASE, 'message')).map((e) => e.id),
+        [early],
+      );
+      assert.deepEqual(
+        (await store.claimDue(T0 + 2_000, 10, LEASE, 'message')).map((e) => e.id),
+        [mid],
+      );
+      assert.deepEqual(
+        (await store.claimDue(T0 + 4_999, 10, LEASE, 'message')).map((e) => e.id),
+        [],
+      );
+      assert.deepEqual(
+        (await store.claimDue(T0 + 5_000, 10, LEASE, 'message')).map((e) => e.id),
+        [late],
+      );
     });
 
     it('never returns delivered or dead events', async () => {
@@ -308,14 +365,26 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.equal(await store.nextDueAt(T0), T0 + 2_000);
       // The lease taken at T0 would last until T0 + LEASE; settling freed it.
       assert.deepEqual(await store.claimDue(T0 + 1_999, 1, LEASE, 'message'), []);
-      assert.deepEqual((await store.claimDue(T0 + 2_000, 1, LEASE, 'message')).map((e) => e.id), [id]);
+      assert.deepEqual(
+        (await store.claimDue(T0 + 2_000, 1, LEASE, 'message')).map((e) => e.id),
+        [id],
+      );
 
-      await store.recordAttempt(id, attempt(2, T0 + 2_000, null, 'ECONNREFUSED: connect ECONNREFUSED'), { status: 'queued', nextAttemptAt: T0 + 6_000 });
+      await store.recordAttempt(id, attempt(2, T0 + 2_000, null, 'ECONNREFUSED: connect ECONNREFUSED'), {
+        status: 'queued',
+        nextAttemptAt: T0 + 6_000,
+      });
       got = await store.get(id);
       assert.equal(got?.event.attempts, 2);
       assert.equal(got?.event.roundAttempts, 2);
       assert.equal(got?.event.lastError, 'ECONNREFUSED: connect ECONNREFUSED');
-      assert.deepEqual(got?.attempts.map((a) => [a.attempt, a.status, a.error]), [[1, 503, null], [2, null, 'ECONNREFUSED: connect ECONNREFUSED']]);
+      assert.deepEqual(
+        got?.attempts.map((a) => [a.attempt, a.status, a.error]),
+        [
+          [1, 503, null],
+          [2, null, 'ECONNREFUSED: connect ECONNREFUSED'],
+        ],
+      );
     });
 
     it('dead: status dead with the last error, and no longer due', async () => {
@@ -350,7 +419,10 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.equal(got?.event.roundAttempts, 0);
       assert.equal(got?.event.attempts, 2);
       assert.equal(got?.event.nextAttemptAt, T0 + 60_000);
-      assert.deepEqual((await store.claimDue(T0 + 60_000, 1, LEASE, 'message')).map((e) => e.id), [id]);
+      assert.deepEqual(
+        (await store.claimDue(T0 + 60_000, 1, LEASE, 'message')).map((e) => e.id),
+        [id],
+      );
 
       // The deliverer numbers the next attempt attempts + 1: it must not collide with attempt 2.
       await store.recordAttempt(id, attempt(got!.event.attempts + 1, T0 + 60_000, 200), { status: 'delivered' });
@@ -358,7 +430,10 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.equal(got?.event.status, 'delivered');
       assert.equal(got?.event.attempts, 3);
       assert.equal(got?.event.roundAttempts, 1);
-      assert.deepEqual(got?.attempts.map((a) => a.attempt), [1, 2, 3]);
+      assert.deepEqual(
+        got?.attempts.map((a) => a.attempt),
+        [1, 2, 3],
+      );
     });
 
     it('a queued event waiting for its retry is due now, with a fresh round (a copied queue need not wait out its backoff)', async () => {
@@ -367,12 +442,24 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.deepEqual(await store.claimDue(T0 + 10_000, 1, LEASE, 'message'), [], 'not due yet');
       assert.equal(await store.requeue(id, T0 + 10_000), true);
       const got = await store.get(id);
-      assert.deepEqual([got?.event.status, got?.event.nextAttemptAt, got?.event.roundAttempts, got?.event.attempts], ['queued', T0 + 10_000, 0, 1]);
-      assert.deepEqual((await store.claimDue(T0 + 10_000, 1, LEASE, 'message')).map((e) => e.id), [id]);
+      assert.deepEqual(
+        [got?.event.status, got?.event.nextAttemptAt, got?.event.roundAttempts, got?.event.attempts],
+        ['queued', T0 + 10_000, 0, 1],
+      );
+      assert.deepEqual(
+        (await store.claimDue(T0 + 10_000, 1, LEASE, 'message')).map((e) => e.id),
+        [id],
+      );
     });
 
     it('requeueWaiting makes every queued event waiting for a retry due now, and nothing else', async () => {
-      const [waiting, waitingAgent, due, delivered, dead] = [await acceptAt(T0), await acceptAt(T0, 'agent'), await acceptAt(T0), await acceptAt(T0), await acceptAt(T0)];
+      const [waiting, waitingAgent, due, delivered, dead] = [
+        await acceptAt(T0),
+        await acceptAt(T0, 'agent'),
+        await acceptAt(T0),
+        await acceptAt(T0),
+        await acceptAt(T0),
+      ];
       await store.recordAttempt(waiting, attempt(1), { status: 'queued', nextAttemptAt: T0 + 60_000 });
       await store.recordAttempt(waitingAgent, attempt(1), { status: 'queued', nextAttemptAt: T0 + 120_000 });
       await store.recordAttempt(due, attempt(1), { status: 'queued', nextAttemptAt: T0 + 5_000 });
@@ -384,7 +471,11 @@ export function eventStoreContract(harness: StoreHarness): void {
         const got = await store.get(id);
         assert.deepEqual([got?.event.nextAttemptAt, got?.event.roundAttempts], [T0 + 10_000, 0], id);
       }
-      assert.deepEqual([(await store.get(due))?.event.nextAttemptAt, (await store.get(due))?.event.roundAttempts], [T0 + 5_000, 1], 'already due: as it was');
+      assert.deepEqual(
+        [(await store.get(due))?.event.nextAttemptAt, (await store.get(due))?.event.roundAttempts],
+        [T0 + 5_000, 1],
+        'already due: as it was',
+      );
       assert.equal((await store.get(delivered))?.event.status, 'delivered');
       assert.equal((await store.get(dead))?.event.status, 'dead');
     });
@@ -450,8 +541,15 @@ export function eventStoreContract(harness: StoreHarness): void {
       for (const id of [keyed, plain]) await store.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
       assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + 60_000), 1, 'the one without a delivery id');
       assert.ok(await store.get(keyed));
-      assert.deepEqual(await store.accept(event({ idempotencyKey: 'K', receivedAt: T0 + 60_000 })), { id: keyed, duplicate: true });
-      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS - 1), 0, 'the id is remembered for its whole window');
+      assert.deepEqual(await store.accept(event({ idempotencyKey: 'K', receivedAt: T0 + 60_000 })), {
+        id: keyed,
+        duplicate: true,
+      });
+      assert.equal(
+        await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS - 1),
+        0,
+        'the id is remembered for its whole window',
+      );
       assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS), 1, 'then purged');
     });
 
@@ -459,15 +557,23 @@ export function eventStoreContract(harness: StoreHarness): void {
       const ids: { id: string; keyed: boolean }[] = [];
       for (let i = 0; i < 1_100; i++) {
         const keyed = i % 2 === 0;
-        const { id } = await store.accept(event({ receivedAt: T0 + i, ...(keyed ? { idempotencyKey: `k-${i}` } : {}) }));
+        const { id } = await store.accept(
+          event({ receivedAt: T0 + i, ...(keyed ? { idempotencyKey: `k-${i}` } : {}) }),
+        );
         ids.push({ id, keyed });
       }
       // Delivered at a handful of instants, so pages end inside a run of equal times.
-      for (const [i, { id }] of ids.entries()) await store.recordAttempt(id, attempt(1, T0 + 2_000 + Math.floor(i / 300), 200), { status: 'delivered' });
+      for (const [i, { id }] of ids.entries())
+        await store.recordAttempt(id, attempt(1, T0 + 2_000 + Math.floor(i / 300), 200), { status: 'delivered' });
       assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + 60_000), 550);
-      for (const { id, keyed } of [ids[0]!, ids[1]!, ids[599]!, ids[600]!, ids[1_098]!, ids[1_099]!]) assert.equal((await store.get(id)) !== undefined, keyed, id);
+      for (const { id, keyed } of [ids[0]!, ids[1]!, ids[599]!, ids[600]!, ids[1_098]!, ids[1_099]!])
+        assert.equal((await store.get(id)) !== undefined, keyed, id);
       assert.equal((await store.status(T0)).counts.delivered, 550);
-      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS + 1_100), 550, 'once the window has passed for all');
+      assert.equal(
+        await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS + 1_100),
+        550,
+        'once the window has passed for all',
+      );
     });
 
     it('releaseLeases frees every lease and counts them', async () => {
@@ -478,7 +584,10 @@ export function eventStoreContract(harness: StoreHarness): void {
       await store.claimDue(T0, 1, LEASE, 'agent');
       assert.equal(await store.releaseLeases(), 2);
       assert.equal(await store.releaseLeases(), 0);
-      assert.deepEqual((await store.claimDue(T0, 10, LEASE, 'agent')).map((e) => e.id), [b]);
+      assert.deepEqual(
+        (await store.claimDue(T0, 10, LEASE, 'agent')).map((e) => e.id),
+        [b],
+      );
       assert.ok((await store.claimDue(T0, 10, LEASE, 'message')).some((e) => e.id === a));
     });
   });
@@ -503,11 +612,26 @@ export function eventStoreContract(harness: StoreHarness): void {
       const b = await acceptAt(T0 + 1);
       const c = (await store.accept(event({ receivedAt: T0 + 2, endpoint: '/webhook/other' }))).id;
       await store.recordAttempt(a, attempt(1), { status: 'dead' });
-      assert.deepEqual((await store.list({})).map((e) => e.id), [c, b, a]);
-      assert.deepEqual((await store.list({ limit: 2 })).map((e) => e.id), [c, b]);
-      assert.deepEqual((await store.list({ status: 'queued' })).map((e) => e.id), [c, b]);
-      assert.deepEqual((await store.list({ endpoint: '/webhook/github' })).map((e) => e.id), [b, a]);
-      assert.deepEqual((await store.list({ status: 'dead', endpoint: '/webhook/github' })).map((e) => e.id), [a]);
+      assert.deepEqual(
+        (await store.list({})).map((e) => e.id),
+        [c, b, a],
+      );
+      assert.deepEqual(
+        (await store.list({ limit: 2 })).map((e) => e.id),
+        [c, b],
+      );
+      assert.deepEqual(
+        (await store.list({ status: 'queued' })).map((e) => e.id),
+        [c, b],
+      );
+      assert.deepEqual(
+        (await store.list({ endpoint: '/webhook/github' })).map((e) => e.id),
+        [b, a],
+      );
+      assert.deepEqual(
+        (await store.list({ status: 'dead', endpoint: '/webhook/github' })).map((e) => e.id),
+        [a],
+      );
     });
   });
 
@@ -523,7 +647,7 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.notEqual(again?.claimId, first?.claimId);
     });
 
-    it('an outcome under a claim that has passed to another is ignored; the current holder\'s is recorded', async () => {
+    it("an outcome under a claim that has passed to another is ignored; the current holder's is recorded", async () => {
       const id = await acceptAt(T0);
       const [stale] = await store.claimDue(T0, 1, LEASE, 'message');
       const [current] = await store.claimDue(T0 + LEASE, 1, LEASE, 'message'); // the first holder's lease ran out
@@ -531,18 +655,32 @@ export function eventStoreContract(harness: StoreHarness): void {
       let got = await store.get(id);
       assert.equal(got?.event.status, 'queued', 'nothing written');
       assert.deepEqual(got?.attempts, []);
-      assert.equal(await store.recordAttempt(id, attempt(1, T0 + LEASE, 503), { status: 'queued', nextAttemptAt: T0 + LEASE + 1_000 }, current!.claimId), true);
+      assert.equal(
+        await store.recordAttempt(
+          id,
+          attempt(1, T0 + LEASE, 503),
+          { status: 'queued', nextAttemptAt: T0 + LEASE + 1_000 },
+          current!.claimId,
+        ),
+        true,
+      );
       got = await store.get(id);
       assert.equal(got?.event.attempts, 1);
       assert.equal(got?.event.nextAttemptAt, T0 + LEASE + 1_000);
       // Settled: the token is spent.
-      assert.equal(await store.recordAttempt(id, attempt(2, T0 + LEASE, 200), { status: 'delivered' }, current!.claimId), false);
+      assert.equal(
+        await store.recordAttempt(id, attempt(2, T0 + LEASE, 200), { status: 'delivered' }, current!.claimId),
+        false,
+      );
     });
 
     it('an expired lease nobody took over still settles under its own claim id', async () => {
       const id = await acceptAt(T0);
       const [claim] = await store.claimDue(T0, 1, LEASE, 'message');
-      assert.equal(await store.recordAttempt(id, attempt(1, T0 + 2 * LEASE, 200), { status: 'delivered' }, claim!.claimId), true);
+      assert.equal(
+        await store.recordAttempt(id, attempt(1, T0 + 2 * LEASE, 200), { status: 'delivered' }, claim!.claimId),
+        true,
+      );
       assert.equal((await store.get(id))?.event.status, 'delivered');
     });
 
@@ -554,7 +692,11 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.equal(await store.nextDueAt(T0 + LEASE), T0 + 3 * LEASE);
       const [next] = await store.claimDue(T0 + 3 * LEASE, 1, LEASE, 'message');
       assert.equal(next?.id, id);
-      assert.equal(await store.renewLease(id, claim!.claimId, T0 + 10 * LEASE), false, 'the old claim cannot revive itself');
+      assert.equal(
+        await store.renewLease(id, claim!.claimId, T0 + 10 * LEASE),
+        false,
+        'the old claim cannot revive itself',
+      );
       assert.deepEqual(await store.claimDue(T0 + 3 * LEASE + 1, 1, LEASE, 'message'), []);
     });
   });
@@ -595,13 +737,29 @@ export function eventStoreContract(harness: StoreHarness): void {
     it('delivered events are recounted at most every DELIVERED_RECOUNT_MS (in the background); queued and dead ones at each call', async () => {
       const [a, b, c] = [await acceptAt(T0), await acceptAt(T0 + 1), await acceptAt(T0 + 2)];
       await store.recordAttempt(a, attempt(1, T0, 200), { status: 'delivered' });
-      const counts = async (now: number) => Object.fromEntries((await store.queueStats(now)).counts.map((x) => [`${x.action}/${x.status}`, x.events]));
-      assert.deepEqual(await counts(T0), { 'message/delivered': 1, 'message/queued': 2 }, 'the first call waits for the count');
+      const counts = async (now: number) =>
+        Object.fromEntries((await store.queueStats(now)).counts.map((x) => [`${x.action}/${x.status}`, x.events]));
+      assert.deepEqual(
+        await counts(T0),
+        { 'message/delivered': 1, 'message/queued': 2 },
+        'the first call waits for the count',
+      );
       await store.recordAttempt(b, attempt(1, T0, 200), { status: 'delivered' });
       await store.recordAttempt(c, attempt(1, T0, 410), { status: 'dead' });
-      assert.deepEqual(await counts(T0 + 1_000), { 'message/delivered': 1, 'message/dead': 1 }, 'delivered: the last count; dead: now');
-      assert.deepEqual(await counts(T0 + DELIVERED_RECOUNT_MS), { 'message/delivered': 1, 'message/dead': 1 }, 'a recount is started, not waited for');
-      await waitFor(async () => (await counts(T0 + DELIVERED_RECOUNT_MS))['message/delivered'] === 2, { timeoutMs: 5_000, what: 'the recount to come in' });
+      assert.deepEqual(
+        await counts(T0 + 1_000),
+        { 'message/delivered': 1, 'message/dead': 1 },
+        'delivered: the last count; dead: now',
+      );
+      assert.deepEqual(
+        await counts(T0 + DELIVERED_RECOUNT_MS),
+        { 'message/delivered': 1, 'message/dead': 1 },
+        'a recount is started, not waited for',
+      );
+      await waitFor(async () => (await counts(T0 + DELIVERED_RECOUNT_MS))['message/delivered'] === 2, {
+        timeoutMs: 5_000,
+        what: 'the recount to come in',
+      });
     });
 
     it('probeWrite resolves on a writable store and changes nothing', async () => {

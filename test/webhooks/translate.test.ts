@@ -24,7 +24,10 @@ describe('message templates: rendering', () => {
   });
 
   it('allows whitespace (spaces, tabs, newlines) inside the braces', () => {
-    assert.equal(render('{{ sender.name }}|{{\tsender.name\t}}|{{\n  sender.name\n}}|{{sender.name   }}', body), 'Ada|Ada|Ada|Ada');
+    assert.equal(
+      render('{{ sender.name }}|{{\tsender.name\t}}|{{\n  sender.name\n}}|{{sender.name   }}', body),
+      'Ada|Ada|Ada|Ada',
+    );
   });
 
   it('renders several placeholders, repeated ones and adjacent ones', () => {
@@ -43,7 +46,11 @@ describe('message templates: rendering', () => {
 
   it('renders numbers and booleans as text', () => {
     assert.equal(render('{{sender.id}} {{sender.admin}} {{sender.score}}', body), '42 true 1.5');
-    assert.equal(render('{{n}}|{{f}}|{{neg}}', { n: 0, f: false, neg: -3 }), '0|false|-3', 'falsy values are not treated as missing');
+    assert.equal(
+      render('{{n}}|{{f}}|{{neg}}', { n: 0, f: false, neg: -3 }),
+      '0|false|-3',
+      'falsy values are not treated as missing',
+    );
   });
 
   it('renders an empty string value as empty text', () => {
@@ -69,7 +76,19 @@ describe('message templates: rendering', () => {
   });
 
   it('never reaches prototype properties: __proto__, constructor, toString, hasOwnProperty render empty', () => {
-    for (const path of ['__proto__', 'constructor', 'toString', 'hasOwnProperty', 'valueOf', 'sender.constructor', 'sender.__proto__', 'sender.constructor.name', 'items.constructor', 'items[0].__proto__', 'text.constructor']) {
+    for (const path of [
+      '__proto__',
+      'constructor',
+      'toString',
+      'hasOwnProperty',
+      'valueOf',
+      'sender.constructor',
+      'sender.__proto__',
+      'sender.constructor.name',
+      'items.constructor',
+      'items[0].__proto__',
+      'text.constructor',
+    ]) {
       assert.equal(render(`[{{${path}}}]`, body), '[]', path);
     }
     // A prototype-less object carries nothing either.
@@ -84,7 +103,16 @@ describe('message templates: rendering', () => {
   });
 
   it('leaves text without placeholders unchanged, including lone or unbalanced braces', () => {
-    for (const text of ['', 'plain text', 'a { b } c', '{single}', '{{ unclosed', 'closed }}', '}}{{', 'emoji ✓ and "quotes"']) {
+    for (const text of [
+      '',
+      'plain text',
+      'a { b } c',
+      '{single}',
+      '{{ unclosed',
+      'closed }}',
+      '}}{{',
+      'emoji ✓ and "quotes"',
+    ]) {
       assert.equal(render(text, body), text);
     }
   });
@@ -104,7 +132,11 @@ describe('message templates: rendering', () => {
     for (let i = 0; i < 100_000; i++) deep = [deep];
     const data = { cyclic, big: { n: 10n }, deep, fn: { f: () => 1 }, ok: 'fine' };
     assert.equal(render('[{{cyclic}}][{{big}}][{{deep}}][{{ok}}]', data), '[][][][fine]');
-    assert.equal(render('[{{fn.f}}]', data), '[]', 'JSON.stringify gives undefined for a function: empty, not "undefined"');
+    assert.equal(
+      render('[{{fn.f}}]', data),
+      '[]',
+      'JSON.stringify gives undefined for a function: empty, not "undefined"',
+    );
   });
 
   it('a compiled template is reusable across bodies', () => {
@@ -142,7 +174,11 @@ describe('message templates: compiling', () => {
       'ok {{sender.name}} then {{bad name}}',
     ];
     for (const template of invalid) {
-      assert.throws(() => compileTemplate(template), (err: Error) => err instanceof Error && err.message.includes('invalid placeholder'), template);
+      assert.throws(
+        () => compileTemplate(template),
+        (err: Error) => err instanceof Error && err.message.includes('invalid placeholder'),
+        template,
+      );
     }
     assert.throws(() => compileTemplate('{{ process.exit() }}'), /process\.exit\(\)/);
   });
@@ -168,27 +204,45 @@ describe('buildEnvelope', () => {
   const info = { action: 'message' as const, endpoint: '/webhook/github', receivedAt };
 
   function envelope(rawBody: string, template?: string): Record<string, unknown> {
-    const text = buildEnvelope('evt_1', { ...info, template: template === undefined ? undefined : compileTemplate(template) }, JSON.parse(rawBody) as Record<string, unknown>, rawBody);
+    const text = buildEnvelope(
+      'evt_1',
+      { ...info, template: template === undefined ? undefined : compileTemplate(template) },
+      JSON.parse(rawBody) as Record<string, unknown>,
+      rawBody,
+    );
     return JSON.parse(text) as Record<string, unknown>;
   }
 
   it('carries id, action, endpoint, ISO receivedAt and the payload', () => {
     const env = envelope('{"a":1}');
-    assert.deepEqual(env, { id: 'evt_1', action: 'message', endpoint: '/webhook/github', receivedAt: '2024-05-06T07:08:09.123Z', payload: { a: 1 } });
+    assert.deepEqual(env, {
+      id: 'evt_1',
+      action: 'message',
+      endpoint: '/webhook/github',
+      receivedAt: '2024-05-06T07:08:09.123Z',
+      payload: { a: 1 },
+    });
   });
 
-  it('message comes from the template when one is set (even over the body\'s own message)', () => {
+  it("message comes from the template when one is set (even over the body's own message)", () => {
     const env = envelope('{"message":"from body","sender":{"name":"Ada"}}', 'push by {{sender.name}}');
     assert.equal(env.message, 'push by Ada');
   });
 
-  it('message is the body\'s string message when there is no template', () => {
+  it("message is the body's string message when there is no template", () => {
     assert.equal(envelope('{"message":"from body"}').message, 'from body');
     assert.equal(envelope('{"message":""}').message, '');
   });
 
   it('message is absent (not null, not "") when there is neither template nor string body.message', () => {
-    for (const raw of ['{"a":1}', '{"message":null}', '{"message":42}', '{"message":{"text":"x"}}', '{"message":["x"]}', '{"message":true}']) {
+    for (const raw of [
+      '{"a":1}',
+      '{"message":null}',
+      '{"message":42}',
+      '{"message":{"text":"x"}}',
+      '{"message":["x"]}',
+      '{"message":true}',
+    ]) {
       const env = envelope(raw);
       assert.equal(Object.hasOwn(env, 'message'), false, raw);
     }
@@ -199,7 +253,8 @@ describe('buildEnvelope', () => {
   });
 
   it('embeds the raw body byte for byte: key order, duplicate keys, number formatting, escapes, whitespace', () => {
-    const raw = '{ "z": 1.0, "a": 1e2, "dup": 1, "dup": 2, "n": -0, "big": 12345678901234567890, "s": "\\u00e9\\/", "nested": { "b" : [ 1 , 2 ] } }';
+    const raw =
+      '{ "z": 1.0, "a": 1e2, "dup": 1, "dup": 2, "n": -0, "big": 12345678901234567890, "s": "\\u00e9\\/", "nested": { "b" : [ 1 , 2 ] } }';
     const text = buildEnvelope('evt_1', info, JSON.parse(raw) as Record<string, unknown>, raw);
     assert.ok(text.endsWith(`"payload":${raw}}`), text);
     assert.equal(text.indexOf(raw), text.length - raw.length - 1, 'the payload appears once, at the end');
@@ -224,13 +279,20 @@ describe('buildEnvelope', () => {
 
   it('puts the payload last and has no other keys', () => {
     const text = buildEnvelope('evt_9', { ...info, action: 'agent' }, { message: 'm' }, '{"message":"m"}');
-    assert.equal(text, '{"id":"evt_9","action":"agent","endpoint":"/webhook/github","receivedAt":"2024-05-06T07:08:09.123Z","message":"m","payload":{"message":"m"}}');
+    assert.equal(
+      text,
+      '{"id":"evt_9","action":"agent","endpoint":"/webhook/github","receivedAt":"2024-05-06T07:08:09.123Z","message":"m","payload":{"message":"m"}}',
+    );
   });
 
   it('prepareEnvelope renders now and adds the id later, byte for byte what buildEnvelope gives', () => {
     const raw = '{"sender":{"name":"Ada"},"n":[1,2]}';
     const body = JSON.parse(raw) as Record<string, unknown>;
-    const full = { ...info, template: compileTemplate('hi {{sender.name}} {{n}}'), extra: { channel: { name: 'c' }, from: null } };
+    const full = {
+      ...info,
+      template: compileTemplate('hi {{sender.name}} {{n}}'),
+      extra: { channel: { name: 'c' }, from: null },
+    };
     let reads = 0;
     const counting = new Proxy(body, { get: (t, k) => (reads++, Reflect.get(t, k)) });
     const withId = prepareEnvelope(full, counting, raw);
@@ -238,7 +300,16 @@ describe('buildEnvelope', () => {
     assert.equal(withId('evt_2'), buildEnvelope('evt_2', full, body, raw));
     assert.equal(reads, readsWhenPrepared, 'adding the id reads nothing of the body again');
     assert.equal(withId('evt_"q"'), buildEnvelope('evt_"q"', full, body, raw), 'the id is JSON-escaped');
-    assert.deepEqual(Object.keys(JSON.parse(withId('evt_3'))), ['id', 'action', 'endpoint', 'receivedAt', 'channel', 'from', 'message', 'payload']);
+    assert.deepEqual(Object.keys(JSON.parse(withId('evt_3'))), [
+      'id',
+      'action',
+      'endpoint',
+      'receivedAt',
+      'channel',
+      'from',
+      'message',
+      'payload',
+    ]);
   });
 
   it('a template that renders empty still sets message (to "")', () => {

@@ -8,17 +8,28 @@ import { metaVerifier } from '../../src/webhooks/verifiers/meta.js';
 describe('verifiers: delivery ids and answers that depend on the body', () => {
   it('meta: WhatsApp status updates of one message (sent, delivered, read) are distinct deliveries', () => {
     const meta = metaVerifier({ appSecret: 'x'.repeat(16), verifyToken: 'token-1234' });
-    const status = (s: string) => ({ entry: [{ id: '1', changes: [{ value: { statuses: [{ id: 'wamid.A', status: s }] } }] }] });
+    const status = (s: string) => ({
+      entry: [{ id: '1', changes: [{ value: { statuses: [{ id: 'wamid.A', status: s }] } }] }],
+    });
     const ids = ['sent', 'delivered', 'read'].map((s) => meta.deliveryId({}, status(s)));
     assert.deepEqual(ids, ['wamid.A:sent', 'wamid.A:delivered', 'wamid.A:read']);
-    assert.equal(meta.deliveryId({}, { entry: [{ changes: [{ value: { messages: [{ id: 'wamid.M' }] } }] }] }), 'wamid.M');
+    assert.equal(
+      meta.deliveryId({}, { entry: [{ changes: [{ value: { messages: [{ id: 'wamid.M' }] } }] }] }),
+      'wamid.M',
+    );
   });
 
   it('meta: an id part that is an object (own "toString": String() would throw) gives no delivery id, and no throw', () => {
     const meta = metaVerifier({ appSecret: 'x'.repeat(16), verifyToken: 'token-1234' });
     const hostile = JSON.parse('{"toString":1,"valueOf":1}');
-    assert.equal(meta.deliveryId({}, { entry: [{ changes: [{ value: { statuses: [{ id: hostile, status: 'read' }] } }] }] }), undefined);
-    assert.equal(meta.deliveryId({}, { entry: [{ changes: [{ value: { statuses: [{ id: 'wamid.A', status: hostile }] } }] }] }), undefined);
+    assert.equal(
+      meta.deliveryId({}, { entry: [{ changes: [{ value: { statuses: [{ id: hostile, status: 'read' }] } }] }] }),
+      undefined,
+    );
+    assert.equal(
+      meta.deliveryId({}, { entry: [{ changes: [{ value: { statuses: [{ id: 'wamid.A', status: hostile }] } }] }] }),
+      undefined,
+    );
     assert.equal(meta.deliveryId({}, { entry: [{ id: hostile, time: 1 }] }), undefined);
     assert.equal(meta.deliveryId({}, { entry: [{ id: '42', time: 1700000000 }] }), '42:1700000000');
   });
@@ -27,15 +38,27 @@ describe('verifiers: delivery ids and answers that depend on the body', () => {
     const body = Buffer.from('{"zen":"Keep it logically awesome."}');
     const secret = 'replay-key-secret-0123456789';
     const hex = createHmac('sha256', secret).update(body).digest('hex');
-    for (const verifier of [createVerifier({ type: 'github', secrets: [secret] }), createVerifier({ type: 'meta', appSecret: secret, verifyToken: 'token-1234' })]) {
+    for (const verifier of [
+      createVerifier({ type: 'github', secrets: [secret] }),
+      createVerifier({ type: 'meta', appSecret: secret, verifyToken: 'token-1234' }),
+    ]) {
       const lower = { 'x-hub-signature-256': `sha256=${hex}` };
       const upper = { 'x-hub-signature-256': `sha256=${hex.toUpperCase()}` };
-      assert.deepEqual(verifier.verifyBody!(upper, body, 0), { ok: true }, 'upper-case hex verifies (so it must not be a new key)');
+      assert.deepEqual(
+        verifier.verifyBody!(upper, body, 0),
+        { ok: true },
+        'upper-case hex verifies (so it must not be a new key)',
+      );
       const key = verifier.replayKey!(lower);
       assert.equal(verifier.replayKey!(upper), key);
       assert.match(key, /^sha256:[0-9a-f]{64}$/);
       assert.ok(!key.includes(hex), 'not the signature itself');
-      assert.notEqual(verifier.replayKey!({ 'x-hub-signature-256': `sha256=${createHmac('sha256', secret).update('{}').digest('hex')}` }), key);
+      assert.notEqual(
+        verifier.replayKey!({
+          'x-hub-signature-256': `sha256=${createHmac('sha256', secret).update('{}').digest('hex')}`,
+        }),
+        key,
+      );
     }
   });
 

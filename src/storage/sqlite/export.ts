@@ -32,15 +32,13 @@ export async function* exportEvents(
         rows.map((row) => [row.id, { event: toEvent(row), attempts: [], replayKeys: [] }]),
       );
       for (const a of attempts.all(after, last)) {
-        byId
-          .get(a.event_id)
-          ?.attempts.push({
-            attempt: a.attempt,
-            at: a.at,
-            status: a.status,
-            error: a.error,
-            durationMs: a.duration_ms,
-          });
+        byId.get(a.event_id)?.attempts.push({
+          attempt: a.attempt,
+          at: a.at,
+          status: a.status,
+          error: a.error,
+          durationMs: a.duration_ms,
+        });
       }
       for (const r of replayKeys.all(after, last))
         byId.get(r.event_id)?.replayKeys.push({ endpoint: r.endpoint, replayKey: r.replay_key });
