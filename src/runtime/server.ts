@@ -19,8 +19,13 @@ import { startGmail } from '../integrations/gmail/run.js';
 import { secretKeysFromEnv } from '../storage/secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from '../webhooks/receiver.js';
 import { createVerifier } from '../webhooks/verifiers/index.js';
-import { describeStorage, openChannelStore, openEventStore, openRateLimitStore } from '../storage/open.js';
-import { PostgresLockoutStore } from '../storage/postgres/lockout.js';
+import {
+  describeStorage,
+  openChannelStore,
+  openEventStore,
+  openRateLimitStore,
+  openSharedLockoutStore,
+} from '../storage/open.js';
 import type { EventStore } from '../webhooks/store.js';
 
 export interface RunningGatehouse {
@@ -55,9 +60,7 @@ export async function startGatehouse(
   const { gateway, webhooks, admin } = await resources.open(async () => {
     // On postgres every instance shares the lockout (counted there, checked here in memory).
     const sharedLockout =
-      options.lockoutStore === undefined && config.storage.driver === 'postgres'
-        ? await PostgresLockoutStore.open(config.storage, { logger })
-        : undefined;
+      options.lockoutStore === undefined ? await openSharedLockoutStore(config.storage, { logger }) : undefined;
     if (sharedLockout) resources.defer(() => sharedLockout.close());
     const lockoutStore = options.lockoutStore ?? sharedLockout ?? new MemoryLockoutStore();
     // What can refuse the webhook side's start comes before any listener, so a refused start has

@@ -1,6 +1,7 @@
 import { existsSync } from 'node:fs';
 import type { Logger } from 'pino';
 import type { StorageConfig } from '../config/schema.js';
+import type { LockoutStore } from '../http/lockout.js';
 import { UsageError } from '../errors.js';
 import type { ChannelStore } from './contracts/channels.js';
 import type { EventStore } from './contracts/events.js';
@@ -8,6 +9,7 @@ import type { GmailStore } from './contracts/gmail.js';
 import { PostgresChannelStore } from './postgres/channels.js';
 import { PostgresEventStore } from './postgres/events.js';
 import { PostgresGmailStore } from './postgres/gmail.js';
+import { PostgresLockoutStore } from './postgres/lockout.js';
 import { createPool, describeUrl } from './postgres/pool.js';
 import { PostgresRateLimitStore } from './postgres/rate-limits.js';
 import type { RateLimitStore } from './contracts/rate-limits.js';
@@ -86,6 +88,17 @@ function refuseMissingSqliteStore(file: string): void {
  */
 export function openRateLimitStore(storage: StorageConfig): RateLimitStore | undefined {
   return storage.driver === 'postgres' ? new PostgresRateLimitStore(storage) : undefined;
+}
+
+/**
+ * The failure lockout every instance shares on PostgreSQL (counted there, checked in memory), on
+ * a connection of its own; undefined on SQLite (one instance: counted in memory).
+ */
+export async function openSharedLockoutStore(
+  storage: StorageConfig,
+  options: { logger?: Logger } = {},
+): Promise<(LockoutStore & { close(): Promise<void> }) | undefined> {
+  return storage.driver === 'postgres' ? PostgresLockoutStore.open(storage, options) : undefined;
 }
 
 /**
