@@ -4,8 +4,10 @@ import { UsageError } from '../errors.js';
 import { describeStorage, openEventStore } from '../storage/open.js';
 import {
   DELIVERY_STATUSES as STATUSES,
+  IDEMPOTENCY_WINDOW_MS,
   type DeliveryStatus,
   type EventStore,
+  type PurgeResult,
   type StoredEvent,
 } from '../storage/contracts/events.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
@@ -133,12 +135,27 @@ export function registerWebhooksCommands(program: Command): void {
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
     .option('--delivered', 'required: only delivered events are ever purged')
     .requiredOption('--older-than <duration>', 'e.g. 7d, 12h')
-    .action(async (options: { config: string; delivered?: boolean; olderThan: string }) => {
+    .option('--json', 'one JSON object: purged, keptInWindow')
+    .action(async (options: { config: string; delivered?: boolean; olderThan: string; json?: boolean }) => {
       if (!options.delivered) throw new UsageError('purge needs --delivered (queued and dead events are never purged)');
       const cutoff = Date.now() - parseDuration(options.olderThan, '--older-than');
-      const count = await withStore(options.config, (store) => store.purgeDelivered(cutoff, Date.now()));
-      print(`purged ${count} delivered event(s) older than ${options.olderThan}`);
+      const result = await withStore(options.config, (store) => store.purgeDelivered(cutoff, Date.now()));
+      if (options.json) return print(JSON.stringify({ ...result, olderThan: options.olderThan }));
+      print(purgeSummary(result, options.olderThan));
     });
+}
+
+/**
+ * "purged 1 delivered event older than 7d; kept 1,191 still inside the 24 h delivery-id window
+ * (purged once it passes)": what went, and what the window held back, so a small count is not
+ * taken for a purge that did not work.
+ */
+export function purgeSummary(result: PurgeResult, olderThan: string): string {
+  const count = (n: number) => `${n.toLocaleString('en-US')} delivered event${n === 1 ? '' : 's'}`;
+  const line = `purged ${count(result.purged)} older than ${olderThan}`;
+  if (result.keptInWindow === 0) return line;
+  const hours = IDEMPOTENCY_WINDOW_MS / 3_600_000;
+  return `${line}; kept ${result.keptInWindow.toLocaleString('en-US')} still inside the ${hours} h delivery-id window (purged once it passes)`;
 }
 
 function summary(e: StoredEvent) {

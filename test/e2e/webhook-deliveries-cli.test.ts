@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import Database from 'better-sqlite3';
+import { SqliteEventStore } from '../../src/storage/sqlite/events.js';
 import { request } from '../helpers/http.js';
 import { ROOT, runCli, startServerProcess, type CliResult, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
@@ -359,7 +360,7 @@ describe('gatehouse webhooks deliveries (beside a running server)', () => {
     }
     const result = await runCli(args);
     assert.equal(result.code, 0, result.stderr);
-    assert.match(result.stdout, /purged 1 delivered event\(s\) older than 30d/);
+    assert.match(result.stdout, /^purged 1 delivered event older than 30d$/m);
     assert.equal((await cli('show', ids.a2)).code, 1, 'the 31-day-old one is gone');
     assert.equal((await cli('show', ids.a3)).code, 0, 'the 29-day-old one stays');
   });
@@ -461,5 +462,87 @@ describe('gatehouse webhooks deliveries retry: queued events waiting for a retry
       assert.equal(refused.code, 1, args.join(' '));
       assert.match(refused.stderr, /^gatehouse: give one of: an event id, --dead, --queued\n$/);
     }
+  });
+});
+
+/**
+ * What the delivery-id window held back is said, not left to be guessed (issue 28: "purged 1" while
+ * 1,191 delivered events stayed, their delivery ids still remembered for 24 h).
+ */
+describe('gatehouse webhooks deliveries purge: says what the delivery-id window kept', () => {
+  let dir: string;
+  let configFile: string;
+  const HOUR_MS = 3_600_000;
+
+  before(async () => {
+    dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-purge-window-'));
+    const dbFile = path.join(dir, 'gatehouse.db');
+    configFile = path.join(dir, 'gatehouse.json5');
+    writeFileSync(configFile, `{ storage: { path: ${JSON.stringify(dbFile)} } }`);
+    // Delivered 2 h ago: three with a sender's delivery id (remembered for 24 h), one without.
+    const store = new SqliteEventStore(dbFile);
+    try {
+      const at = Date.now() - 2 * HOUR_MS;
+      for (const key of ['d-1', 'd-2', 'd-3', undefined]) {
+        const { id } = await store.accept({
+          endpoint: '/webhook/x',
+          action: 'system-event',
+          receivedAt: at,
+          ...(key ? { idempotencyKey: key } : {}),
+          envelope: (id) => JSON.stringify({ id }),
+        });
+        await store.recordAttempt(
+          id,
+          { attempt: 1, at, status: 200, error: null, durationMs: 3 },
+          { status: 'delivered' },
+        );
+      }
+    } finally {
+      await store.close();
+    }
+  });
+
+  after(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('text: the count purged, then the count kept inside the 24 h window; --json: both as fields', async () => {
+    const text = await runCli([
+      'webhooks',
+      'deliveries',
+      'purge',
+      '--delivered',
+      '--older-than',
+      '1h',
+      '--config',
+      configFile,
+    ]);
+    assert.equal(text.code, 0, text.stderr);
+    assert.equal(
+      text.stdout,
+      'purged 1 delivered event older than 1h; kept 3 still inside the 24 h delivery-id window (purged once it passes)\n',
+    );
+    const json = await runCli([
+      'webhooks',
+      'deliveries',
+      'purge',
+      '--delivered',
+      '--older-than',
+      '1h',
+      '--json',
+      '--config',
+      configFile,
+    ]);
+    assert.equal(json.code, 0, json.stderr);
+    assert.deepEqual(JSON.parse(json.stdout), { purged: 0, keptInWindow: 3, olderThan: '1h' });
+    const nothingOld = await runCli([
+      'webhooks',
+      'deliveries',
+      'purge',
+      '--delivered',
+      '--older-than',
+      '3h',
+      '--config',
+      configFile,
+    ]);
+    assert.equal(nothingOld.stdout, 'purged 0 delivered events older than 3h\n', 'nothing held back: no second clause');
   });
 });

@@ -251,7 +251,7 @@ export function eventStoreContract(harness: StoreHarness): void {
     it('purging the delivered event forgets its replay key with it', async () => {
       const { id } = await store.accept(event({ replayKey: 'sig' }));
       await store.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
-      assert.equal(await store.purgeDelivered(T0 + 10_000, T0 + 10_000), 1);
+      assert.deepEqual(await store.purgeDelivered(T0 + 10_000, T0 + 10_000), { purged: 1, keptInWindow: 0 });
       assert.equal(await harness.countReplayKeys(), 0);
       assert.equal((await store.accept(event({ replayKey: 'sig', receivedAt: T0 + 20_000 }))).duplicate, false);
     });
@@ -528,29 +528,37 @@ export function eventStoreContract(harness: StoreHarness): void {
       await store.recordAttempt(recent, attempt(1, T0 + 50_000, 200), { status: 'delivered' });
       await store.recordAttempt(deadOld, attempt(1, T0, 400), { status: 'dead' });
 
-      assert.equal(await store.purgeDelivered(T0 + 10_000, T0 + 10_000), 1);
+      assert.deepEqual(await store.purgeDelivered(T0 + 10_000, T0 + 10_000), { purged: 1, keptInWindow: 0 });
       assert.equal(await store.get(old), undefined);
       for (const id of [recent, deadOld, queued]) assert.ok(await store.get(id), id);
       assert.equal(await harness.countAttempts(old), 0, 'attempts of purged events are gone');
-      assert.equal(await store.purgeDelivered(T0 + 10_000, T0 + 10_000), 0);
+      assert.deepEqual(await store.purgeDelivered(T0 + 10_000, T0 + 10_000), { purged: 0, keptInWindow: 0 });
     });
 
-    it('an event whose delivery id is still remembered stays until the id is forgotten (found by an outside attack: a purge let the same id in again)', async () => {
+    it('an event whose delivery id is still remembered stays until the id is forgotten (found by an outside attack: a purge let the same id in again), and is counted as kept', async () => {
       const keyed = (await store.accept(event({ idempotencyKey: 'K' }))).id;
       const plain = await acceptAt(T0);
       for (const id of [keyed, plain]) await store.recordAttempt(id, attempt(1, T0, 200), { status: 'delivered' });
-      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + 60_000), 1, 'the one without a delivery id');
+      assert.deepEqual(
+        await store.purgeDelivered(T0 + 60_000, T0 + 60_000),
+        { purged: 1, keptInWindow: 1 },
+        'the one without a delivery id goes; the other is reported kept',
+      );
       assert.ok(await store.get(keyed));
       assert.deepEqual(await store.accept(event({ idempotencyKey: 'K', receivedAt: T0 + 60_000 })), {
         id: keyed,
         duplicate: true,
       });
-      assert.equal(
+      assert.deepEqual(
         await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS - 1),
-        0,
+        { purged: 0, keptInWindow: 1 },
         'the id is remembered for its whole window',
       );
-      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS), 1, 'then purged');
+      assert.deepEqual(
+        await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS),
+        { purged: 1, keptInWindow: 0 },
+        'then purged',
+      );
     });
 
     it('inside the delivery-id window, page after page (a cursor: chunks no longer read the kept rows again): every event without a remembered id goes, every one with it stays', async () => {
@@ -565,13 +573,13 @@ export function eventStoreContract(harness: StoreHarness): void {
       // Delivered at a handful of instants, so pages end inside a run of equal times.
       for (const [i, { id }] of ids.entries())
         await store.recordAttempt(id, attempt(1, T0 + 2_000 + Math.floor(i / 300), 200), { status: 'delivered' });
-      assert.equal(await store.purgeDelivered(T0 + 60_000, T0 + 60_000), 550);
+      assert.deepEqual(await store.purgeDelivered(T0 + 60_000, T0 + 60_000), { purged: 550, keptInWindow: 550 });
       for (const { id, keyed } of [ids[0]!, ids[1]!, ids[599]!, ids[600]!, ids[1_098]!, ids[1_099]!])
         assert.equal((await store.get(id)) !== undefined, keyed, id);
       assert.equal((await store.status(T0)).counts.delivered, 550);
-      assert.equal(
+      assert.deepEqual(
         await store.purgeDelivered(T0 + 60_000, T0 + IDEMPOTENCY_WINDOW_MS + 1_100),
-        550,
+        { purged: 550, keptInWindow: 0 },
         'once the window has passed for all',
       );
     });

@@ -190,6 +190,17 @@ export interface ExportedEvent {
   replayKeys: { endpoint: string; replayKey: string }[];
 }
 
+/** What purgeDelivered did. */
+export interface PurgeResult {
+  /** Delivered events deleted (with their attempts and replay keys). */
+  purged: number;
+  /**
+   * Delivered before the cutoff but kept: their delivery id is still remembered (received less than
+   * IDEMPOTENCY_WINDOW_MS ago). A later purge takes them once the window has passed.
+   */
+  keptInWindow: number;
+}
+
 /** What a copy wrote. */
 export interface CopyCounts {
   events: number;
@@ -245,8 +256,10 @@ export interface EventStore {
    * Deletes events delivered before `olderThan`, with their attempts and replay keys (a replay of
    * one is then new). One whose delivery id is still remembered (received less than
    * IDEMPOTENCY_WINDOW_MS before `now`) stays until it is not: purging it would let the same id in again.
+   * Says how many went and how many of those old enough stayed for that reason (counted in the same
+   * walk over the last day's deliveries, no second query).
    */
-  purgeDelivered(olderThan: number, now: number): Promise<number>;
+  purgeDelivered(olderThan: number, now: number): Promise<PurgeResult>;
   status(now: number): Promise<StoreStatus>;
   queueStats(now: number): Promise<QueueStats>;
   /**

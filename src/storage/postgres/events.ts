@@ -13,6 +13,7 @@ import {
   type EventStore,
   type ExportedEvent,
   type NewEvent,
+  type PurgeResult,
   type QueueStats,
   type StoreStatus,
   type StoredEvent,
@@ -166,7 +167,7 @@ export class PostgresEventStore implements EventStore {
     return this.admin.requeueWaiting(now);
   }
 
-  purgeDelivered(olderThan: number, now: number): Promise<number> {
+  purgeDelivered(olderThan: number, now: number): Promise<PurgeResult> {
     return this.admin.purgeDelivered(olderThan, now);
   }
 

@@ -22,6 +22,7 @@ import {
   type EventStore,
   type ExportedEvent,
   type NewEvent,
+  type PurgeResult,
   type QueueStats,
   type StoreStatus,
   type StoredEvent,
@@ -454,22 +455,26 @@ export class SqliteEventStore implements EventStore {
     return inChunks(() => this.statements.requeueWaiting.run({ now }).changes);
   }
 
-  async purgeDelivered(olderThan: number, now: number): Promise<number> {
+  async purgeDelivered(olderThan: number, now: number): Promise<PurgeResult> {
     const forgotten = now - IDEMPOTENCY_WINDOW_MS;
     // Delivered before the window began means received before it too: no delivery id to keep.
     let purged = await inChunks(() => this.statements.purge.run(Math.min(olderThan, forgotten)).changes);
+    let keptInWindow = 0;
     let cursor = { at: forgotten, row: -1 };
     while (olderThan > forgotten) {
       const page = this.statements.purgeRecentPage.all({ before: olderThan, ...cursor });
       if (page.length === 0) break;
-      purged += this.statements.purgeRecentDelete.run({
+      const deleted = this.statements.purgeRecentDelete.run({
         rows: JSON.stringify(page.map((p) => p.row)),
         forgotten,
       }).changes;
+      purged += deleted;
+      // The page's rows the delete left are the ones whose delivery id is still remembered.
+      keptInWindow += page.length - deleted;
       cursor = page.at(-1)!;
       await new Promise((r) => setImmediate(r));
     }
-    return purged;
+    return { purged, keptInWindow };
   }
 
   /**

@@ -6,6 +6,7 @@ import {
   type AttemptRecord,
   type DeliveredCounts,
   type DeliveryStatus,
+  type PurgeResult,
   type QueueStats,
   type StoreStatus,
   type StoredEvent,
@@ -112,7 +113,7 @@ export class EventAdmin {
     return rowCount ?? 0;
   }
 
-  async purgeDelivered(olderThan: number, now: number): Promise<number> {
+  async purgeDelivered(olderThan: number, now: number): Promise<PurgeResult> {
     const forgotten = now - IDEMPOTENCY_WINDOW_MS;
     let purged = 0;
     // Delivered before the delivery-id window began means received before it too: all of it goes.
@@ -128,6 +129,7 @@ export class EventAdmin {
     // Within the window an event stays while its delivery id is remembered: the rows delivered in
     // that last day are walked once, a page at a time from where the last ended (rows kept are
     // not read again by every chunk), and the page's rows that may go are deleted.
+    let keptInWindow = 0;
     let cursor = { at: forgotten, id: '' };
     while (olderThan > forgotten) {
       const { rows } = await this.pool.query<{ id: string; at: number }>(
@@ -141,9 +143,11 @@ export class EventAdmin {
         [rows.map((r) => r.id), forgotten],
       );
       purged += rowCount ?? 0;
+      // The page's rows the delete left are the ones whose delivery id is still remembered.
+      keptInWindow += rows.length - (rowCount ?? 0);
       cursor = rows.at(-1)!;
     }
-    return purged;
+    return { purged, keptInWindow };
   }
 
   async status(now: number): Promise<StoreStatus> {
