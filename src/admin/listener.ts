@@ -11,7 +11,16 @@ import type { ChannelStore } from '../integrations/channels/state.js';
 import type { GmailStore } from '../integrations/gmail/state.js';
 import { closeServer, listen } from '../http/listener.js';
 import { openGmailStore } from '../storage/open.js';
-import { METRICS_CONTENT_TYPE, renderMetrics, scrapeGauges, type MetricsSnapshot } from '../observability/metrics.js';
+import {
+  METRICS_CONTENT_TYPE,
+  recordBuildInfo,
+  renderMetrics,
+  scrapeGauges,
+  type MetricsSnapshot,
+} from '../observability/metrics.js';
+import { POSTGRES_SCHEMA_VERSION } from '../storage/postgres/migrations.js';
+import { SQLITE_SCHEMA_VERSION } from '../storage/sqlite/migrations.js';
+import { VERSION } from '../version.js';
 
 /** What the admin listener asks of the /api/ edge (in this process, or of every worker). */
 export interface GatewayProbe {
@@ -65,6 +74,13 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   // Opened at the first scrape that needs it (its constructor runs the schema), then kept.
   let gmailState: GmailStore | undefined;
   const gmailStateOf = (store: EventStore) => (gmailState ??= openGmailStore(store));
+  const driver = initial.storage.driver;
+  recordBuildInfo({
+    version: VERSION,
+    node: process.version,
+    storage_driver: driver,
+    schema: String(driver === 'postgres' ? POSTGRES_SCHEMA_VERSION : SQLITE_SCHEMA_VERSION),
+  });
 
   function authorized(req: IncomingMessage): boolean {
     if (tokenDigest === undefined) return true;
@@ -197,7 +213,7 @@ async function refreshGauges(
 ): Promise<void> {
   const now = Date.now();
   const g = scrapeGauges;
-  g.lockoutsActive.set(sources.lockoutStore.activeLocks?.(now).length ?? 0);
+  g.lockoutsActive.set({}, sources.lockoutStore.activeLocks?.(now).length ?? 0);
   g.queueEvents.reset();
   g.queueOldestDue.reset();
   if (sources.store) {
@@ -209,7 +225,7 @@ async function refreshGauges(
       for (const action of Object.keys(config.webhooks.targets))
         for (const status of known) g.queueEvents.set({ action, status }, 0);
       for (const { action, status, events } of stats.counts) g.queueEvents.set({ action, status }, events);
-      g.queueOldestDue.set(stats.oldestDueAt === undefined ? 0 : Math.max(0, now - stats.oldestDueAt) / 1000);
+      g.queueOldestDue.set({}, stats.oldestDueAt === undefined ? 0 : Math.max(0, now - stats.oldestDueAt) / 1000);
     } catch (err) {
       logger.warn({ err: (err as Error).message }, 'metrics: the queue could not be read');
     }

@@ -88,7 +88,7 @@ export async function buildGatewayApp(
         const startedAt = req.gatehouse?.upstreamStartedAt;
         if (startedAt === undefined) return;
         req.gatehouse!.upstreamStartedAt = undefined;
-        observeUpstream(startedAt);
+        observeUpstream(req.gatehouse!.route!, startedAt);
       }
     : undefined;
   const routes = createUpstreamRoutes(
@@ -244,6 +244,7 @@ export async function buildGatewayApp(
     continueIfExpected(res);
     const route = routes.select(req.url!, req.gatehouse.path!);
     if (route instanceof HttpError) return respondWithError(req, res, route, logger);
+    req.gatehouse.route = route.prefix;
     req.gatehouse.url = req.url;
     routes.aim(req, route);
     req.gatehouse.upstreamStartedAt = performance.now();
@@ -304,6 +305,7 @@ export async function buildGatewayApp(
     if (error) return refuseUpgrade(req, res, error);
     const route = routes.select(req.url!, req.gatehouse.path!);
     if (route instanceof HttpError) return refuseUpgrade(req, res, route);
+    req.gatehouse.route = route.prefix;
     const limited = connectionLimits(req);
     if (limited) return refuseUpgrade(req, res, limited);
     req.gatehouse.url = req.url;

@@ -25,6 +25,8 @@ export interface RequestContext {
   detail?: string;
   /** What a webhook endpoint did with a request it accepted: accepted, duplicate, answered (a handshake). */
   outcome?: 'accepted' | 'duplicate' | 'answered';
+  /** The configured prefix of the route the gateway chose (`/api/` for gateway.upstream): the metrics' `route` label. */
+  route?: string;
   /** When the request was handed to the proxy (performance.now()), for the upstream timing. */
   upstreamStartedAt?: number;
   /** The status written straight to the socket for this request (listener.ts), when its own answer never was. */
@@ -44,8 +46,11 @@ const PAIRING_CODE_IN_PATH = /^(\/webhook\/channels\/[^/]+\/pair\/)[^/]*/;
 // Printable, no spaces, bounded: safe to echo into logs and upstream headers.
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:@-]{1,128}$/;
 
-/** Writes the one line per request; made once per app from the configured logger. */
-export type RequestLog = (line: Record<string, unknown>) => void;
+/**
+ * Writes the one line per request; made once per app from the configured logger. `ctx`: the
+ * request's context, for the metrics wrapped around it (src/observability/metrics.ts).
+ */
+export type RequestLog = (line: Record<string, unknown>, ctx?: RequestContext) => void;
 
 /**
  * The request-line writer. Its fields are built by logRequest alone and never hold a secret, so
@@ -123,21 +128,24 @@ function logRequest(log: RequestLog, req: IncomingMessage, res: ServerResponse, 
   const queryAt = url.indexOf('?');
   // The query string is left out: clients put credentials there despite being told not to.
   const path = queryAt === -1 ? url : url.slice(0, queryAt);
-  log({
-    id: ctx.id,
-    method: req.method,
-    // A pairing code in a path (channels) is a credential too.
-    path: path.includes('/pair/') ? path.replace(PAIRING_CODE_IN_PATH, '$1[redacted]') : path,
-    // 499: the client left before an answer (nginx's convention).
-    status: res.writableFinished ? res.statusCode : (ctx.rawStatus ?? 499),
-    ms: Math.round((performance.now() - ctx.startedAt) * 100) / 100,
-    auth: ctx.identity?.methods.join(',') || undefined,
-    subject: ctx.identity?.subject,
-    ip: ctx.clientIp ?? req.socket.remoteAddress,
-    error: ctx.errorCode,
-    detail: ctx.detail,
-    outcome: ctx.outcome,
-  });
+  log(
+    {
+      id: ctx.id,
+      method: req.method,
+      // A pairing code in a path (channels) is a credential too.
+      path: path.includes('/pair/') ? path.replace(PAIRING_CODE_IN_PATH, '$1[redacted]') : path,
+      // 499: the client left before an answer (nginx's convention).
+      status: res.writableFinished ? res.statusCode : (ctx.rawStatus ?? 499),
+      ms: Math.round((performance.now() - ctx.startedAt) * 100) / 100,
+      auth: ctx.identity?.methods.join(',') || undefined,
+      subject: ctx.identity?.subject,
+      ip: ctx.clientIp ?? req.socket.remoteAddress,
+      error: ctx.errorCode,
+      detail: ctx.detail,
+      outcome: ctx.outcome,
+    },
+    ctx,
+  );
 }
 
 /** Records an error on the request's context, for its log line. */

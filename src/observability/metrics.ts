@@ -16,7 +16,9 @@ import type { RequestLog } from '../http/request-context.js';
  * data (key id, subject, IP, path): Kong's and Traefik's rule against unbounded cardinality.
  * Nothing is recorded until `enableMetrics()` (an `admin` listener is configured), so a gateway
  * without one pays nothing. With `gateway.workers` each worker records its own and the primary
- * sums them at scrape time (`renderMetrics`).
+ * sums them at scrape time (`renderMetrics`). Every series of a metric carries the same label
+ * names, a label that does not apply being "" (as Kong's and Traefik's exporters do; Prometheus
+ * stores an empty label as no label).
  */
 export const registry = new Registry();
 
@@ -27,6 +29,8 @@ export function enableMetrics(): void {
   if (enabled) return;
   enabled = true;
   collectDefaultMetrics({ register: registry });
+  // Born at 0, so the first rejected reload is an increase (a counter that appears at 1 is not one to rate()).
+  for (const outcome of ['ok', 'rejected']) configReloads.labels(outcome).inc(0);
 }
 
 /** Whether this process records (what app builders ask before binding per-request hooks). */
@@ -114,9 +118,46 @@ class LatencyHistogram {
   }
 }
 
+/**
+ * A gauge read from a store when scraped: a series exists only while it is set. (prom-client's
+ * Gauge without labels answers 0 after reset(): a lag read as "none" exactly while the store
+ * cannot be read.)
+ */
+class ScrapeGauge {
+  readonly aggregator = 'sum';
+  private readonly values = new Map<string, { labels: Labels; value: number }>();
+  constructor(
+    readonly name: string,
+    readonly help: string,
+  ) {
+    registry.registerMetric(this as never);
+  }
+
+  set(labels: Labels, value: number): void {
+    this.values.set(JSON.stringify(labels), { labels, value });
+  }
+
+  /** Removes every series: what is not set again before the scrape is absent from it. */
+  reset(): void {
+    this.values.clear();
+  }
+
+  get() {
+    return {
+      name: this.name,
+      help: this.help,
+      type: 'gauge',
+      aggregator: this.aggregator,
+      values: [...this.values.values()],
+    };
+  }
+}
+
+const STORE_WIDE = ' Store-wide: aggregate across instances with max, not sum.';
+
 const requests = new RequestCounter(
   'gatehouse_http_requests_total',
-  'HTTP requests answered, by listener, status code and the credential methods that authenticated them (none when not authenticated).',
+  'HTTP requests answered, by listener, route (the configured prefix; "" before one is chosen and on the webhook listener), status code, gatehouse error code ("" when the answer is no gatehouse error) and the credential methods that authenticated them (none when not authenticated).',
 );
 
 const requestDuration = new LatencyHistogram(
@@ -126,9 +167,10 @@ const requestDuration = new LatencyHistogram(
 
 const upstreamDuration = new LatencyHistogram(
   'gatehouse_upstream_duration_seconds',
-  'Time from sending a request upstream to its response headers (or to the upstream error).',
+  'Time from sending a request upstream to its response headers (or to the upstream error), by route (the configured prefix).',
 );
-const observeUpstreamSeconds = upstreamDuration.child({});
+/** One observer per route prefix, bound at its first request. */
+const upstreamObservers = new Map<string, (seconds: number) => void>();
 
 const authFailures = new Counter({
   name: 'gatehouse_auth_failures_total',
@@ -179,63 +221,79 @@ const configReloads = new Counter({
   registers: [registry],
 });
 
-/** Gauges the primary sets at scrape time from the stores (src/admin/listener.ts); workers leave them unset. */
+const buildInfo = new Gauge({
+  name: 'gatehouse_build_info',
+  help: 'Always 1: the gatehouse version, the Node.js version, the storage driver configured and the storage schema version this gatehouse uses.',
+  labelNames: ['version', 'node', 'storage_driver', 'schema'] as const,
+  registers: [registry],
+  aggregator: 'max',
+});
+
+/** Sets gatehouse_build_info (the process that answers scrapes, once at start). */
+export function recordBuildInfo(labels: {
+  version: string;
+  node: string;
+  storage_driver: string;
+  schema: string;
+}): void {
+  if (!enabled) return;
+  buildInfo.reset();
+  buildInfo.set(labels, 1);
+}
+
+/**
+ * Gauges the primary sets at scrape time from the stores (src/admin/listener.ts); workers leave
+ * them unset. A gauge whose source cannot be read is left out of the scrape, never shown as 0.
+ */
 export const scrapeGauges = {
-  lockoutsActive: new Gauge({
-    name: 'gatehouse_lockouts_active',
-    help: 'Clients locked out now after repeated authentication failures.',
-    registers: [registry],
-  }),
-  queueEvents: new Gauge({
-    name: 'gatehouse_queue_events',
-    help: 'Webhook events in the store, by action and status (queued, delivered, dead).',
-    labelNames: ['action', 'status'] as const,
-    registers: [registry],
-  }),
-  queueOldestDue: new Gauge({
-    name: 'gatehouse_queue_oldest_due_seconds',
-    help: 'How long the longest-waiting due event has been due (0 when none is due): delivery lag.',
-    registers: [registry],
-  }),
-  channelConnected: new Gauge({
-    name: 'gatehouse_channel_connected',
-    help: 'Whether each configured channel is connected (1) or not (0).',
-    labelNames: ['channel'] as const,
-    registers: [registry],
-  }),
-  tlsCertificateExpiresIn: new Gauge({
-    name: 'gatehouse_tls_certificate_expires_in_seconds',
-    help: 'Seconds until the certificate a TLS listener serves expires (negative once expired; the earliest across gateway workers).',
-    labelNames: ['listener'] as const,
-    registers: [registry],
-  }),
-  gmailWatchExpiresIn: new Gauge({
-    name: 'gatehouse_gmail_watch_expires_in_seconds',
-    help: 'Seconds until the Gmail watch expires (negative once expired; absent before the first watch).',
-    labelNames: ['account'] as const,
-    registers: [registry],
-  }),
-  gmailLastErrorAt: new Gauge({
-    name: 'gatehouse_gmail_last_error_timestamp_seconds',
-    help: 'When the Gmail integration last failed (0: no error since the last success).',
-    labelNames: ['account'] as const,
-    registers: [registry],
-  }),
-  gmailLastNotificationAt: new Gauge({
-    name: 'gatehouse_gmail_last_notification_timestamp_seconds',
-    help: 'When Gmail last notified of new mail (0: never).',
-    labelNames: ['account'] as const,
-    registers: [registry],
-  }),
+  lockoutsActive: new ScrapeGauge(
+    'gatehouse_lockouts_active',
+    `Clients locked out now after repeated authentication failures (on PostgreSQL, every instance's as far as this one has heard).${STORE_WIDE}`,
+  ),
+  queueEvents: new ScrapeGauge(
+    'gatehouse_queue_events',
+    `Webhook events in the store, by action and status (queued, delivered, dead); absent while the store cannot be read.${STORE_WIDE}`,
+  ),
+  queueOldestDue: new ScrapeGauge(
+    'gatehouse_queue_oldest_due_seconds',
+    `How long the longest-waiting due event has been due (0 when none is due; absent while the store cannot be read): delivery lag.${STORE_WIDE}`,
+  ),
+  channelConnected: new ScrapeGauge(
+    'gatehouse_channel_connected',
+    `Whether each configured channel is connected (1) or not (0); absent while its state cannot be read.${STORE_WIDE}`,
+  ),
+  tlsCertificateExpiresIn: new ScrapeGauge(
+    'gatehouse_tls_certificate_expires_in_seconds',
+    'Seconds until the certificate a TLS listener serves expires (negative once expired; the earliest across gateway workers).',
+  ),
+  gmailWatchExpiresIn: new ScrapeGauge(
+    'gatehouse_gmail_watch_expires_in_seconds',
+    `Seconds until the Gmail watch expires (negative once expired; absent before the first watch).${STORE_WIDE}`,
+  ),
+  gmailLastErrorAt: new ScrapeGauge(
+    'gatehouse_gmail_last_error_timestamp_seconds',
+    `When the Gmail integration last failed (0: no error since the last success).${STORE_WIDE}`,
+  ),
+  gmailLastNotificationAt: new ScrapeGauge(
+    'gatehouse_gmail_last_notification_timestamp_seconds',
+    `When Gmail last notified of new mail (0: never).${STORE_WIDE}`,
+  ),
 };
 
 type CounterChild = { inc(value?: number): void };
 
+/** One auth value's cells: answers without a gatehouse error by status, refusals by code then status. */
+interface AuthCells {
+  ok: { value: number }[];
+  refused: Map<string, { value: number }[]>;
+}
+
 /**
- * Wraps a listener's request log so every answered request is also counted and timed. The
- * counter children are bound once per (status, auth) pair seen and the histogram's once per
- * listener: per request, one Map lookup and two increments (the /api/ hot path; see
- * `npm run bench`, "metrics"). Returns `log` unchanged while metrics are off.
+ * Wraps a listener's request log so every answered request is also counted and timed. A counter
+ * cell is bound once per (route, auth, code, status) seen and the histogram's once per listener:
+ * per request, two Map lookups (three for a refusal), an array index and two increments (the
+ * /api/ hot path; see `npm run bench`, "metrics"). The route is the context's (`ctx.route`, set
+ * when the gateway chose one), the code its `errorCode`. Returns `log` unchanged while metrics are off.
  */
 export function countRequests(
   listener: 'gateway' | 'webhooks',
@@ -243,31 +301,45 @@ export function countRequests(
   webhookEndpoints?: ReadonlySet<string>,
 ): RequestLog {
   if (!enabled) return log;
-  // auth (one of a few method lists) → status → cell: no key is built per request.
-  const cells = new Map<string, { value: number }[]>();
+  // route → auth (one of a few method lists) → cells: no key is built per request.
+  const byRoute = new Map<string, Map<string, AuthCells>>();
   const observeDuration = requestDuration.child({ listener });
-  return function countAndLog(fields) {
+  // Born at 0, so the first 503 of a store outage is an increase.
+  for (const endpoint of webhookEndpoints ?? []) webhooksReceived.labels(endpoint, 'store_unavailable').inc(0);
+  return function countAndLog(fields, ctx) {
     log(fields);
     const status = fields.status as number;
     const auth = (fields.auth as string | undefined) ?? 'none';
-    let byStatus = cells.get(auth);
-    if (byStatus === undefined) {
-      byStatus = [];
-      cells.set(auth, byStatus);
+    const route = ctx?.route ?? '';
+    const code = fields.error as string | undefined;
+    let byAuth = byRoute.get(route);
+    if (byAuth === undefined) {
+      byAuth = new Map();
+      byRoute.set(route, byAuth);
+    }
+    let cells = byAuth.get(auth);
+    if (cells === undefined) {
+      cells = { ok: [], refused: new Map() };
+      byAuth.set(auth, cells);
+    }
+    let byStatus: { value: number }[] | undefined = cells.ok;
+    if (code !== undefined) {
+      byStatus = cells.refused.get(code);
+      if (byStatus === undefined) {
+        byStatus = [];
+        cells.refused.set(code, byStatus);
+      }
     }
     let cell = byStatus[status];
     if (cell === undefined) {
-      cell = requests.cell({ listener, status: String(status), auth });
+      cell = requests.cell({ listener, route, status: String(status), code: code ?? '', auth });
       byStatus[status] = cell;
     }
     cell.value++;
     observeDuration((fields.ms as number) / 1000);
     if (webhookEndpoints?.has(fields.path as string)) {
       webhooksReceived
-        .labels(
-          fields.path as string,
-          (fields.outcome as string | undefined) ?? (fields.error as string | undefined) ?? `status_${status}`,
-        )
+        .labels(fields.path as string, (fields.outcome as string | undefined) ?? code ?? `status_${status}`)
         .inc();
     }
   };
@@ -295,9 +367,15 @@ export function countAuthFailure(code: string): void {
   child.inc();
 }
 
-/** Time to the upstream's answer, from the moment the request was handed to the proxy (ms, performance.now()). */
-export function observeUpstream(startedAt: number): void {
-  if (enabled) observeUpstreamSeconds((performance.now() - startedAt) / 1000);
+/** Time to the upstream's answer on `route` (its prefix), from the moment the request was handed to the proxy (ms, performance.now()). */
+export function observeUpstream(route: string, startedAt: number): void {
+  if (!enabled) return;
+  let observe = upstreamObservers.get(route);
+  if (observe === undefined) {
+    observe = upstreamDuration.child({ route });
+    upstreamObservers.set(route, observe);
+  }
+  observe((performance.now() - startedAt) / 1000);
 }
 
 /** One delivery attempt settled: `delivered`, `retry` (queued again) or `dead`. */

@@ -157,7 +157,9 @@ describe('channel send API: rules, scopes, defaultAllow and rate limits', () => 
     assert.match(refused[0]!.detail, /no rule matches and gateway\.auth\.defaultAllow is false/);
     const metrics = await scrape(adminUrl);
     assert.ok(
-      (metrics.value('gatehouse_http_requests_total{listener="gateway",status="403",auth="api-key"}') ?? 0) >= 5,
+      (metrics.value(
+        'gatehouse_http_requests_total{listener="gateway",route="",status="403",code="insufficient_scope",auth="api-key"}',
+      ) ?? 0) >= 5,
       metrics.text,
     );
   });

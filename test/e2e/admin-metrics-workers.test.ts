@@ -34,12 +34,16 @@ describe('admin listener, gateway.workers: 2', () => {
       );
 
       const m = await scrape(s.admin);
-      assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="200",auth="api-key"}'), 8);
-      assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="401",auth="none"}'), 8);
+      // The route and code labels came over IPC with the workers' snapshots.
+      const requests = (labels: string) => m.value(`gatehouse_http_requests_total{${labels}}`);
+      assert.equal(requests('listener="gateway",route="/api/",status="200",code="",auth="api-key"'), 8);
+      assert.equal(requests('listener="gateway",route="",status="401",code="invalid_api_key",auth="none"'), 4);
+      assert.equal(requests('listener="gateway",route="",status="401",code="invalid_token",auth="none"'), 2);
+      assert.equal(requests('listener="gateway",route="",status="401",code="missing_credentials",auth="none"'), 2);
       assert.equal(m.value('gatehouse_auth_failures_total{method="api-key",reason="invalid_api_key"}'), 4);
       assert.equal(m.value('gatehouse_auth_failures_total{method="bearer",reason="invalid_token"}'), 2);
       assert.equal(m.value('gatehouse_auth_failures_total{method="none",reason="missing_credentials"}'), 2);
-      assert.equal(m.value('gatehouse_upstream_duration_seconds_count'), 8);
+      assert.equal(m.value('gatehouse_upstream_duration_seconds_count{route="/api/"}'), 8);
       assert.equal(m.value('gatehouse_request_duration_seconds_count{listener="gateway"}'), 16);
       assert.equal(m.value('gatehouse_jwks_fetches_total{outcome="ok"}'), 2, 'each worker prefetched once');
       assert.equal(m.value('gatehouse_webhooks_received_total{endpoint="/webhook/deploys",outcome="accepted"}'), 2);

@@ -21,7 +21,7 @@ import {
 } from '../helpers/admin.js';
 import { waitFor } from '../helpers/wait.js';
 import { request } from '../helpers/http.js';
-import { runCli } from '../helpers/process.js';
+import { DRAIN_START, runCli } from '../helpers/process.js';
 import { rawExchange } from '../helpers/raw-socket.js';
 import { startRecordingUpstream } from '../helpers/upstream.js';
 
@@ -61,13 +61,17 @@ describe('admin listener, one process', () => {
     );
 
     const m = await scrape(s.admin);
-    assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="200",auth="api-key"}'), 4);
-    assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="200",auth="bearer"}'), 1);
-    assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="401",auth="none"}'), 4);
-    assert.equal(m.value('gatehouse_http_requests_total{listener="webhooks",status="202",auth="none"}'), 1);
-    assert.equal(m.value('gatehouse_http_requests_total{listener="webhooks",status="401",auth="none"}'), 1);
+    const requests = (labels: string) => m.value(`gatehouse_http_requests_total{${labels}}`);
+    assert.equal(requests('listener="gateway",route="/api/",status="200",code="",auth="api-key"'), 4);
+    assert.equal(requests('listener="gateway",route="/api/",status="200",code="",auth="bearer"'), 1);
+    // Refused before a route was chosen: route "", the error code says why.
+    assert.equal(requests('listener="gateway",route="",status="401",code="invalid_api_key",auth="none"'), 2);
+    assert.equal(requests('listener="gateway",route="",status="401",code="missing_credentials",auth="none"'), 1);
+    assert.equal(requests('listener="gateway",route="",status="401",code="invalid_token",auth="none"'), 1);
+    assert.equal(requests('listener="webhooks",route="",status="202",code="",auth="none"'), 1);
+    assert.equal(requests('listener="webhooks",route="",status="401",code="invalid_webhook_secret",auth="none"'), 1);
     assert.equal(m.value('gatehouse_request_duration_seconds_count{listener="gateway"}'), 9);
-    assert.equal(m.value('gatehouse_upstream_duration_seconds_count'), 5);
+    assert.equal(m.value('gatehouse_upstream_duration_seconds_count{route="/api/"}'), 5);
     assert.equal(m.value('gatehouse_auth_failures_total{method="api-key",reason="invalid_api_key"}'), 2);
     assert.equal(m.value('gatehouse_auth_failures_total{method="none",reason="missing_credentials"}'), 1);
     assert.equal(m.value('gatehouse_auth_failures_total{method="bearer",reason="invalid_token"}'), 1);
@@ -110,7 +114,12 @@ describe('admin listener, one process', () => {
     assert.equal(m.value('gatehouse_lockouts_active'), 1);
     assert.equal(m.value('gatehouse_auth_failures_total{method="lockout",reason="too_many_failures"}'), 1);
     assert.equal(m.value('gatehouse_auth_failures_total{method="api-key",reason="invalid_api_key"}'), 9);
-    assert.equal(m.value('gatehouse_http_requests_total{listener="gateway",status="429",auth="none"}'), 1);
+    assert.equal(
+      m.value(
+        'gatehouse_http_requests_total{listener="gateway",route="",status="429",code="too_many_failures",auth="none"}',
+      ),
+      1,
+    );
   });
 
   it('/metrics needs the token: none or a wrong one is 401 JSON, compared whatever its length', async () => {
@@ -193,7 +202,7 @@ describe('admin listener, one process', () => {
       inFlight.catch(() => {}); // awaited below; a failure must not surface as an unhandled rejection first
       await waitFor(async () => slow.received.length === 1, { what: 'the slow request reached the upstream' });
       d.server.child.kill('SIGTERM');
-      await d.server.waitFor((l) => l.msg === 'shutting down: draining in-flight requests');
+      await d.server.waitFor((l) => l.msg === DRAIN_START);
       const draining = await request(d.admin, '/readyz');
       assert.equal(draining.status, 503);
       assert.deepEqual(draining.json().failing, ['draining']);
