@@ -67,6 +67,11 @@ describe('admin /readyz on postgres', { skip, timeout: 90_000 }, () => {
       const metrics = (await request(admin, '/metrics')).body;
       assert.match(metrics, /^gatehouse_queue_events\{action="message",status="queued"\} 1$/m);
       assert.match(metrics, /^gatehouse_queue_events\{action="message",status="delivered"\} 0$/m);
+      assert.match(metrics, /^gatehouse_queue_oldest_due_seconds \d/m);
+      assert.match(
+        metrics,
+        /^# HELP gatehouse_queue_oldest_due_seconds .*Store-wide: aggregate across instances with max, not sum\.$/m,
+      );
 
       await pg.stop();
       const down = await request(admin, '/readyz');
@@ -77,7 +82,9 @@ describe('admin /readyz on postgres', { skip, timeout: 90_000 }, () => {
       // /metrics still answers (what the process itself counted), without the queue it cannot read.
       const partial = await request(admin, '/metrics');
       assert.equal(partial.status, 200);
-      assert.doesNotMatch(partial.body, /^gatehouse_queue_events\{/m);
+      // Every gauge read from the store is absent, not 0 (oldest_due read 0 here: "no lag" during the outage).
+      for (const gauge of ['gatehouse_queue_events', 'gatehouse_queue_oldest_due_seconds'])
+        assert.doesNotMatch(partial.body, new RegExp(`^${gauge}[{ ]`, 'm'), gauge);
       assert.match(
         partial.body,
         /^gatehouse_webhooks_received_total\{endpoint="\/webhook\/pg",outcome="accepted"\} 1$/m,
@@ -88,6 +95,9 @@ describe('admin /readyz on postgres', { skip, timeout: 90_000 }, () => {
         timeoutMs: 15_000,
         what: 'ready again after the restart',
       });
+      const back = (await request(admin, '/metrics')).body;
+      assert.match(back, /^gatehouse_queue_events\{action="message",status="queued"\} 1$/m);
+      assert.match(back, /^gatehouse_queue_oldest_due_seconds \d/m);
     } finally {
       await server.stop('SIGKILL');
       await upstream.close();
