@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
 import { startAdmin, type GatewayProbe } from '../admin/listener.js';
 import { buildGatewayApp, type GatewayApp } from '../gateway/app.js';
-import { isLoopbackHost, type Config } from '../config/schema.js';
+import { isLoopbackHost, type Config, type GmailConfig } from '../config/schema.js';
 import { configWarnings } from '../config/warnings.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from '../http/lockout.js';
 import { RateLimitState } from '../gateway/rate-limit.js';
@@ -15,7 +15,8 @@ import { closeServer, listen, type Listening, type TlsPem } from '../http/listen
 import { ResourceStack } from './resources.js';
 import { WebSocketConnections } from '../gateway/websocket.js';
 import { enableMetrics } from '../observability/metrics.js';
-import { startGmail } from '../integrations/gmail/run.js';
+import { gmailPushVerifier, startGmail, type GmailPushRoute, type RunningGmail } from '../integrations/gmail/run.js';
+import { HttpError } from '../errors.js';
 import { secretKeysFromEnv } from '../storage/secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from '../webhooks/receiver.js';
 import { createVerifier } from '../webhooks/verifiers/index.js';
@@ -25,6 +26,7 @@ import {
   openEventStore,
   openRateLimitStore,
   openSharedLockoutStore,
+  storeReadiness,
 } from '../storage/open.js';
 import type { EventStore } from '../webhooks/store.js';
 
@@ -305,23 +307,42 @@ export async function startWebhooks(
     const onAccepted = () => deliverer.notify();
     const channelStore = hasChannels ? await openChannelStore(config.storage, { role: 'server', logger }) : undefined;
     if (channelStore) resources.defer(() => channelStore.close());
-    const gmail = config.webhooks.gmail
-      ? await startGmail(config.webhooks.gmail, { store, logger, onAccepted, secretKeys: secretKeys! })
-      : undefined;
-    if (gmail) resources.defer(() => gmail.close());
     // The Gmail route is fixed at start (webhooks.gmail changes need a restart); channel routes follow reloads.
-    const gmailRoutes: IntegrationRoute[] = gmail?.push
-      ? [
-          {
-            path: gmail.push.path,
-            action: config.webhooks.gmail!.action,
-            verifyType: 'gmail push',
-            verifier: createVerifier(gmail.push.verify),
-            consume: gmail.push.consume,
-            countsFailures: false,
-          },
-        ]
-      : [];
+    const gmailConfig = config.webhooks.gmail;
+    let gmail: RunningGmail | undefined;
+    let gmailRoutes: IntegrationRoute[] = [];
+    let closing = false;
+    resources.defer(() => gmail?.close());
+    const startGmailHere = async (gmailConfig: GmailConfig) => {
+      gmail = await startGmail(gmailConfig, { store, logger, onAccepted, secretKeys: secretKeys! });
+      gmailRoutes = gmailPushRoutes(gmailConfig, gmail.push);
+    };
+    const readiness = storeReadiness(store);
+    if (gmailConfig && readiness.ready) await startGmailHere(gmailConfig);
+    // Started without the database, Gmail waits for it (Pub/Sub's pushes get 503 meanwhile); so does the deliverer.
+    else if (gmailConfig) gmailRoutes = gmailPushRoutes(gmailConfig, undefined);
+    const startOnceReached = async () => {
+      await readiness.whenReady();
+      for (let failures = 0; !closing; failures++) {
+        try {
+          await deliverer.start();
+          break;
+        } catch (err) {
+          // The database went away again between the schema check and this: asked again shortly.
+          if (failures === 0) logger.warn({ err: (err as Error).message }, 'deliveries wait for the database');
+          await new Promise((resolve) => setTimeout(resolve, 2_000).unref());
+        }
+      }
+      if (closing || !gmailConfig) return;
+      try {
+        await startGmailHere(gmailConfig);
+        if (closing) return void (await gmail?.close());
+        app = build(current);
+        logger.info('Gmail started: the database is reached');
+      } catch (err) {
+        logger.error({ problem: (err as Error).message }, 'Gmail could not start; it stays off until a restart');
+      }
+    };
     const refresher = channelStore
       ? startGrantRefresher(config, { store: channelStore, secretKeys: secretKeys!, logger })
       : undefined;
@@ -341,13 +362,16 @@ export async function startWebhooks(
         prefixRoutes: channels.prefixRoutes,
       });
     };
+    let current = config;
     let app = build(config);
     // Nothing half-started may keep the process alive (a port in use must exit 1, not hang).
     const listening = await listen('webhooks.listen', config.webhooks.listen, undefined, limits, (req, res) =>
       app.handle(req, res),
     );
     resources.defer((graceMs) => closeServer(listening.server, graceMs));
-    await deliverer.start();
+    resources.defer(() => void (closing = true)); // first: what waits for the database starts nothing now
+    if (readiness.ready) await deliverer.start();
+    else void startOnceReached();
     logger.info(
       {
         url: listening.url,
@@ -366,6 +390,7 @@ export async function startWebhooks(
       listening: { ...listening, store, deliverer },
       channelStore,
       reload(next: Config) {
+        current = next;
         app = build(next);
         refresher?.reconfigure(next);
         lockout.configure(next.gateway.auth.failures);
@@ -375,6 +400,28 @@ export async function startWebhooks(
       close: (graceMs: number) => resources.close(graceMs),
     };
   });
+}
+
+/** The receiver's route for Gmail's Pub/Sub pushes; while Gmail waits for the database (no `push` yet), answered 503. */
+function gmailPushRoutes(config: GmailConfig, push: GmailPushRoute | undefined): IntegrationRoute[] {
+  if (config.mode !== 'push' || !config.push) return [];
+  const route = push ?? {
+    path: config.push.path,
+    verify: gmailPushVerifier(config, config.push),
+    consume: () => {
+      throw new HttpError('store_unavailable', 'Gmail waits for the database', { 'retry-after': '5' });
+    },
+  };
+  return [
+    {
+      path: route.path,
+      action: config.action,
+      verifyType: 'gmail push',
+      verifier: createVerifier(route.verify),
+      consume: route.consume,
+      countsFailures: false,
+    },
+  ];
 }
 
 /** Gmail and channels keep sealed tokens: they need GATEHOUSE_SECRET_KEY. */

@@ -1,6 +1,7 @@
 import type Database from 'better-sqlite3';
 import type pg from 'pg';
 import type { Logger } from 'pino';
+import { UsageError } from '../errors.js';
 
 /**
  * The one migration runner: each engine's schema is a list of numbered migrations (1, 2, 3…,
@@ -39,7 +40,7 @@ export function newerSchemaMessage(found: number, known: number): string {
 /** The migrations storage at version `from` still needs, in order; refuses storage newer than the list. */
 export function pendingMigrations<M extends Migration>(migrations: readonly M[], from: number): M[] {
   const latest = migrations.length;
-  if (from > latest) throw new Error(newerSchemaMessage(from, latest));
+  if (from > latest) throw new UsageError(newerSchemaMessage(from, latest)); // what to do, not a crash
   return migrations.slice(from);
 }
 

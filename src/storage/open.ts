@@ -33,6 +33,7 @@ export async function openEventStore(
       logger: options.logger,
       migrate: options.role !== 'cli',
       listen: options.role === 'server',
+      waitForDatabase: waitsForDatabase(storage, options.role),
     });
   }
   if (options.role === 'cli') refuseMissingSqliteStore(storage.path);
@@ -45,6 +46,16 @@ export async function openEventStore(
     if (err instanceof UsageError) throw err;
     throw new UsageError(`cannot open the event store ${storage.path} (storage.path): ${(err as Error).message}`);
   }
+}
+
+/**
+ * Whether a server's event store can be used yet, and when it can: at once, except a PostgreSQL
+ * store still waiting for its database after a start without it (src/storage/postgres/schema-gate.ts).
+ */
+export function storeReadiness(store: EventStore): { ready: boolean; whenReady(): Promise<void> } {
+  if (store instanceof PostgresEventStore)
+    return { ready: store.schemaReady, whenReady: () => store.whenSchemaReady() };
+  return { ready: true, whenReady: () => Promise.resolve() };
 }
 
 /**
@@ -68,9 +79,21 @@ export async function openChannelStore(
   options: { role: 'server' | 'setup' | 'cli'; logger?: Logger },
 ): Promise<ChannelStore> {
   if (storage.driver === 'postgres')
-    return PostgresChannelStore.open(storage, { migrate: options.role !== 'cli', logger: options.logger });
+    return PostgresChannelStore.open(storage, {
+      migrate: options.role !== 'cli',
+      logger: options.logger,
+      waitForDatabase: waitsForDatabase(storage, options.role),
+    });
   if (options.role === 'cli') refuseMissingSqliteStore(storage.path);
   return new SqliteChannelStore(storage.path);
+}
+
+/**
+ * A server starts without its database unless `storage.requireAtStart`: its stores open at once
+ * and wait behind the schema check (src/storage/postgres/schema-gate.ts). Commands never wait.
+ */
+function waitsForDatabase(storage: StorageConfig & { driver: 'postgres' }, role: string): boolean {
+  return role === 'server' && !storage.requireAtStart;
 }
 
 /** A command that only reads the store never creates one: said as what to do instead (found by a newcomer, and an outside attack). */
@@ -98,7 +121,9 @@ export async function openSharedLockoutStore(
   storage: StorageConfig,
   options: { logger?: Logger } = {},
 ): Promise<(LockoutStore & { close(): Promise<void> }) | undefined> {
-  return storage.driver === 'postgres' ? PostgresLockoutStore.open(storage, options) : undefined;
+  return storage.driver === 'postgres'
+    ? PostgresLockoutStore.open(storage, { ...options, waitForDatabase: waitsForDatabase(storage, 'server') })
+    : undefined;
 }
 
 /**

@@ -55,6 +55,12 @@ const storageDriver = z.discriminatedUnion(
         })
         .prefault({})
         .describe('The connection pools gatehouse keeps to the database.'),
+      // Optional rather than defaulted: the stores' callers build this object by hand too (storage copy, tests).
+      requireAtStart: z.boolean().optional().meta({
+        docsDefault: '`false`',
+        description:
+          '`true`: `gatehouse start` exits (one line, status 1) when the database cannot be reached or its schema is newer. `false`: it starts without it: `/api/` serves (lockout and rate limits count locally), webhooks answer 503 `store_unavailable`, `/readyz` fails `store`, Gmail and channels wait, and it connects (and migrates) with backoff, logging each change once.',
+      }),
     }),
   ],
   { error: (issue) => (issue.code === 'invalid_union' ? 'must be "sqlite" (the default) or "postgres"' : undefined) },

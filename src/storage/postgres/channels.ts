@@ -48,7 +48,7 @@ export class PostgresChannelStore implements ChannelStore {
   /** Connects; migrates (a server) or checks the schema has the channel tables (the CLI). */
   static async open(
     storage: PostgresStorageConfig,
-    options: { migrate?: boolean; logger?: Pick<Logger, 'warn'> } = {},
+    options: { migrate?: boolean; logger?: Pick<Logger, 'warn' | 'info' | 'error'>; waitForDatabase?: boolean } = {},
   ): Promise<PostgresChannelStore> {
     return new PostgresChannelStore(await openMigratedPool(storage, options));
   }

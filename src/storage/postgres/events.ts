@@ -26,6 +26,7 @@ import { DueNotifier } from './events/notify.js';
 import { SettleBatcher } from './events/settle.js';
 import { DEFAULT_POSTGRES_TUNING, type PostgresTuning } from './events/tuning.js';
 import { openMigratedPool } from './migrations.js';
+import { GatedPool, whenSchemaReady } from './schema-gate.js';
 
 export { CLAIM_DUE_SQL } from './events/claims.js';
 export { UNDELIVERED_COUNTS_SQL } from './events/admin.js';
@@ -39,6 +40,8 @@ export interface PostgresEventStoreOptions {
   listen?: boolean;
   /** Beside DEFAULT_POSTGRES_TUNING. */
   tuning?: Partial<PostgresTuning>;
+  /** Opened at once, the schema checked behind a gate until the database answers (see SchemaGate). */
+  waitForDatabase?: boolean;
 }
 
 /**
@@ -104,8 +107,20 @@ export class PostgresEventStore implements EventStore {
     // Migrated, or refused with what to run when the schema is missing, behind or newer (a CLI).
     const pool = await openMigratedPool(storage, options);
     const store = new PostgresEventStore(pool, storage, options);
-    if (options.listen) store.notifier.listen(storage.url, options.logger);
+    // Behind the schema gate, LISTEN waits for it too (the gate alone says the database is away).
+    if (options.listen)
+      void whenSchemaReady(pool).then(() => store.closed || store.notifier.listen(storage.url, options.logger));
     return store;
+  }
+
+  /** Whether the schema is checked: false while a server that started without its database waits for it (SchemaGate). */
+  get schemaReady(): boolean {
+    return !(this.pool instanceof GatedPool) || this.pool.gate.isOpen;
+  }
+
+  /** Resolves once schemaReady (never rejects). */
+  whenSchemaReady(): Promise<void> {
+    return whenSchemaReady(this.pool);
   }
 
   accept(event: NewEvent): Promise<AcceptResult> {

@@ -3,7 +3,9 @@ import type { Logger } from 'pino';
 import type { PostgresStorageConfig } from '../../config/schema.js';
 import { MemoryLockoutStore, type LockoutSettings, type LockoutStore, type Reservation } from '../../http/lockout.js';
 import { PostgresListener } from './listener.js';
+import { UsageError } from '../../errors.js';
 import { migrate } from './migrations.js';
+import { GatedPool, schemaGateFor, unreachable } from './schema-gate.js';
 import { connectionOptions, withClient } from './pool.js';
 
 /** NOTIFY channel: "this client is locked out", payload JSON [key, until (ms)]. */
@@ -84,9 +86,11 @@ export function applyLockoutOp(
 }
 
 export interface PostgresLockoutStoreOptions {
-  logger?: Pick<Logger, 'warn' | 'info'>;
+  logger?: Pick<Logger, 'warn' | 'info' | 'error'>;
   /** Apply pending migrations first (a server); default true. */
   migrate?: boolean;
+  /** A server that starts without its database (see SchemaGate). */
+  waitForDatabase?: boolean;
 }
 
 /**
@@ -117,7 +121,8 @@ export class PostgresLockoutStore implements LockoutStore {
   private listener: PostgresListener | undefined;
   private timer: NodeJS.Timeout | undefined;
   private refreshing: Promise<void> | undefined;
-  private reachable = true;
+  private reachable = true; // set by open()
+  private outageSaid = false;
   private closed = false;
 
   private constructor(
@@ -125,33 +130,51 @@ export class PostgresLockoutStore implements LockoutStore {
     private readonly logger: Pick<Logger, 'warn' | 'info'> | undefined,
   ) {}
 
-  /** Connects and migrates (rejects when Postgres cannot be reached), learns the locks in force, LISTENs. */
+  /**
+   * Connects and migrates (rejects when Postgres cannot be reached), learns the locks in force,
+   * LISTENs. `waitForDatabase`: opened at once behind the schema gate, counting locally (quietly:
+   * the gate says why) until the database answers.
+   */
   static async open(
     storage: PostgresStorageConfig,
     options: PostgresLockoutStoreOptions = {},
   ): Promise<PostgresLockoutStore> {
-    const pool = new pg.Pool({
+    const config = {
       ...connectionOptions(storage.url),
       connectionTimeoutMillis: QUERY_TIMEOUT_MS,
       query_timeout: QUERY_TIMEOUT_MS,
       max: storage.pool.max,
       idleTimeoutMillis: 30_000,
-    });
+    };
+    const gate = options.waitForDatabase
+      ? schemaGateFor(storage, (pool) => migrate(pool, options.logger), options.logger)
+      : undefined;
+    const pool = gate ? new GatedPool(config, gate) : new pg.Pool(config);
     pool.on('error', () => {}); // an idle connection lost: the next query opens another (and reports)
     try {
-      if (options.migrate !== false) await migrate(pool, options.logger);
+      if (!gate && options.migrate !== false) await migrate(pool, options.logger);
     } catch (err) {
       await pool.end().catch(() => {});
-      throw err;
+      throw err instanceof UsageError ? err : unreachable(storage, err);
     }
     const store = new PostgresLockoutStore(pool, options.logger);
+    if (gate)
+      store.reachable = await gate.enter().then(
+        () => true,
+        () => false,
+      );
     await store.refresh();
-    store.listener = new PostgresListener(
-      storage.url,
-      LOCK_CHANNEL,
-      (payload) => store.onNotify(payload),
-      options.logger,
-    );
+    const listen = () => {
+      if (store.closed) return;
+      store.listener = new PostgresListener(
+        storage.url,
+        LOCK_CHANNEL,
+        (payload) => store.onNotify(payload),
+        options.logger,
+      );
+    };
+    if (gate && !gate.isOpen) void gate.whenOpen().then(listen);
+    else listen();
     store.timer = setInterval(() => void store.refresh(), REFRESH_MS);
     store.timer.unref();
     return store;
@@ -324,6 +347,7 @@ export class PostgresLockoutStore implements LockoutStore {
   private unreachable(err: unknown): void {
     if (!this.reachable || this.closed) return;
     this.reachable = false;
+    this.outageSaid = true;
     this.logger?.warn(
       { err: (err as Error).message },
       'postgres unreachable: failures are counted by this instance alone until it is back (locks already learned still apply)',
@@ -333,7 +357,9 @@ export class PostgresLockoutStore implements LockoutStore {
   private recovered(): void {
     if (this.reachable) return;
     this.reachable = true;
-    this.logger?.info('postgres reachable again: the lockout count is shared again');
+    // Opened behind the schema gate, the first success is no news: the gate says the database is reached.
+    if (this.outageSaid) this.logger?.info('postgres reachable again: the lockout count is shared again');
+    this.outageSaid = false;
   }
 
   async close(): Promise<void> {

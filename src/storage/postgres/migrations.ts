@@ -9,7 +9,8 @@ import {
   type MigrationResult,
   type PostgresMigration,
 } from '../migrate.js';
-import { createPool, describeUrl, withClient } from './pool.js';
+import { createPool, describeUrl, poolConfig, reportingLostConnections, withClient } from './pool.js';
+import { GatedPool, schemaGateFor, unreachable } from './schema-gate.js';
 
 /**
  * The Postgres schema, as numbered migrations (run by src/storage/migrate.ts), each recorded in
@@ -221,27 +222,50 @@ export async function migrate(pool: pg.Pool, logger?: Pick<Logger, 'warn'>): Pro
 /**
  * A pool on a database whose schema is current: migrated first (`migrate`: a server, `storage
  * migrate`), or else checked, refusing with what to run when the schema is missing, behind (the
- * tables a part needs may not be there) or newer than this gatehouse. Closed again on refusal.
+ * tables a part needs may not be there) or newer than this gatehouse. Closed again on refusal;
+ * a database that cannot be reached is refused in one line.
+ *
+ * `waitForDatabase` (a server with `storage.requireAtStart` false): the pool is returned after the
+ * first check whatever its outcome, behind this process's SchemaGate, which repeats the check in
+ * the background until it passes.
  */
 export async function openMigratedPool(
   storage: PostgresStorageConfig,
-  options: { migrate?: boolean; logger?: Pick<Logger, 'warn'> } = {},
+  options: { migrate?: boolean; logger?: Pick<Logger, 'warn' | 'info' | 'error'>; waitForDatabase?: boolean } = {},
 ): Promise<pg.Pool> {
+  const check = (pool: pg.Pool) => checkSchema(pool, storage, options);
+  if (options.waitForDatabase) {
+    const gate = schemaGateFor(storage, check, options.logger);
+    const pool = reportingLostConnections(new GatedPool(poolConfig(storage), gate), options.logger);
+    // The first check is waited for: a database that answers is migrated before anything listens, as
+    // without the gate; one that does not (refused at once, or CHECK_TIMEOUT_MS) is waited for in the background.
+    await gate.enter().catch(() => {});
+    return pool;
+  }
   const pool = createPool(storage, options.logger);
   try {
-    if (options.migrate) await migrate(pool, options.logger);
-    else {
-      const version = await schemaVersion(pool);
-      if (version < POSTGRES_SCHEMA_VERSION) {
-        throw new UsageError(
-          `the database at ${describeUrl(storage.url)} ${version === 0 ? 'has no gatehouse schema' : `has schema version ${version}, older than this gatehouse's ${POSTGRES_SCHEMA_VERSION}`}: run \`gatehouse storage migrate\` (the server also does at start)`,
-        );
-      }
-      if (version > POSTGRES_SCHEMA_VERSION) throw new UsageError(newerSchemaMessage(version, POSTGRES_SCHEMA_VERSION));
-    }
+    await check(pool);
   } catch (err) {
     await pool.end().catch(() => {});
-    throw err;
+    throw err instanceof UsageError ? err : unreachable(storage, err);
   }
   return pool;
+}
+
+async function checkSchema(
+  pool: pg.Pool,
+  storage: PostgresStorageConfig,
+  options: { migrate?: boolean; logger?: Pick<Logger, 'warn'> },
+): Promise<void> {
+  if (options.migrate) {
+    await migrate(pool, options.logger);
+    return;
+  }
+  const version = await schemaVersion(pool);
+  if (version < POSTGRES_SCHEMA_VERSION) {
+    throw new UsageError(
+      `the database at ${describeUrl(storage.url)} ${version === 0 ? 'has no gatehouse schema' : `has schema version ${version}, older than this gatehouse's ${POSTGRES_SCHEMA_VERSION}`}: run \`gatehouse storage migrate\` (the server also does at start)`,
+    );
+  }
+  if (version > POSTGRES_SCHEMA_VERSION) throw new UsageError(newerSchemaMessage(version, POSTGRES_SCHEMA_VERSION));
 }

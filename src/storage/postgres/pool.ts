@@ -30,7 +30,16 @@ export function connectionOptions(url: string): pg.ClientConfig {
  * the next query opens a new one, so the pool reconnects by itself once Postgres is back.
  */
 export function createPool(storage: PostgresStorageConfig, logger?: Pick<Logger, 'warn'>): pg.Pool {
-  const pool = new pg.Pool({ ...connectionOptions(storage.url), max: storage.pool.max, idleTimeoutMillis: 30_000 });
+  return reportingLostConnections(new pg.Pool(poolConfig(storage)), logger);
+}
+
+/** The settings of a storage driver's pool (createPool's; a gated one's too). */
+export function poolConfig(storage: PostgresStorageConfig): pg.PoolConfig {
+  return { ...connectionOptions(storage.url), max: storage.pool.max, idleTimeoutMillis: 30_000 };
+}
+
+/** See createPool: an idle connection lost is reported, not a crash. */
+export function reportingLostConnections<P extends pg.Pool>(pool: P, logger?: Pick<Logger, 'warn'>): P {
   pool.on('error', (err) =>
     logger?.warn({ err: err.message }, 'postgres: an idle connection was lost; the pool opens a new one when needed'),
   );

@@ -143,6 +143,8 @@ export class Deliverer {
   private pumpAgain = false;
   private pumpScheduled = false;
   private stopped = true;
+  /** stop() was called: a start still in progress does not start. */
+  private halted = false;
   /** Consecutive pumps that could not read the store (it is down): paused, retrying with backoff. */
   private storeFailures = 0;
   private unsubscribe: (() => void) | undefined;
@@ -182,6 +184,7 @@ export class Deliverer {
   /** Starts delivering from a clean slate: no lease is held by this deliverer yet. */
   async start(): Promise<void> {
     await this.store.releaseLeases();
+    if (this.halted) return; // stopped while the leases were released (a start that waited for the database)
     this.stopped = false;
     // Another instance accepted (or the CLI requeued) on a shared store: look now, not at the next poll.
     this.unsubscribe = this.store.onDue?.(() => this.notify());
@@ -213,6 +216,7 @@ export class Deliverer {
   /** Stops claiming; waits for attempts in flight (they are settled, or their lease lets a restart retry them). */
   async stop(graceMs = 10_000): Promise<void> {
     this.stopped = true;
+    this.halted = true;
     this.unsubscribe?.();
     clearTimeout(this.timer);
     const grace = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
