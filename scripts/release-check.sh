@@ -47,7 +47,7 @@ tgz="$work/$(tail -n 1 "$work/pack.out")"
 step "packed $(basename "$tgz") ($(du -k "$tgz" | cut -f1) kB)"
 
 tar -tzf "$tgz" | sed 's|^package/||' | sort > "$work/contents"
-for wanted in package.json README.md CHANGELOG.md docs/getting-started.md docs/configuration.md bin/gatehouse.js dist/bin.js dist/main.js gateway.json5 examples/gatehouse.service examples/gatehouse-purge.service examples/gatehouse-purge.timer examples/container.json5; do
+for wanted in package.json README.md CHANGELOG.md docs/getting-started.md docs/configuration.md bin/gatehouse.js dist/bin.js dist/main.js gateway.json5 examples/gatehouse.service examples/gatehouse-purge.service examples/gatehouse-purge.timer examples/container.json5 examples/prometheus/alerts.yml; do
   grep -qxF "$wanted" "$work/contents" || fail "the tarball lacks $wanted"
 done
 if unwanted="$(grep -E '^(src|test|bench|scripts|\.ci|node_modules)/|\.ts$|\.map$|^tsconfig|^Dockerfile|^compose' "$work/contents")"; then
@@ -159,6 +159,9 @@ DATABASE_URL=postgres://gatehouse:secret@127.0.0.1:5432/gatehouse UPSTREAM_URL=h
   GATEHOUSE_API_KEY_HASH="$(node -p 'JSON.parse(process.argv[1]).entry.hash' "$key_json")" \
   DEPLOY_HOOK_SECRET="$hook_secret" ACTION_TARGET_URL=http://127.0.0.1:3000/events \
   gatehouse config check --config "$installed/examples/container.json5" > /dev/null || fail "config check of the shipped examples/container.json5"
+if command -v promtool > /dev/null; then
+  promtool check rules "$installed/examples/prometheus/alerts.yml" > /dev/null || fail "promtool check rules of the shipped examples/prometheus/alerts.yml"
+fi
 
 gatehouse start --config "$work/etc/gateway.json5" > "$work/gatehouse.log" 2>&1 &
 gatehouse_pid=$!
