@@ -22,6 +22,37 @@ const HOP_BY_HOP_RESPONSE = new Set([
 ]);
 const TIMEOUT_CODES = new Set([UPSTREAM_TIMEOUT, 'ETIMEDOUT', 'ESOCKETTIMEDOUT']);
 
+/** The upstream request a client request was sent as (see `mayResend`). */
+const SENT_AS = Symbol('gatehouse.upstreamRequest');
+/** A request already sent a second time: never a third. */
+const RESENT = Symbol('gatehouse.resent');
+type ProxiedRequest = IncomingMessage & { [SENT_AS]?: http.ClientRequest; [RESENT]?: true };
+
+/** RFC 9110 9.2.2: the methods whose repetition does what one request does (nginx's proxy_next_upstream default too). */
+const IDEMPOTENT_METHODS = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
+/** How a reused keep-alive connection fails when the upstream closed it as the request went out. */
+const STALE_CONNECTION_CODES = new Set(['ECONNRESET', 'EPIPE', 'ECONNABORTED']);
+
+/**
+ * Whether an upstream failure may be answered by sending the request once more, on a new
+ * connection: the connection was a reused keep-alive one and failed before any byte of an
+ * answer (the upstream closed it idle as the request left: it never saw it), the request has no
+ * body (bodies stream through, they are not kept to send again), its method is idempotent or it
+ * carries an Idempotency-Key, and it was not resent already. Node's http docs name this case
+ * (`request.reusedSocket`); nginx and Envoy retry it the same way.
+ */
+function mayResend(req: ProxiedRequest, res: ServerResponse, err: NodeJS.ErrnoException): boolean {
+  return (
+    req[SENT_AS]?.reusedSocket === true &&
+    req[RESENT] === undefined &&
+    STALE_CONNECTION_CODES.has(err.code ?? '') &&
+    !res.headersSent &&
+    !res.destroyed &&
+    !hasBody(req) &&
+    (IDEMPOTENT_METHODS.has(req.method ?? '') || req.headers['idempotency-key'] !== undefined)
+  );
+}
+
 /** Upstream failure → client status, in one place: timeouts 504, everything else 502. */
 export function upstreamError(err: NodeJS.ErrnoException): HttpError {
   const detail = `upstream ${err.code ?? 'error'}: ${err.message}`;
@@ -44,6 +75,8 @@ export function createUpstreamProxy(
   onError: (req: IncomingMessage, error: HttpError) => void,
   /** Called when the upstream's response headers arrive (the upstream timing). */
   onAnswer?: (req: IncomingMessage) => void,
+  /** Called when a request is sent again on a new connection (see mayResend). */
+  onResend?: (req: IncomingMessage) => void,
 ): UpstreamProxy {
   const target = new URL(upstream.target);
   const basePath = target.pathname.replace(/\/+$/, '');
@@ -66,6 +99,7 @@ export function createUpstreamProxy(
     passes.webPasses = passes.webPasses.filter((pass) => pass.name !== 'deleteLength');
 
     proxyServer.on('proxyReq', (proxyReq, req, res) => {
+      (req as ProxiedRequest)[SENT_AS] = proxyReq;
       proxyReq.setTimeout(upstream.timeoutMs, () => {
         proxyReq.destroy(
           Object.assign(new Error(`no answer within ${upstream.timeoutMs} ms`), { code: UPSTREAM_TIMEOUT }),
@@ -95,6 +129,13 @@ export function createUpstreamProxy(
       });
     });
     proxyServer.on('error', (err, req, res) => {
+      if ('writeHead' in res && mayResend(req, res, err as NodeJS.ErrnoException)) {
+        (req as ProxiedRequest)[RESENT] = true;
+        onResend?.(req);
+        // `agent: false`: a connection of its own, not another idle one that may be just as stale.
+        proxyServer.web(req, res, { ...proxyOptions, agent: false });
+        return;
+      }
       const error = upstreamError(err as NodeJS.ErrnoException);
       onError(req, error);
       // Once the upstream's headers went out, the only honest signal left is a cut connection.
@@ -137,7 +178,8 @@ export function createUpstreamProxy(
     });
   };
 
-  const handler = createProxyMiddleware<IncomingMessage, ServerResponse>({
+  // What http-proxy is given for every request (http-proxy-middleware passes a copy per request).
+  const proxyOptions = {
     // Pre-parsed: given a string, http-proxy would url.parse() it on every request.
     target: {
       protocol: target.protocol,
@@ -151,6 +193,9 @@ export function createUpstreamProxy(
     xfwd: false,
     agent,
     selfHandleResponse: true,
+  };
+  const handler = createProxyMiddleware<IncomingMessage, ServerResponse>({
+    ...proxyOptions,
     ejectPlugins: true,
     plugins: [gatehousePlugin],
   });

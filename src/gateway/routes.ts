@@ -2,6 +2,7 @@ import type { IncomingMessage } from 'node:http';
 import type { GatewayConfig } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import { API_PREFIX } from './path-gate.js';
+import { countUpstreamRetry } from '../observability/metrics.js';
 import { createUpstreamProxy, type UpstreamProxy } from './proxy.js';
 
 /** One upstream and the prefix that leads to it. */
@@ -49,7 +50,7 @@ export function createUpstreamRoutes(
     prefix: API_PREFIX,
     upstream: gateway.upstream,
     stripPrefix: undefined,
-    proxy: createUpstreamProxy(gateway.upstream, onError, onAnswer),
+    proxy: createUpstreamProxy(gateway.upstream, onError, onAnswer, () => countUpstreamRetry(API_PREFIX)),
   };
   const routes: (UpstreamRoute & { folded: string })[] = [...gateway.routes]
     .sort((a, b) => b.prefix.length - a.prefix.length)
@@ -58,7 +59,7 @@ export function createUpstreamRoutes(
       upstream: route.upstream,
       folded: foldAscii(route.prefix),
       stripPrefix: route.stripPrefix,
-      proxy: createUpstreamProxy(route.upstream, onError, onAnswer),
+      proxy: createUpstreamProxy(route.upstream, onError, onAnswer, () => countUpstreamRetry(route.prefix)),
     }));
 
   return {

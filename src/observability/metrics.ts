@@ -200,6 +200,13 @@ const websocketConnections = new Gauge({
   registers: [registry],
 });
 
+const upstreamRetries = new Counter({
+  name: 'gatehouse_upstream_retries_total',
+  help: 'Requests sent to the upstream a second time, on a new connection, because the reused keep-alive connection failed before any answer (the upstream closed it idle); by route (the configured prefix).',
+  labelNames: ['route'] as const,
+  registers: [registry],
+});
+
 const websocketOutcomes = new Counter({
   name: 'gatehouse_websocket_connections_total',
   help: 'WebSocket upgrades and their ends, by outcome: accepted, refused_<error code>, not_upgraded (the upstream answered without 101), closed (by either side), revoked, expired, idle, lifetime, drained.',
@@ -376,6 +383,11 @@ export function observeUpstream(route: string, startedAt: number): void {
     upstreamObservers.set(route, observe);
   }
   observe((performance.now() - startedAt) / 1000);
+}
+
+/** A request on `route` sent again on a new connection (src/gateway/proxy.ts, mayResend). */
+export function countUpstreamRetry(route: string): void {
+  if (enabled) upstreamRetries.labels(route).inc();
 }
 
 /** One delivery attempt settled: `delivered`, `retry` (queued again) or `dead`. */
