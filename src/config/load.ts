@@ -376,7 +376,7 @@ function readSecretFile(
 }
 
 /** An fs error in words (`does not exist`, `is not readable`, `is a directory`) rather than its errno code. */
-function describeFileError(err: unknown): string {
+export function describeFileError(err: unknown): string {
   switch ((err as NodeJS.ErrnoException).code) {
     case 'ENOENT':
       return 'does not exist';
