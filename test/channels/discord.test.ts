@@ -385,7 +385,7 @@ describe('oauth-bot channel (Discord)', () => {
       await gatehouse.stop();
       gatehouse = await startGatehouse(ws);
       const line = await gatehouse.process.waitFor((l) => l.channel === 'dc' && /REFRESH FAILED/.test(l.msg ?? ''));
-      assert.equal(line.level, 50);
+      assert.equal(line.level, 'error');
       assert.match(line.msg, /run `gatehouse channels login dc`/);
       const status = await channelsCli(ws, ['status', 'dc']);
       assert.match(

@@ -111,7 +111,7 @@ describe('gateway.workers: 2', () => {
       );
       assert.deepEqual(
         server.lines.filter(locked).map((l) => [l.ip, l.seconds, l.level]),
-        [['127.0.0.1', 60, 40]],
+        [['127.0.0.1', 60, 'warn']],
       );
     } finally {
       await server.stop();

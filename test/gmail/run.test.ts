@@ -332,7 +332,7 @@ describe('push mode: gatehouse start serves the push route and delivers emails',
     mails.push(mail);
     await delivery(target, mail);
     const resync = await server.waitFor((l) => l.msg === 'gmail history id too old: resynced from the recent messages');
-    assert.equal(resync.level, 40);
+    assert.equal(resync.level, 'warn');
     assert.ok(resync.candidates >= mails.length, 'the earlier emails were candidates too');
     assert.ok(
       fake.calls.some((c) => c.method === 'GET' && c.path === '/gmail/v1/users/me/history' && c.status === 404),
@@ -571,7 +571,7 @@ describe('pull mode: gatehouse webhooks gmail run, the key, and watch renewal', 
     );
     runner = run();
     const failed = await runner.waitFor((l) => /^GMAIL WATCH RENEWAL FAILED/.test(l.msg));
-    assert.equal(failed.level, 50);
+    assert.equal(failed.level, 'error');
     assert.equal(failed.retryInMs, 30_000);
     assert.match(failed.problem, /watch renewal failed: .*User not authorized/);
     const shown = await status(ws);
