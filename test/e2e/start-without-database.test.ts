@@ -28,7 +28,7 @@ describe('gatehouse start while PostgreSQL is down', { skip, timeout: 120_000 },
   let url: string;
   const servers: ServerProcess[] = [];
 
-  const writeConfig = (name: string, storage: Record<string, unknown>) => {
+  const writeConfig = (name: string, storage: Record<string, unknown>, gatewayExtra: Record<string, unknown> = {}) => {
     const file = path.join(dir, `${name}.json5`);
     writeFileSync(
       file,
@@ -38,6 +38,8 @@ describe('gatehouse start while PostgreSQL is down', { skip, timeout: 120_000 },
           listen: { host: '127.0.0.1', port: 0 },
           upstream: { target: upstream.url },
           auth: { apiKey: API_KEY, failures: { max: 3, windowSeconds: 60, lockoutSeconds: 60 } },
+          rateLimits: [{ by: 'ip', requests: 1000, per: '1m' }],
+          ...gatewayExtra,
         },
         webhooks: {
           enabled: true,
@@ -131,6 +133,29 @@ describe('gatehouse start while PostgreSQL is down', { skip, timeout: 120_000 },
     assert.equal(server.lines.filter((l) => /postgres: cannot reach/.test(l.msg ?? '')).length, 1);
     assert.equal(server.lines.filter((l) => /postgres: reached/.test(l.msg ?? '')).length, 1);
     assert.equal(await server.stop(), 0);
+  });
+
+  it('with gateway.workers: 2 too: every worker serves /api/ while the database is down', async (t) => {
+    const pgc = cluster as PostgresCluster;
+    await pgc.stop();
+    t.after(() => pgc.start());
+    const server = startServerProcess(writeConfig('workers', {}, { workers: 2 }));
+    servers.push(server);
+    const gateway = (await server.waitFor((l) => l.msg === 'gateway listening', 60_000)).url as string;
+    await server.waitFor((l) => l.msg?.startsWith('gatehouse started'), 60_000);
+    const before = upstream.received.length;
+    // Fresh connections: the kernel spreads them over both workers.
+    const statuses = await Promise.all(
+      Array.from({ length: 8 }, () =>
+        request(gateway, '/api/workers', { headers: { 'x-api-key': API_KEY }, agent: false }),
+      ),
+    );
+    assert.deepEqual(
+      statuses.map((r) => r.status),
+      Array(8).fill(200),
+    );
+    assert.equal(upstream.received.length - before, 8);
+    assert.equal(server.child.exitCode, null);
   });
 
   it('storage.requireAtStart: true exits 1 with one line and no stack', async () => {
