@@ -2,12 +2,12 @@
  * `npm run bench`: every case side by side in one run, on loopback, each after a warm-up.
  * The machine is shared and noisy, so the numbers that matter are the ratios to the
  * references started by this same run (node-bare for the /api/ edge, ingest-bare for webhooks,
- * ingest-bare-pg for webhooks on PostgreSQL).
+ * pipeline-bare-pg for the webhook pipeline on PostgreSQL: receiving and delivering, as gatehouse does).
  *
  * The PostgreSQL cases run on a throwaway cluster this run starts (fsync on) and removes
  * (test/helpers/postgres.ts); without PostgreSQL they are skipped, saying so. Under BENCH_ONLY
- * the ingest pair runs only when an entry names it ("ingest" and "postgres" or "-pg");
- * "gatehouse api-key (postgres)" is selected by prefix like the other gateway cases.
+ * the PostgreSQL pipeline pair runs only when an entry names it ("pipeline-bare-pg", or "ingest"
+ * and "postgres" or "-pg"); "gatehouse api-key (postgres)" is selected by prefix like the other gateway cases.
  *
  *   BENCH_DURATION=10 BENCH_CONNECTIONS=64 npm run bench
  */
@@ -262,7 +262,11 @@ async function main() {
   const skipped: string[] = [];
   const want = (name: string) => !ONLY || ONLY.some((o) => name.startsWith(o));
   const wantPostgresIngest =
-    !ONLY || ONLY.some((o) => o.includes('ingest') && (o.includes('postgres') || o.includes('-pg')));
+    !ONLY ||
+    ONLY.some(
+      (o) =>
+        o.startsWith('pipeline-bare-pg') || (o.includes('ingest') && (o.includes('postgres') || o.includes('-pg'))),
+    );
   // One throwaway cluster for every PostgreSQL case, started when the first needs it.
   let cluster: Promise<PostgresCluster | { skip: string }> | undefined;
   const postgresCluster = () =>
@@ -566,6 +570,56 @@ async function main() {
   }
 
   /**
+   * A saturating burst of webhooks at a pipeline that receives and delivers (`receiver`, its process
+   * `pid`, delivering to the target.ts on `targetPort`), then a wait until everything it accepted
+   * (`countStored`, warm-up included) has reached the target. Adds to the result: `drainMs`, from
+   * the load stopping to the last delivery; `cpuMicrosPerEvent`, the process's CPU from the warm-up
+   * to that last delivery per accepted event (receiving, storing, delivering and settling it).
+   */
+  const burstAndDrain = async (
+    name: string,
+    receiver: string,
+    pid: number | undefined,
+    targetPort: number,
+    countStored: () => Promise<number>,
+  ): Promise<CaseResult> => {
+    const cpuStart = processCpuMicros(pid);
+    const startedAt = Date.now();
+    const result = await load(
+      name,
+      { url: receiver, method: 'POST', body, headers: hookHeaders },
+      202,
+      DURATION,
+      WARMUP,
+      pid,
+    );
+    const stoppedAt = Date.now();
+    await new Promise((r) => setTimeout(r, 500)); // requests still in flight when the load stopped get committed too
+    const accepted = await countStored();
+    const deadline = Date.now() + 120_000;
+    let count = { delivered: 0, lastAt: 0 };
+    while (Date.now() < deadline) {
+      count = await getJson(`http://127.0.0.1:${targetPort}/count`);
+      if (count.delivered >= accepted) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    const cpuEnd = processCpuMicros(pid);
+    // Delivered/s: everything accepted (warm-up included) reaching the target, timed from the first request.
+    const seconds = (count.lastAt - startedAt) / 1000;
+    result.extra = {
+      accepted,
+      delivered: count.delivered,
+      deliveredPerSec: Math.round(count.delivered / seconds),
+      acceptedPerSecOverall: Math.round(accepted / (WARMUP + DURATION)),
+      drainMs: Math.max(0, count.lastAt - stoppedAt),
+      ...(cpuStart !== undefined && cpuEnd !== undefined && accepted > 0
+        ? { cpuMicrosPerEvent: Math.round((cpuEnd - cpuStart) / accepted) }
+        : {}),
+    };
+    return result;
+  };
+
+  /**
    * "webhook ingest<suffix>": saturating load on a gatehouse whose storage is `storage`, then
    * "webhook sustained<suffix>" at half that rate. `countStored` counts the events it stored.
    */
@@ -592,32 +646,13 @@ async function main() {
       [...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file],
       logPort('webhook receiver listening'),
     );
-    const startedAt = Date.now();
-    const result = await load(
+    const result = await burstAndDrain(
       `webhook ingest${suffix}`,
-      { url: `http://127.0.0.1:${gatehouse.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders },
-      202,
-      DURATION,
-      WARMUP,
+      `http://127.0.0.1:${gatehouse.port}/webhook/bench`,
       gatehouse.child.pid,
+      target.port,
+      countStored,
     );
-    await new Promise((r) => setTimeout(r, 500)); // requests still in flight when the load stopped get committed too
-    // Delivered/s: everything accepted (warm-up included) reaching the target, timed from the first request.
-    const accepted = await countStored();
-    const deadline = Date.now() + 120_000;
-    let count = { delivered: 0, lastAt: 0 };
-    while (Date.now() < deadline) {
-      count = await getJson(`http://127.0.0.1:${target.port}/count`);
-      if (count.delivered >= accepted) break;
-      await new Promise((r) => setTimeout(r, 200));
-    }
-    const seconds = (count.lastAt - startedAt) / 1000;
-    result.extra = {
-      accepted,
-      delivered: count.delivered,
-      deliveredPerSec: Math.round(count.delivered / seconds),
-      acceptedPerSecOverall: Math.round(accepted / (WARMUP + DURATION)),
-    };
     results.push(result);
 
     // Sustained: half the saturating rate, steady. Deliveries keep up when, once the load stops,
@@ -666,24 +701,34 @@ async function main() {
   }
 
   if (wantPostgresIngest) {
-    // The same pair on PostgreSQL: the bare node:http + pg reference, then gatehouse, each in a database of its own.
+    // The pipeline on PostgreSQL: the bare node:http + pg pipeline (receiving and delivering), then
+    // gatehouse, each in a database of its own and delivering to a target of its own.
     const pg = await postgresCluster();
     if ('skip' in pg) {
       skipped.push(pg.skip);
     } else {
-      const bareUrl = await pg.createDatabase('bench_bare');
-      const barePg = await startProcess(tsx('ingest-bare-pg.ts', bareUrl, secret));
-      results.push(
-        await load(
-          'ingest-bare-pg',
-          { url: `http://127.0.0.1:${barePg.port}/webhook/bench`, method: 'POST', body, headers: hookHeaders },
-          202,
-          DURATION,
-          WARMUP,
-          barePg.child.pid,
+      const bareUrl = await pg.createDatabase('bench_pipeline');
+      const target = await startProcess(tsx('target.ts'));
+      const pipeline = await startProcess(
+        tsx(
+          'pipeline-bare-pg.ts',
+          bareUrl,
+          secret,
+          `http://127.0.0.1:${target.port}/events`,
+          String(DELIVERY_CONCURRENCY),
         ),
       );
-      await stop(barePg.child);
+      results.push(
+        await burstAndDrain(
+          'pipeline-bare-pg',
+          `http://127.0.0.1:${pipeline.port}/webhook/bench`,
+          pipeline.child.pid,
+          target.port,
+          () => countPostgresEvents(bareUrl),
+        ),
+      );
+      await stop(pipeline.child);
+      await stop(target.child);
       const url = await pg.createDatabase('bench_gatehouse');
       await ingestCases(' (postgres)', { driver: 'postgres', url }, () => countPostgresEvents(url));
     }
@@ -698,7 +743,7 @@ async function main() {
   const ref = (name: string) => results.find((r) => r.name === name);
   const references: Record<string, string> = {
     'webhook ingest': 'ingest-bare',
-    'webhook ingest (postgres)': 'ingest-bare-pg',
+    'webhook ingest (postgres)': 'pipeline-bare-pg',
   };
   for (const r of results) {
     const reference = references[r.name] !== undefined ? ref(references[r.name]!) : undefined;
@@ -798,10 +843,10 @@ function checkTargets(results: CaseResult[]) {
       measured: `${rejected.requestsPerSec} vs ${apiKey.requestsPerSec}`,
       met: rejected.requestsPerSec >= apiKey.requestsPerSec,
     });
-  // SQLite: p99 < 25 ms against ingest-bare; PostgreSQL (a network round trip and a server's commit per batch): p99 < 50 ms against ingest-bare-pg.
+  // SQLite: p99 < 25 ms against ingest-bare; PostgreSQL (a network round trip and a server's commit per batch): p99 < 50 ms against pipeline-bare-pg.
   for (const [suffix, reference, p99Limit] of [
     ['', 'ingest-bare', 25],
-    [' (postgres)', 'ingest-bare-pg', 50],
+    [' (postgres)', 'pipeline-bare-pg', 50],
   ] as const) {
     const ingest = r(`webhook ingest${suffix}`);
     if (ingest && r(reference)) {
@@ -814,6 +859,16 @@ function checkTargets(results: CaseResult[]) {
         target: `webhook ingest${suffix} p99 < ${p99Limit} ms`,
         measured: `${ingest.p99} ms`,
         met: ingest.p99 < p99Limit,
+      });
+    }
+    // Both pipelines deliver: the one accepting more must not do it by leaving more to deliver after the burst.
+    const pipeline = r(reference);
+    if (ingest?.extra?.drainMs !== undefined && pipeline?.extra?.drainMs !== undefined) {
+      const { drainMs, cpuMicrosPerEvent } = ingest.extra;
+      out.push({
+        target: `webhook ingest${suffix} drain time <= ${reference}'s`,
+        measured: `${drainMs} ms vs ${pipeline.extra.drainMs} ms; cpu ${cpuMicrosPerEvent} vs ${pipeline.extra.cpuMicrosPerEvent} µs per accepted event`,
+        met: Number(drainMs) <= Number(pipeline.extra.drainMs),
       });
     }
     if (ingest?.extra) {
