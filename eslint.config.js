@@ -37,5 +37,20 @@ export default tseslint.config(
       '@typescript-eslint/no-explicit-any': 'off',
     },
   },
+  {
+    // Loaded only where first needed (`await import()` in src/integrations/): a start without Gmail or
+    // channels must not load them (test/e2e/lazy-integration-libraries.test.ts). Types are free.
+    files: ['src/**/*.ts'],
+    rules: {
+      '@typescript-eslint/no-restricted-imports': [
+        'error',
+        ...['@googleapis/gmail', 'google-auth-library', 'qrcode'].map((name) => ({
+          name,
+          allowTypeImports: true,
+          message: `${name} is imported with await import() where it is first needed, never at the top of a module`,
+        })),
+      ],
+    },
+  },
   { files: ['**/*.js', '**/*.mjs'], ...tseslint.configs.disableTypeChecked },
 );

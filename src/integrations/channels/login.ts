@@ -1,5 +1,4 @@
 import { randomBytes } from 'node:crypto';
-import QRCode from 'qrcode';
 import type { ChannelConfig } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
 import {
@@ -123,8 +122,13 @@ async function pairDevice(ctx: LoginContext, channel: Extract<ChannelConfig, { k
   }
 }
 
-/** The terminal QR code (half-block characters: two modules per line). */
-export function renderQr(text: string): Promise<string> {
+/**
+ * The terminal QR code (half-block characters: two modules per line). qrcode (with pngjs) is
+ * imported here, on the first code drawn: `gatehouse start` and every other command load this
+ * module through the CLI's command tree and never draw one.
+ */
+export async function renderQr(text: string): Promise<string> {
+  const { default: QRCode } = await import('qrcode');
   return QRCode.toString(text, { type: 'utf8', errorCorrectionLevel: 'M', margin: 2 });
 }
 

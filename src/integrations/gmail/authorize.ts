@@ -1,4 +1,4 @@
-import { CodeChallengeMethod, type OAuth2Client } from 'google-auth-library';
+import type { OAuth2Client } from 'google-auth-library';
 import { UsageError } from '../../errors.js';
 import { receiveAuthorizationCode } from '../oauth-loopback.js';
 
@@ -10,6 +10,9 @@ export async function authorizeWithLoopback(
   auth: OAuth2Client,
   request: { scopes: string[]; loginHint?: string; showUrl: (url: string) => void; timeoutMs?: number },
 ): Promise<{ refreshToken: string }> {
+  // Already loaded by the time there is an OAuth2Client (createOAuthClient); imported here, not at
+  // the top, so that loading this module does not load the library.
+  const { CodeChallengeMethod } = await import('google-auth-library');
   const response = await receiveAuthorizationCode({
     platform: 'Google',
     authorizeUrl: ({ redirectUri, state, codeChallenge }) =>

@@ -1,5 +1,7 @@
-import { gmail, type gmail_v1 } from '@googleapis/gmail';
-import { OAuth2Client } from 'google-auth-library';
+// Types only: the libraries themselves (with googleapis-common, gaxios and the rest, ~100 modules)
+// are imported when a client is first made, so a start without Gmail never loads them.
+import type { gmail_v1 } from '@googleapis/gmail';
+import type { OAuth2Client } from 'google-auth-library';
 
 /**
  * Google's endpoints and clients as gatehouse uses them: the official Gmail client
@@ -64,10 +66,12 @@ export const GMAIL_SCOPES = [
 /** The service account Gmail publishes notifications as; it needs roles/pubsub.publisher on the topic. */
 export const GMAIL_PUBLISHER = 'serviceAccount:gmail-api-push@system.gserviceaccount.com';
 
-export function createOAuthClient(
+/** google-auth-library's OAuth2Client for these endpoints; the library is loaded on the first call. */
+export async function createOAuthClient(
   endpoints: GoogleEndpoints,
   client: { clientId: string; clientSecret: string; redirectUri?: string },
-): OAuth2Client {
+): Promise<OAuth2Client> {
+  const { OAuth2Client } = await import('google-auth-library');
   return new OAuth2Client({
     clientId: client.clientId,
     clientSecret: client.clientSecret,
@@ -76,7 +80,9 @@ export function createOAuthClient(
   });
 }
 
-export function createGmailClient(endpoints: GoogleEndpoints, auth: OAuth2Client): gmail_v1.Gmail {
+/** The official Gmail client (@googleapis/gmail) for these endpoints; the library is loaded on the first call. */
+export async function createGmailClient(endpoints: GoogleEndpoints, auth: OAuth2Client): Promise<gmail_v1.Gmail> {
+  const { gmail } = await import('@googleapis/gmail');
   // A bounded wait per call: a hung Google call must not hold a notification (or shutdown) forever.
   return gmail({ version: 'v1', auth, rootUrl: endpoints.gmailRoot, timeout: CALL_TIMEOUT_MS });
 }

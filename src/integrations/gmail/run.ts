@@ -65,9 +65,9 @@ export async function startGmail(
 
   // googleApiUrl, else the token endpoint the grant came from, else Google's own.
   const endpoints = googleEndpoints({ googleApiUrl: config.googleApiUrl, tokenUri: grant.tokenUri });
-  const auth = createOAuthClient(endpoints, { clientId: stored.clientId, clientSecret: grant.clientSecret });
+  const auth = await createOAuthClient(endpoints, { clientId: stored.clientId, clientSecret: grant.clientSecret });
   auth.setCredentials({ refresh_token: grant.refreshToken });
-  const gmail = createGmailClient(endpoints, auth);
+  const gmail = await createGmailClient(endpoints, auth);
   const mailbox = new Mailbox(config, { gmail, state, logger, onAccepted: deps.onAccepted, now });
   const explain = (err: unknown) => explainGoogleError(err, { project: config.project, api: 'Gmail' });
 

@@ -143,7 +143,10 @@ export async function runGmailSetup(
             authUri: client?.authUri,
             tokenUri: client?.tokenUri ?? grant.tokenUri,
           });
-          const reused = createOAuthClient(reusedAt, { clientId: stored.clientId, clientSecret: grant.clientSecret });
+          const reused = await createOAuthClient(reusedAt, {
+            clientId: stored.clientId,
+            clientSecret: grant.clientSecret,
+          });
           reused.setCredentials({ refresh_token: grant.refreshToken });
           try {
             await reused.getAccessToken();
@@ -169,7 +172,7 @@ export async function runGmailSetup(
           throw new UsageError(
             '--credentials <client_secret.json> is required to authorise (an OAuth client of type "Desktop app": https://console.cloud.google.com/apis/credentials)',
           );
-        const fresh = createOAuthClient(endpoints, client);
+        const fresh = await createOAuthClient(endpoints, client);
         const { refreshToken } = await authorizeWithLoopback(fresh, {
           scopes: GMAIL_SCOPES,
           loginHint: options.account,
@@ -178,7 +181,7 @@ export async function runGmailSetup(
             if (options.browser) io.openBrowser?.(url);
           },
         });
-        const profile = await createGmailClient(endpoints, fresh).users.getProfile({ userId: 'me' });
+        const profile = await (await createGmailClient(endpoints, fresh)).users.getProfile({ userId: 'me' });
         if (profile.data.emailAddress?.toLowerCase() !== options.account.toLowerCase()) {
           throw new UsageError(
             `you signed in as ${profile.data.emailAddress}, not ${options.account}: run setup again and choose ${options.account}`,
@@ -290,7 +293,7 @@ export async function runGmailSetup(
       report,
       'watch',
       async () => {
-        const gmail = createGmailClient(endpoints, auth);
+        const gmail = await createGmailClient(endpoints, auth);
         const before = await state.get(options.account);
         const { data } = await gmail.users.watch({
           userId: 'me',
