@@ -37,14 +37,17 @@ RUN ln -s ../lib/node_modules/gatehouse/bin/gatehouse.js /usr/local/bin/gatehous
  && mkdir -p /etc/gatehouse /var/lib/gatehouse \
  && chown node:node /var/lib/gatehouse
 # The SQLite store (storage: { path: "/var/lib/gatehouse/gatehouse.db" }); with PostgreSQL it stays
-# empty unless Gmail or channels (SQLite only for now) are configured.
+# empty: webhook events, Gmail and channel state and the lockout all live in the database.
 VOLUME ["/var/lib/gatehouse"]
 WORKDIR /var/lib/gatehouse
 # The image's unprivileged `node` user (uid 1000): a bind-mounted data dir must be writable by it.
 USER node
-EXPOSE 8080 8081
-# /healthz answers 200 on either listener without auth; curl is not in the image, node is.
-# Set HEALTHCHECK_URL when the gateway listens elsewhere (another port, or TLS: https://…).
+# The gateway, the webhook receiver, the admin listener (examples/container.json5's ports).
+EXPOSE 8080 8081 9090
+# Liveness by default: /healthz answers 200 on every listener without auth while the process answers;
+# curl is not in the image, node is. Set HEALTHCHECK_URL when the gateway listens elsewhere (another
+# port, or TLS: https://…), or to the admin listener's /readyz where an unhealthy container is taken
+# out of rotation rather than restarted (compose.yaml; docs/operations/containers.md).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
   CMD ["node", "-e", "fetch(process.env.HEALTHCHECK_URL, { signal: AbortSignal.timeout(4000) }).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"]
 # SIGTERM drains (up to 10 s of requests, then 10 s of deliveries): give `docker stop -t 30`

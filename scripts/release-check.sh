@@ -157,7 +157,7 @@ step "gatehouse config check: $check"
 gatehouse config check --config "$installed/gateway.json5" > /dev/null || fail "config check of the shipped gateway.json5"
 DATABASE_URL=postgres://gatehouse:secret@127.0.0.1:5432/gatehouse UPSTREAM_URL=http://127.0.0.1:3000 \
   GATEHOUSE_API_KEY_HASH="$(node -p 'JSON.parse(process.argv[1]).entry.hash' "$key_json")" \
-  DEPLOY_HOOK_SECRET="$hook_secret" ACTION_TARGET_URL=http://127.0.0.1:3000/events \
+  DEPLOY_HOOK_SECRET="$hook_secret" ACTION_TARGET_URL=http://127.0.0.1:3000/events ADMIN_TOKEN=release-check-admin-token \
   gatehouse config check --config "$installed/examples/container.json5" > /dev/null || fail "config check of the shipped examples/container.json5"
 if command -v promtool > /dev/null; then
   promtool check rules "$installed/examples/prometheus/alerts.yml" > /dev/null || fail "promtool check rules of the shipped examples/prometheus/alerts.yml"
