@@ -56,21 +56,31 @@ export type RequestLog = (line: Record<string, unknown>, ctx?: RequestContext) =
  * The request-line writer. Its fields are built by logRequest alone and never hold a secret, so
  * it skips pino's redaction and generic serialiser (together ~5 % of the /api/ hot path under
  * load) and writes pino's own line format to the logger's destination: the level and time as the
- * logger writes them (`log.format` json: `"level":"info"`, an ISO time), then name and msg.
+ * logger writes them (`log.format` json: `"level":"info"` and an ISO time; pino's defaults: 30 and
+ * epoch milliseconds), then name and msg. One object stringified whole: building the line from
+ * pino's own fragments instead measured four times slower (bench/log-line.ts).
  */
 export function requestLogger(logger: Logger): RequestLog {
   const internals = logger as unknown as Record<symbol, unknown>;
   const stream = internals[pino.symbols.streamSym] as { write(line: string): void } | undefined;
   const formatters = internals[pino.symbols.formattersSym] as
     { level(label: string, number: number): Record<string, unknown> } | undefined;
-  const time = internals[pino.symbols.timeSym] as (() => string) | undefined; // `,"time":…`, as pino writes it
-  if (!stream || !formatters || !time) return (fields) => logger.info(fields, 'request');
-  // `{"level":"info"` (or `{"level":30`): what pino puts before the time, made once.
-  const head = JSON.stringify(formatters.level('info', logger.levels.values.info!)).slice(0, -1);
+  const time = internals[pino.symbols.timeSym];
+  const formatted = formatters?.level('info', logger.levels.values.info!);
+  const isoTime = time === pino.stdTimeFunctions.isoTime;
+  // Any other shape (a logger gatehouse does not make) is left to pino.
+  if (
+    !stream ||
+    Object.keys(formatted ?? {}).join() !== 'level' ||
+    !(isoTime || time === pino.stdTimeFunctions.epochTime)
+  )
+    return (fields) => logger.info(fields, 'request');
+  const level = formatted!.level;
   const bindings = logger.bindings(); // name, and the worker number under gateway.workers
   return function writeRequestLine(fields) {
     if (!logger.isLevelEnabled('info')) return;
-    stream.write(head + time() + ',' + JSON.stringify({ ...bindings, ...fields, msg: 'request' }).slice(1) + '\n');
+    const now = isoTime ? new Date().toISOString() : Date.now();
+    stream.write(JSON.stringify({ level, time: now, ...bindings, ...fields, msg: 'request' }) + '\n');
   };
 }
 
