@@ -53,7 +53,18 @@ export function buildProgram(): Command {
       `${VERSION}\nstorage schema versions: sqlite ${SQLITE_SCHEMA_VERSION}, postgres ${POSTGRES_SCHEMA_VERSION}`,
     )
     .exitOverride()
-    .showHelpAfterError();
+    .showHelpAfterError()
+    .addHelpText(
+      'after',
+      [
+        '',
+        'Environment:',
+        '  GATEHOUSE_CONFIG      the config file of a command run without --config (else ./gateway.json5)',
+        '  GATEHOUSE_SECRET_KEY  the key that seals stored Gmail and channel logins (read at start)',
+        '',
+        '`start`, `config check` and `config print` also read variables from --env-file <file>.',
+      ].join('\n'),
+    );
   registerStartCommand(program);
   registerConfigCommands(program);
   registerGatewayCommands(program);

@@ -1,7 +1,8 @@
 import path from 'node:path';
-import type { Command } from 'commander';
+import { Option, type Command } from 'commander';
+import { environmentWithFiles } from '../config/env-file.js';
 import { configJsonSchema } from '../config/json-schema.js';
-import { loadConfig, resolveConfigFile } from '../config/load.js';
+import { DEFAULT_CONFIG_FILE as FALLBACK_CONFIG_FILE, loadConfig, resolveConfigFile } from '../config/load.js';
 import type { Config } from '../config/schema.js';
 import { configWarnings } from '../config/warnings.js';
 import { ConfigError } from '../errors.js';
@@ -9,6 +10,24 @@ import { REDACTED, redactUrlCredentials } from '../config/redact.js';
 
 /** Every command's `--config` default: GATEHOUSE_CONFIG when set, else ./gateway.json5. */
 export const DEFAULT_CONFIG_FILE = resolveConfigFile(undefined);
+
+/** `-c, --config <file>`, whose help names GATEHOUSE_CONFIG (the default shown is where it comes from, not its value). */
+export function configFileOption(): Option {
+  return new Option('-c, --config <file>', 'config file').default(
+    DEFAULT_CONFIG_FILE,
+    `$GATEHOUSE_CONFIG, else ./${FALLBACK_CONFIG_FILE}`,
+  );
+}
+
+/** `--env-file <file>` (repeatable): NAME=value variables for `${VAR}`, over the process environment (src/config/env-file.ts). */
+export function envFileOption(when = ''): Option {
+  return new Option(
+    '--env-file <file>',
+    `NAME=value variables for \${VAR}, over the process environment${when} (repeatable: a later file wins)`,
+  )
+    .argParser((file: string, files: string[]) => [...files, file])
+    .default([], 'none');
+}
 
 /**
  * `gatehouse config check|print|schema`. check: exit 0 with a one-line summary (warnings on
@@ -18,14 +37,17 @@ export function registerConfigCommands(program: Command): void {
   const group = program.command('config').description('work with the configuration file');
   group
     .command('check')
-    .description('validate a config file and print a one-line summary')
-    .option('-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE)
+    .description('validate a config file and print a summary (one line per part)')
+    .addOption(configFileOption())
+    .addOption(envFileOption())
     .option('--json', 'problems and warnings as one JSON object')
-    .action((options: { config: string; json?: boolean }) => {
+    .action((options: { config: string; envFile: string[]; json?: boolean }) => {
+      // An env file's problem is one line (exit 1), with --json too: it is not a problem of the config.
+      const env = environmentWithFiles(options.envFile);
       if (options.json) {
         const file = path.resolve(options.config);
         try {
-          const { config } = loadConfig(options.config);
+          const { config } = loadConfig(options.config, env);
           process.stdout.write(
             JSON.stringify({ ok: true, file, problems: [], warnings: configWarnings(config).map(asProblem) }) + '\n',
           );
@@ -38,16 +60,18 @@ export function registerConfigCommands(program: Command): void {
         }
         return;
       }
-      const { config, file } = loadConfig(options.config);
+      const { config, file } = loadConfig(options.config, env);
       for (const warning of configWarnings(config)) process.stderr.write(`warning: ${warning}\n`);
       process.stdout.write(`ok: ${file}: ${summarizeConfig(config)}\n`);
+      for (const line of summarizeSections(config)) process.stdout.write(`  ${line}\n`);
     });
   group
     .command('print')
     .description('print the effective config (defaults filled in, references expanded) as JSON, secrets redacted')
-    .option('-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE)
-    .action((options: { config: string }) => {
-      const { config } = loadConfig(options.config);
+    .addOption(configFileOption())
+    .addOption(envFileOption())
+    .action((options: { config: string; envFile: string[] }) => {
+      const { config } = loadConfig(options.config, environmentWithFiles(options.envFile));
       process.stdout.write(JSON.stringify(redactSecrets(config), null, 2) + '\n');
     });
   group
@@ -84,6 +108,57 @@ export function redactSecrets(value: unknown, key = ''): unknown {
   return value;
 }
 
+/** At most this many items named on a summary line; the rest are counted. */
+const NAMED_ON_A_LINE = 4;
+
+/** `a, b, c, d and 3 more` */
+function someOf(items: readonly string[]): string {
+  const named = items.slice(0, NAMED_ON_A_LINE).join(', ');
+  return items.length > NAMED_ON_A_LINE ? `${named} and ${items.length - NAMED_ON_A_LINE} more` : named;
+}
+
+/** 60 → `1m`: a rate limit's period as it is written. */
+function period(seconds: number): string {
+  for (const [unit, size] of [
+    ['d', 86_400],
+    ['h', 3600],
+    ['m', 60],
+  ] as const)
+    if (seconds % size === 0) return `${seconds / size}${unit}`;
+  return `${seconds}s`;
+}
+
+/**
+ * `config check`'s lines after the first: routes, rules, rate limits, CORS and admin, one line
+ * each. Never a secret: counts, prefixes, origins, addresses, and whether a token is set.
+ */
+export function summarizeSections(config: Config): string[] {
+  const { gateway, admin } = config;
+  const { auth } = gateway;
+  const routes = gateway.routes.map(
+    (r) =>
+      `${r.prefix} -> ${redactUrlCredentials(r.upstream.target)}${r.stripPrefix ? ` (strip ${r.stripPrefix})` : ''}`,
+  );
+  const scoped = auth.rules.filter((r) => r.scopes).length;
+  const claimed = auth.rules.filter((r) => r.claims).length;
+  const limits = gateway.rateLimits.map(
+    (l) =>
+      `${l.requests}/${period(l.per)} by ${l.by}${l.burst ? ` burst ${l.burst}` : ''}${l.paths || l.methods ? ' (some requests)' : ''}`,
+  );
+  const ownLimits = auth.apiKeys.filter((k) => k.rateLimit).length;
+  const routeCors = gateway.routes.filter((r) => r.cors !== undefined).length;
+  const cors = gateway.cors
+    ? `${someOf(gateway.cors.origins)}, credentials ${gateway.cors.credentials ? 'on' : 'off'}`
+    : 'off';
+  return [
+    `routes: ${routes.length ? someOf(routes) : 'none'}`,
+    `rules: ${auth.rules.length ? `${auth.rules.length} (${scoped} with scopes, ${claimed} with claims)` : 'none'}; a request no rule matches is ${auth.defaultAllow ? 'allowed' : 'refused'}`,
+    `rate limits: ${limits.length ? someOf(limits) : 'none'}${ownLimits ? `; ${ownLimits} API key(s) with their own` : ''}`,
+    `cors: ${cors}${routeCors ? `; ${routeCors} route(s) with their own` : ''}`,
+    `admin: ${admin ? `${admin.listen.host}:${admin.listen.port}, /metrics ${admin.token !== undefined ? 'behind a token' : 'open (no token)'}` : 'off'}`,
+  ];
+}
+
 export function summarizeConfig(config: Config): string {
   const { gateway, webhooks } = config;
   const { auth } = gateway;
@@ -101,5 +176,5 @@ export function summarizeConfig(config: Config): string {
   const hooks = webhooks.enabled
     ? `webhooks on ${webhooks.listen.host}:${webhooks.listen.port} (${webhooks.endpoints.length} endpoint(s))`
     : 'webhooks off';
-  return `gateway ${gateway.listen.host}:${gateway.listen.port} -> ${gateway.upstream.target}, ${authText}, ${ips}; ${hooks}`;
+  return `gateway ${gateway.listen.host}:${gateway.listen.port} -> ${redactUrlCredentials(gateway.upstream.target)}, ${authText}, ${ips}; ${hooks}`;
 }

@@ -17,11 +17,15 @@ function writeConfig(name: string, text: string): string {
 }
 
 describe('gatehouse config check', () => {
-  it('the shipped gateway.json5 is valid: exit 0 and a one-line summary', async () => {
+  it('the shipped gateway.json5 is valid: exit 0, the summary line, then one line each for routes, rules, rate limits, cors, admin', async () => {
     const result = await runCli(['config', 'check', '--config', path.join(ROOT, 'gateway.json5')]);
     assert.equal(result.code, 0, result.stderr);
-    assert.equal(result.stdout.trim().split('\n').length, 1);
-    assert.match(result.stdout, /^ok: .*gateway 127\.0\.0\.1:8080 -> http:\/\/127\.0\.0\.1:3000/);
+    const lines = result.stdout.trim().split('\n');
+    assert.match(lines[0]!, /^ok: .*gateway 127\.0\.0\.1:8080 -> http:\/\/127\.0\.0\.1:3000/);
+    assert.deepEqual(
+      lines.slice(1).map((line) => line.slice(0, line.indexOf(':'))),
+      ['  routes', '  rules', '  rate limits', '  cors', '  admin'],
+    );
   });
 
   it('examples/providers.json5 (one endpoint per verify type) is valid', async () => {

@@ -112,6 +112,82 @@ describe('config from the environment (containers)', () => {
   });
 });
 
+describe('--help names GATEHOUSE_CONFIG', () => {
+  it('the program, start and config check say where the config file comes from without --config', async () => {
+    const [program, start, check] = await Promise.all([
+      runCli(['--help']),
+      runCli(['start', '--help']),
+      runCli(['config', 'check', '--help']),
+    ]);
+    assert.match(program.stdout, /GATEHOUSE_CONFIG +the config file of a command run without --config/);
+    for (const help of [start, check]) {
+      assert.equal(help.code, 0, help.stderr);
+      assert.match(
+        help.stdout.replace(/\s+/g, ' '),
+        /-c, --config <file> config file \(default: \$GATEHOUSE_CONFIG, else \.\/gateway\.json5\)/,
+      );
+      assert.match(help.stdout, /--env-file <file>/);
+    }
+  });
+});
+
+describe('config check summarises each part, one line each, nothing secret', () => {
+  it('routes, rules, rate limits, cors and admin', async () => {
+    const file = writeConfig(
+      'summary.json5',
+      `{
+      gateway: {
+        upstream: { target: "http://svc:Upstr3amPW@127.0.0.1:3999" },
+        auth: {
+          apiKey: "summary-key-0123456789abcdefghijklmnopq",
+          rules: [{ paths: ["/api/admin/**"], scopes: ["admin"] }, { paths: ["/api/team/**"], claims: { team: "a" } }],
+          defaultAllow: false,
+        },
+        routes: [
+          { prefix: "/api/billing/", upstream: { target: "http://127.0.0.1:4001" }, stripPrefix: "/api" },
+          { prefix: "/api/files/", upstream: { target: "http://127.0.0.1:4002" }, cors: false },
+        ],
+        rateLimits: [{ by: "ip", requests: 100, per: "1m" }, { by: "key", requests: 5, per: "1s", burst: 10, paths: ["/api/x"] }],
+        cors: { origins: ["https://app.example.com", "https://*.example.org"], credentials: true },
+      },
+      admin: { token: "Adm1nT0ken-0123456789" },
+    }`,
+    );
+    const result = await runCli(['config', 'check', '--config', file]);
+    assert.equal(result.code, 0, result.stderr);
+    assert.deepEqual(result.stdout.split('\n').slice(1), [
+      '  routes: /api/billing/ -> http://127.0.0.1:4001 (strip /api), /api/files/ -> http://127.0.0.1:4002',
+      '  rules: 2 (1 with scopes, 1 with claims); a request no rule matches is refused',
+      '  rate limits: 100/1m by ip, 5/1s by key burst 10 (some requests)',
+      '  cors: https://app.example.com, https://*.example.org, credentials on; 1 route(s) with their own',
+      '  admin: 127.0.0.1:9090, /metrics behind a token',
+      '',
+    ]);
+    assert.match(
+      result.stdout,
+      /^ok: .*summary\.json5: gateway 127\.0\.0\.1:8080 -> http:\/\/svc:\[redacted\]@127\.0\.0\.1:3999,/,
+    );
+    for (const secret of ['Upstr3amPW', 'Adm1nT0ken', 'summary-key'])
+      assert.ok(!result.stdout.includes(secret), secret);
+
+    const bare = await runCli([
+      'config',
+      'check',
+      '--config',
+      writeConfig('bare.json5', `{ gateway: { upstream: { target: "http://127.0.0.1:3999" } } }`),
+    ]);
+    assert.equal(bare.code, 0, bare.stderr);
+    assert.deepEqual(bare.stdout.split('\n').slice(1), [
+      '  routes: none',
+      '  rules: none; a request no rule matches is allowed',
+      '  rate limits: none',
+      '  cors: off',
+      '  admin: off',
+      '',
+    ]);
+  });
+});
+
 describe('config check reports every problem at once', () => {
   it('a type error does not hide the cross-field checks', async () => {
     const file = writeConfig(
