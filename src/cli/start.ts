@@ -71,14 +71,29 @@ export function registerStartCommand(program: Command): void {
       if (options.watch) watchFile(file, { interval: 1_000, persistent: false }, onFileChange);
 
       await new Promise<void>((resolve) => {
+        // The first signal drains (shutdown.acceptGrace, then shutdown.timeout); a second ends the accept
+        // grace at once (in-flight requests still finish); a third stops the process (Node's default).
+        const skipGrace = new AbortController();
+        let stopping = false;
         const stop = (signal: string) => {
-          logger.info({ signal }, 'shutting down: draining in-flight requests');
+          if (stopping) {
+            logger.info({ signal }, 'second signal: no longer accepting; in-flight requests still finish');
+            skipGrace.abort();
+            process.off('SIGTERM', stop);
+            process.off('SIGINT', stop);
+            return;
+          }
+          stopping = true;
+          logger.info(
+            { signal },
+            'shutting down: /readyz fails, still accepting for shutdown.acceptGrace, then draining',
+          );
           process.off('SIGHUP', reload);
           unwatchFile(file, onFileChange);
-          void running.close().then(resolve);
+          void running.close(undefined, { acceptGrace: true, skipGrace: skipGrace.signal }).then(resolve);
         };
-        process.once('SIGTERM', stop);
-        process.once('SIGINT', stop);
+        process.on('SIGTERM', stop);
+        process.on('SIGINT', stop);
       });
       logger.info('stopped');
       logger.flush?.();

@@ -4,6 +4,7 @@ import type { jwtSettings } from './sections/auth.js';
 import { channels } from './sections/channels.js';
 import type { httpLimits } from './sections/common.js';
 import { gateway } from './sections/gateway.js';
+import { shutdown } from './sections/shutdown.js';
 import { storage } from './sections/storage.js';
 import { webhooks } from './sections/webhooks.js';
 
@@ -39,6 +40,7 @@ export const configSchema = z
     webhooks,
     channels,
     admin,
+    shutdown,
   })
   .superRefine((config, ctx) => {
     if (config.admin && config.admin.token === undefined && !isLoopbackHost(config.admin.listen.host)) {

@@ -3,6 +3,7 @@ import https from 'node:https';
 import type { Socket } from 'node:net';
 import type { GatewayConfig } from '../config/schema.js';
 import { HttpError } from '../errors.js';
+import { acceptGraceOver, currentAcceptGrace } from '../http/accept-grace.js';
 import { countWebSocket, trackWebSocket } from '../observability/metrics.js';
 import { GATEHOUSE_PROTOCOL, offeredGatehouseProtocol } from './browser-credentials.js';
 import { upstreamError } from './proxy.js';
@@ -99,8 +100,12 @@ export class WebSocketConnections {
     return closed;
   }
 
-  /** Waits up to `graceMs` for the connections to end by themselves, then closes the rest (`drained`). */
+  /**
+   * Waits up to `graceMs` for the connections to end by themselves, then closes the rest (`drained`).
+   * Within a shutdown's accept grace the listener still takes upgrades: the wait begins once it is over.
+   */
   async drain(graceMs: number): Promise<void> {
+    await acceptGraceOver(currentAcceptGrace());
     if (this.taken === 0) return;
     await new Promise<void>((resolve) => {
       const timer = setTimeout(resolve, graceMs);

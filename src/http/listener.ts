@@ -2,7 +2,8 @@ import { X509Certificate } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
-import type { AddressInfo, Socket } from 'node:net';
+import net, { type AddressInfo, type Socket } from 'node:net';
+import { acceptGraceOver, currentAcceptGrace } from './accept-grace.js';
 import type { HttpLimits } from '../config/schema.js';
 import { errorCatalogue, HttpError, sendError, UsageError, type ErrorCode } from '../errors.js';
 
@@ -101,11 +102,20 @@ export async function listen(
     requireHostHeader: false,
     joinDuplicateHeaders: false,
   };
-  const serve = oneAtATime(handler);
+  const serve = oneAtATime((req, res) => {
+    if (inAcceptGrace.has(server)) res.shouldKeepAlive = false; // Node then says `Connection: close` and closes after
+    handler(req, res);
+  });
   const secure = tls ? httpsServer(name, tls, options, serve) : undefined;
   const server = secure?.server ?? http.createServer(options, serve);
   server.maxHeadersCount = limits.maxHeaderCount + 1;
   server.maxRequestsPerSocket = 0;
+  const open = new Set<Socket>();
+  connections.set(server, open);
+  server.on(secure ? 'secureConnection' : 'connection', (socket: Socket) => {
+    open.add(socket);
+    socket.once('close', () => open.delete(socket));
+  });
   server.on('clientError', answerParseError);
   // `Expect: 100-continue` reaches the handler unanswered: gatehouse says "continue" only once the
   // request passed its checks (continueIfExpected), so a refused client never sends its body.
@@ -126,6 +136,7 @@ export async function listen(
   if (upgrade) {
     const runUpgrade = inTurn((req, res) => upgrade(req, res, upgradeHeads.get(req) ?? EMPTY));
     server.on('upgrade', (req: http.IncomingMessage, socket: Socket, head: Buffer) => {
+      open.delete(socket); // no longer an HTTP connection: the WebSocket drain has it (or it closes after a refusal)
       socket.once('error', () => socket.destroy());
       lastParsed.set(socket, req);
       if (isClosing(socket)) return void socket.destroy(); // behind an answer that closes the connection
@@ -180,11 +191,37 @@ function describeListenError(name: string, at: { host: string; port: number }, e
   return why ? new UsageError(`${name} ${address} ${why}`) : err;
 }
 
-/** Drain: stop accepting, close idle keep-alive sockets, wait for in-flight requests, then cut the rest. */
+/** Listeners in a shutdown's accept grace: still accepting, every answer closes its connection. */
+const inAcceptGrace = new WeakSet<http.Server>();
+/** Each listener's open HTTP connections (upgraded ones leave it). */
+const connections = new WeakMap<http.Server, Set<Socket>>();
+
+/**
+ * Drain: within a close that has an accept grace (`withAcceptGrace`), keep accepting until it is
+ * over, every answer saying `Connection: close`; then stop accepting, close idle keep-alive
+ * sockets, wait for in-flight requests (up to `graceMs`), then cut the rest.
+ */
 export async function closeServer(server: http.Server, graceMs: number): Promise<void> {
   if (!server.listening) return;
-  const closed = new Promise<void>((resolve) => server.close(() => resolve()));
-  server.closeIdleConnections();
+  const grace = currentAcceptGrace();
+  if (grace) {
+    inAcceptGrace.add(server);
+    await acceptGraceOver(grace);
+    // One more pass through the event loop's I/O phase: connections the kernel completed before the
+    // grace ended are accepted, not reset with the listening socket.
+    await new Promise((resolve) => setImmediate(resolve));
+    if (!server.listening) return;
+  }
+  const closed = new Promise<void>((resolve) => {
+    if (!grace) return void server.close(() => resolve());
+    // Node's own close also cuts connections whose request it has not read yet (it counts them idle):
+    // after a grace those were accepted moments ago, on a loaded machine many of them, and are owed
+    // an answer (the header and request timeouts still hold them). Only connections idle after an
+    // answer (kept alive since before the grace) go now.
+    net.Server.prototype.close.call(server, () => resolve());
+    for (const socket of connections.get(server) ?? []) if (keptAliveIdle(socket)) socket.destroy();
+  });
+  if (!grace) server.closeIdleConnections();
   const timer = setTimeout(() => server.closeAllConnections(), graceMs);
   timer.unref();
   await closed;
@@ -327,6 +364,11 @@ export function closeAfterAnswer(res: http.ServerResponse): void {
   if (res.writableFinished) return void closeSoon();
   if (!res.headersSent) res.setHeader('connection', 'close');
   res.once('finish', closeSoon);
+}
+
+/** Between requests: answered at least once, nothing being answered or waiting, not closing already. */
+function keptAliveIdle(socket: Socket): boolean {
+  return lastParsed.has(socket) && !answering.has(socket) && !waiting.has(socket) && !socket.writableEnded;
 }
 
 /** The connection was told to close: a request parsed from it after that is not handled. */

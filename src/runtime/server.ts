@@ -13,6 +13,7 @@ import { startGrantRefresher } from '../integrations/channels/refresh.js';
 import type { ChannelStore } from '../integrations/channels/state.js';
 import { closeServer, listen, type Listening, type TlsPem } from '../http/listener.js';
 import { ResourceStack } from './resources.js';
+import { withAcceptGrace } from '../http/accept-grace.js';
 import { WebSocketConnections } from '../gateway/websocket.js';
 import { enableMetrics } from '../observability/metrics.js';
 import { gmailPushVerifier, startGmail, type GmailPushRoute, type RunningGmail } from '../integrations/gmail/run.js';
@@ -38,8 +39,14 @@ export interface RunningGatehouse {
   admin?: { url: string };
   /** Swaps in a new config without dropping in-flight requests (and reads the TLS files again). Listen addresses need a restart. */
   reload(config: Config): Promise<void>;
-  /** Stops accepting, lets in-flight requests finish (up to `graceMs`), then closes. */
-  close(graceMs?: number): Promise<void>;
+  /**
+   * Drains, then closes; /readyz answers 503 from the first moment (the admin listener closes last).
+   * With `acceptGrace` (what SIGTERM does), the listeners first keep accepting for `shutdown.acceptGrace`
+   * of the config in force, every answer saying `Connection: close`; `skipGrace` aborted ends that
+   * early (a second signal). Then they stop accepting, in-flight requests and WebSockets get `graceMs`
+   * (default `shutdown.timeout`) to finish, and the rest is cut.
+   */
+  close(graceMs?: number, options?: { acceptGrace?: boolean; skipGrace?: AbortSignal }): Promise<void>;
 }
 
 /** Starts the listeners for a validated config: the /api/ edge, and the webhook receiver when enabled. */
@@ -111,11 +118,12 @@ export async function startGatehouse(
       config = next;
       logger.info('configuration reloaded');
     },
-    async close(graceMs = 10_000) {
+    async close(graceMs = config.shutdown.timeout, { acceptGrace = false, skipGrace } = {}) {
       // /readyz turns 503 at once and the admin listener closes last: a load balancer sees the drain.
       admin?.startDraining();
+      const grace = { ms: acceptGrace ? config.shutdown.acceptGrace : 0, skip: skipGrace };
       try {
-        await resources.close(graceMs);
+        await withAcceptGrace(grace, () => resources.close(graceMs));
       } finally {
         await admin?.close(1_000);
       }

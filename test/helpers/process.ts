@@ -65,6 +65,10 @@ export function spawnCli(args: string[], options: { env?: NodeJS.ProcessEnv; cwd
   });
 }
 
+/** The line `gatehouse start` logs on its first SIGTERM/SIGINT (src/cli/start.ts). */
+export const DRAIN_START = 'shutting down: /readyz fails, still accepting for shutdown.acceptGrace, then draining';
+const isDrainStart = (line: Record<string, any>) => line.msg === DRAIN_START;
+
 export interface ServerProcess {
   child: ChildProcess;
   /** JSON log lines seen so far. */
@@ -136,7 +140,19 @@ export function startServerProcess(
       });
     },
     async stop(signal = 'SIGTERM') {
-      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      const alive = () => child.exitCode === null && child.signalCode === null;
+      if (alive()) child.kill(signal);
+      // `gatehouse start` keeps accepting for shutdown.acceptGrace (5 s by default) after a first
+      // SIGTERM/SIGINT; a second one skips the rest of it, as an operator would: no test waits it out.
+      if ((signal === 'SIGTERM' || signal === 'SIGINT') && alive()) {
+        const draining = new Promise<void>((resolve) => {
+          if (lines.some(isDrainStart)) return resolve();
+          waiters.push({ match: isDrainStart, resolve: () => resolve() });
+        });
+        if (await Promise.race([draining.then(() => true), exited.then(() => false)])) {
+          if (alive()) child.kill(signal);
+        }
+      }
       return exited;
     },
   };

@@ -3,6 +3,7 @@ import os from 'node:os';
 import type { Logger } from 'pino';
 import type { Config } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
+import { currentAcceptGrace, graceLeftMs } from '../../http/accept-grace.js';
 import { readTlsPem, type TlsPem } from '../../http/listener.js';
 import type { LockoutStore } from '../../http/lockout.js';
 import type { RunningGateway } from '../server.js';
@@ -248,21 +249,29 @@ export async function startGatewayWorkers(
         snapshots: answers.flatMap((a) => (a?.metrics ? [a.metrics] : [])),
       };
     },
-    /** Asks every worker to drain (up to `graceMs`) and waits for them to exit. */
+    /**
+     * Asks every worker to drain and waits for them to exit: within a close's accept grace they keep
+     * accepting for what is left of it (told when it is skipped), then in-flight requests get `graceMs`.
+     */
     async close(graceMs) {
       stopping = true;
       unsubscribe?.();
+      const grace = currentAcceptGrace();
+      const acceptGraceMs = graceLeftMs(grace);
       const exits = [...workers].map(
         (worker) =>
           new Promise<void>((resolve) => {
             if (worker.isDead()) return resolve();
             worker.once('exit', () => resolve());
-            send(worker, { type: 'shutdown', graceMs });
+            send(worker, { type: 'shutdown', graceMs, acceptGraceMs });
           }),
       );
-      const timer = setTimeout(() => workers.forEach((w) => w.kill('SIGKILL')), graceMs + 5_000);
+      const endGrace = () => workers.forEach((w) => send(w, { type: 'endAcceptGrace' }));
+      grace?.skip?.addEventListener('abort', endGrace, { once: true });
+      const timer = setTimeout(() => workers.forEach((w) => w.kill('SIGKILL')), acceptGraceMs + graceMs + 5_000);
       await Promise.all(exits);
       clearTimeout(timer);
+      grace?.skip?.removeEventListener('abort', endGrace);
     },
   };
 }

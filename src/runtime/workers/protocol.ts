@@ -24,7 +24,10 @@ export type ToWorker =
   /** `tls`: the pair in force (gateway.tls), read by the primary for all of them. */
   | { type: 'config'; config: Config; workers: number; tls?: TlsPem }
   | { type: 'locked'; key: string; until: number }
-  | { type: 'shutdown'; graceMs: number }
+  /** Drain: keep accepting for `acceptGraceMs` (answers say `Connection: close`), then in-flight requests get `graceMs`. */
+  | { type: 'shutdown'; graceMs: number; acceptGraceMs: number }
+  /** A second signal: the rest of the accept grace is skipped. */
+  | { type: 'endAcceptGrace' }
   | { type: 'probe'; id: number; metrics: boolean };
 
 /** Messages from a worker to the primary. */

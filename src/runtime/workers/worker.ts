@@ -1,5 +1,6 @@
 import cluster from 'node:cluster';
 import type { Logger } from 'pino';
+import { withAcceptGrace } from '../../http/accept-grace.js';
 import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from '../../http/lockout.js';
 import { createLogger } from '../../observability/log.js';
 import { enableMetrics, metricsSnapshot } from '../../observability/metrics.js';
@@ -42,12 +43,14 @@ export async function runGatewayWorker(): Promise<void> {
   let logger: Logger | undefined;
   let running: RunningGateway | undefined;
   let configuring = Promise.resolve();
+  const skipAcceptGrace = new AbortController();
   await new Promise<void>((resolve) => {
     let stopped = false;
-    const stop = async (graceMs: number) => {
+    const stop = async (graceMs: number, acceptGraceMs = 0) => {
       if (stopped) return;
       stopped = true;
-      await running?.close(graceMs);
+      // The listener keeps accepting through the primary's accept grace, then drains (src/http/accept-grace.ts).
+      await withAcceptGrace({ ms: acceptGraceMs, skip: skipAcceptGrace.signal }, async () => running?.close(graceMs));
       logger?.flush();
       resolve();
     };
@@ -84,7 +87,10 @@ export async function runGatewayWorker(): Promise<void> {
           locks.lockUntil(message.key, message.until);
           break;
         case 'shutdown':
-          void configuring.then(() => stop(message.graceMs));
+          void configuring.then(() => stop(message.graceMs, message.acceptGraceMs));
+          break;
+        case 'endAcceptGrace':
+          skipAcceptGrace.abort();
           break;
         case 'probe':
           void (async () => {
