@@ -158,7 +158,7 @@ export function registerGmailCommands(webhooks: Command): void {
       const { config } = loadConfig(o.config);
       if (!config.webhooks.gmail)
         throw new UsageError(`${o.config} has no webhooks.gmail section: run \`gatehouse webhooks gmail setup\` first`);
-      const logger = createLogger({ level: config.log.level });
+      const logger = createLogger({ level: config.log.level, format: config.log.format });
       const running = await startWebhooks(config, logger, new MemoryLockoutStore());
       await new Promise<void>((resolve) => {
         const stop = (signal: string) => {

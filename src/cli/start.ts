@@ -1,6 +1,8 @@
 import cluster from 'node:cluster';
 import { unwatchFile, watchFile, type Stats } from 'node:fs';
 import type { Command } from 'commander';
+import type { Logger } from 'pino';
+import { environmentWithFiles } from '../config/env-file.js';
 import { environmentVariableBehind, loadConfig } from '../config/load.js';
 import type { Config } from '../config/schema.js';
 import { ConfigError, UsageError } from '../errors.js';
@@ -9,19 +11,21 @@ import { countConfigReload } from '../observability/metrics.js';
 import { startGatehouse } from '../runtime/server.js';
 import { resolveWorkerCount, startGatewayWorkers } from '../runtime/workers/primary.js';
 import { runGatewayWorker } from '../runtime/workers/worker.js';
-import { DEFAULT_CONFIG_FILE } from './config.js';
+import { PREVIOUS_SECRET_KEYS_VARIABLE, SECRET_KEY_VARIABLE } from '../storage/secrets.js';
+import { configFileOption, envFileOption } from './config.js';
 
 /**
  * `gatehouse start`: listen until SIGTERM/SIGINT (drain). SIGHUP, or a change to the config file
- * (polled once a second; `--no-watch` turns that off), reloads it.
+ * (polled once a second; `--no-watch` turns that off), reloads it, reading the `--env-file`s again.
  */
 export function registerStartCommand(program: Command): void {
   program
     .command('start')
     .description('start the gateway (and the webhook receiver when enabled)')
-    .option('-c, --config <file>', 'config file', DEFAULT_CONFIG_FILE)
+    .addOption(configFileOption())
+    .addOption(envFileOption(', read again at every reload'))
     .option('--no-watch', 'reload on SIGHUP only, not when the config file changes')
-    .action(async (options: { config: string; watch: boolean }) => {
+    .action(async (options: { config: string; envFile: string[]; watch: boolean }) => {
       if (cluster.isWorker) return runGatewayWorker(); // forked by the primary below (gateway.workers > 1)
       // A SIGHUP before the listeners are up (a `systemctl reload` during a restart, a certbot hook)
       // would end the process (Node's default): it is kept, and the reload made once started.
@@ -30,8 +34,10 @@ export function registerStartCommand(program: Command): void {
         reloadAsked = true;
       };
       process.on('SIGHUP', askedDuringStart);
-      const { config, file } = loadConfig(options.config);
-      const logger = createLogger({ level: config.log.level });
+      const env = environmentWithFiles(options.envFile);
+      adoptStartOnlyVariables(env);
+      const { config, file } = loadConfig(options.config, env);
+      const logger = createLogger({ level: config.log.level, format: config.log.format });
       logger.info({ config: file, pid: process.pid }, `gatehouse starting (pid ${process.pid})`);
       const workers = resolveWorkerCount(config.gateway.workers);
       const running = await startGatehouse(config, {
@@ -47,11 +53,16 @@ export function registerStartCommand(program: Command): void {
       const reload = () => {
         reloading = reloading.then(async () => {
           try {
-            await running.reload(loadConfig(file).config);
+            const env = environmentWithFiles(options.envFile);
+            const next = loadConfig(file, env).config;
+            warnAboutStartOnlyChanges(logger, env, config, next);
+            await running.reload(next);
             countConfigReload('ok');
           } catch (err) {
             countConfigReload('rejected');
-            const problems = err instanceof ConfigError ? err.problems : [String(err)];
+            // A UsageError is one line already (an env file's problem names its file and line).
+            const problems =
+              err instanceof ConfigError ? err.problems : [err instanceof Error ? err.message : String(err)];
             logger.error({ problems }, 'reload rejected: the previous configuration stays in force');
           }
         });
@@ -98,6 +109,27 @@ export function registerStartCommand(program: Command): void {
       logger.info('stopped');
       logger.flush?.();
     });
+}
+
+/**
+ * Variables read from process.env by code that is not handed the environment view, and only at
+ * start: the sealing keys (src/storage/secrets.ts; the webhook side and Gmail take them once, and
+ * gateway workers inherit process.env when forked). Taken from the env files here, once, so the
+ * files can hold them; never at a reload, since a key swapped in some processes and not others
+ * could not open what the others sealed (its rotation is a restart: docs/operations/rotation.md).
+ */
+const START_ONLY_VARIABLES = [SECRET_KEY_VARIABLE, PREVIOUS_SECRET_KEYS_VARIABLE];
+
+function adoptStartOnlyVariables(env: NodeJS.ProcessEnv): void {
+  for (const name of START_ONLY_VARIABLES) if (env[name] !== undefined) process.env[name] = env[name];
+}
+
+/** Said at a reload: what the env files or the config changed that only a restart applies. */
+function warnAboutStartOnlyChanges(logger: Logger, env: NodeJS.ProcessEnv, config: Config, next: Config): void {
+  for (const name of START_ONLY_VARIABLES)
+    if (env[name] !== process.env[name]) logger.warn(`${name} changed: it takes effect at the next restart`);
+  if (config.log.level !== next.log.level || config.log.format !== next.log.format)
+    logger.warn('log changed: it takes effect at the next restart');
 }
 
 /**

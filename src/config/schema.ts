@@ -4,6 +4,7 @@ import type { jwtSettings } from './sections/auth.js';
 import { channels } from './sections/channels.js';
 import type { httpLimits } from './sections/common.js';
 import { gateway } from './sections/gateway.js';
+import { log } from './sections/log.js';
 import { shutdown } from './sections/shutdown.js';
 import { storage } from './sections/storage.js';
 import { webhooks } from './sections/webhooks.js';
@@ -27,15 +28,7 @@ export const configSchema = z
         'For editors: the JSON Schema this file follows (e.g. `"./gateway.schema.json"`, from `gatehouse config schema`); gatehouse ignores it.',
       ),
     storage,
-    log: z
-      .strictObject({
-        level: z
-          .enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'])
-          .default('info')
-          .describe('The least severe level logged, from `"fatal"` to `"trace"`; `"silent"` logs nothing.'),
-      })
-      .prefault({})
-      .describe('What gatehouse logs: JSON lines on stdout (readable text on a terminal).'),
+    log,
     gateway,
     webhooks,
     channels,

@@ -65,7 +65,11 @@ export async function runGatewayWorker(): Promise<void> {
               if (!running) {
                 // Before the app is built, which binds its instruments (src/observability/metrics.ts).
                 if (message.config.admin) enableMetrics();
-                logger = createLogger({ level: message.config.log.level, bindings: { worker: cluster.worker!.id } });
+                logger = createLogger({
+                  level: message.config.log.level,
+                  format: message.config.log.format,
+                  bindings: { worker: cluster.worker!.id },
+                });
                 running = await startGateway(message.config, {
                   logger,
                   lockoutStore,
