@@ -267,7 +267,7 @@ describe('qr channel: pairing, device messages, outbox, revoke', () => {
           const login = startLogin(ws, 'kiosk');
           logins.push(login);
           const [, url, code] = await login
-            .waitForOutput(/\n {2}(http:\/\/\S+\/pair\/(\S+))\npairing code: /)
+            .waitForOutput(/\n {2}(http:\/\/\S+\/pair\/(\S+))\npairing code: /, 40_000) // four processes at once on a loaded 2-core machine
             .catch(() => []);
           return url ? { pending: { login, url, code: code! } } : { refused: await login.exited };
         }),

@@ -93,7 +93,7 @@ describe('storage that cannot be reached', () => {
       assert.equal(result.code, 1, `${label}: ${result.stderr}`);
       assert.match(
         result.stderr,
-        /^gatehouse: cannot use the storage postgres:\/\/gatehouse@127\.0\.0\.1:9\/gatehouse: .*ECONNREFUSED.*\n$/,
+        /^gatehouse: postgres: cannot reach postgres:\/\/gatehouse@127\.0\.0\.1:9\/gatehouse \(storage\.url\): .*ECONNREFUSED.*\n$/,
         label,
       );
     });
