@@ -10,6 +10,7 @@ import {
   type PurgeResult,
   type StoredEvent,
 } from '../storage/contracts/events.js';
+import { listEvents, retryEvents } from '../admin/deliveries.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 import { registerGmailCommands } from './gmail.js';
 import { toJsonWithIsoDates } from './terminal.js';
@@ -54,8 +55,11 @@ export function registerWebhooksCommands(program: Command): void {
       // Safe integers only: 1e20 is an integer to JavaScript, and a stack from the database's bigint.
       if (!Number.isSafeInteger(limit) || limit < 1)
         throw new UsageError(`--limit must be a positive integer (got "${options.limit}")`);
-      const events = await withStore(options.config, (store) =>
-        store.list({ status: options.status as DeliveryStatus | undefined, endpoint: options.endpoint, limit }),
+      const { events } = await withStore(options.config, (store) =>
+        listEvents(store, {
+          filter: { status: options.status as DeliveryStatus | undefined, endpoint: options.endpoint },
+          limit,
+        }),
       );
       if (options.json) return print(toJsonWithIsoDates(events.map(summary)));
       if (events.length === 0) return print('no events');
@@ -114,14 +118,20 @@ export function registerWebhooksCommands(program: Command): void {
       if ([id !== undefined, options.dead, options.queued].filter(Boolean).length !== 1)
         throw new UsageError('give one of: an event id, --dead, --queued');
       if (options.dead) {
-        const count = await withStore(options.config, (store) => store.requeueDead(Date.now()));
+        const count = await withStore(options.config, (store) =>
+          retryEvents(store, { filter: { status: 'dead' }, includeDelivered: false }, Date.now()),
+        );
         return print(`requeued ${count} dead event(s)`);
       }
       if (options.queued) {
-        const count = await withStore(options.config, (store) => store.requeueWaiting(Date.now()));
+        const count = await withStore(options.config, (store) =>
+          retryEvents(store, { filter: { status: 'queued' }, includeDelivered: false }, Date.now()),
+        );
         return print(`${count} queued event(s) waiting for a retry are due now`);
       }
-      const done = await withStore(options.config, (store) => store.requeue(id!, Date.now()));
+      const done = await withStore(options.config, (store) =>
+        retryEvents(store, { ids: [id!], includeDelivered: true }, Date.now()),
+      );
       if (!done)
         throw new UsageError(
           `no event ${id} to retry (unknown, or queued and already due: being delivered or next in line)`,
@@ -158,7 +168,7 @@ export function purgeSummary(result: PurgeResult, olderThan: string): string {
   return `${line}; kept ${result.keptInWindow.toLocaleString('en-US')} still inside the ${hours} h delivery-id window (purged once it passes)`;
 }
 
-function summary(e: StoredEvent) {
+function summary(e: Omit<StoredEvent, 'envelope'>) {
   return {
     id: e.id,
     status: e.status,

@@ -326,19 +326,25 @@ describe('SQLite schema migrations', () => {
     await events.close();
     return found;
   };
+  /** A new file's schema at the latest version, and at version 1 (the baseline: what builds before the runner made). */
   let fresh: ReturnType<typeof schemaOf>;
+  let baseline: ReturnType<typeof schemaOf>;
 
   before(async () => {
     dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-sqlite-migrations-'));
     const file = newFile();
     await new SqliteEventStore(file).close();
     fresh = withFile(file, schemaOf);
+    baseline = withFile(newFile(), (db) => {
+      migrateSqlite(db, SQLITE_MIGRATIONS.slice(0, 1));
+      return schemaOf(db);
+    });
   });
   after(() => rmSync(dir, { recursive: true, force: true }));
 
-  it("numbers the SQLite schema from 1, today's schema being version 1", () => {
+  it("numbers the SQLite schema from 1, the baseline being version 1 and today's version 2", () => {
     assert.equal(SQLITE_SCHEMA_VERSION, SQLITE_MIGRATIONS.length);
-    assert.equal(SQLITE_SCHEMA_VERSION, 1);
+    assert.equal(SQLITE_SCHEMA_VERSION, 2);
     assert.throws(
       () =>
         latestVersion([
@@ -351,26 +357,27 @@ describe('SQLite schema migrations', () => {
 
   it('a new file gets exactly the schema the stores used to create, at user_version 1', () => {
     const before = fileMadeWith([EVENTS_BEFORE, CHANNELS_BEFORE, GMAIL_BEFORE], 1);
-    assert.deepEqual(withFile(before, schemaOf), fresh);
+    assert.deepEqual(withFile(before, schemaOf), baseline);
   });
 
-  it("a file of today's build, every part in it, at user_version 1, opens unchanged with every row", async () => {
+  it('a file of the baseline build, every part in it, at user_version 1, opens with every row, gaining only version 2', async () => {
     const file = fileMadeWith([EVENTS_BEFORE, CHANNELS_BEFORE, GMAIL_BEFORE], 1);
     const [schema, rows] = withFile(file, (db) => [schemaOf(db), rowsOf(db)] as const);
     const found = await openAsServer(file);
     assert.equal(found.event?.event.envelope, '{"n":1}');
     assert.equal(found.account?.cursor, '42');
     assert.equal(found.grant?.kind, 'telegram');
-    assert.equal(found.status.schemaVersion, 1);
+    assert.equal(found.status.schemaVersion, SQLITE_SCHEMA_VERSION);
     assert.deepEqual(found.status.counts, { queued: 1, delivered: 1, dead: 1 });
     withFile(file, (db) => {
-      assert.deepEqual(schemaOf(db), schema);
+      assert.deepEqual(schema, baseline);
+      assert.deepEqual(schemaOf(db), fresh);
       assert.deepEqual(rowsOf(db), rows);
-      assert.equal(db.pragma('user_version', { simple: true }), 1);
+      assert.equal(db.pragma('user_version', { simple: true }), SQLITE_SCHEMA_VERSION);
     });
   });
 
-  it("a file of today's build whose channel and Gmail parts never ran gains their tables, and keeps its rows", async () => {
+  it('a file of the baseline build whose channel and Gmail parts never ran gains their tables, and keeps its rows', async () => {
     const file = fileMadeWith([EVENTS_BEFORE], 1);
     const rows = withFile(file, rowsOf);
     const found = await openAsServer(file);
@@ -380,11 +387,11 @@ describe('SQLite schema migrations', () => {
       assert.deepEqual(schemaOf(db), fresh);
       const after = rowsOf(db);
       for (const [table, before] of Object.entries(rows)) assert.deepEqual(after[table], before, table);
-      assert.equal(db.pragma('user_version', { simple: true }), 1);
+      assert.equal(db.pragma('user_version', { simple: true }), SQLITE_SCHEMA_VERSION);
     });
   });
 
-  it('a file a channel login made first (user_version 0, channel tables only) is brought to version 1 by the channel store', async () => {
+  it('a file a channel login made first (user_version 0, channel tables only) is brought to the latest version by the channel store', async () => {
     const file = fileMadeWith([CHANNELS_BEFORE], 0);
     const rows = withFile(file, rowsOf);
     const channels = new SqliteChannelStore(file);
@@ -392,22 +399,22 @@ describe('SQLite schema migrations', () => {
     await channels.close();
     withFile(file, (db) => {
       assert.deepEqual(schemaOf(db), fresh);
-      assert.equal(db.pragma('user_version', { simple: true }), 1);
+      assert.equal(db.pragma('user_version', { simple: true }), SQLITE_SCHEMA_VERSION);
       const after = rowsOf(db);
       for (const [table, before] of Object.entries(rows)) assert.deepEqual(after[table], before, table);
     });
   });
 
-  it('a file of an older build at user_version 0, without later tables, the project column or events_delivered, is brought to version 1 with every row', async () => {
+  it('a file of an older build at user_version 0, without later tables, the project column or events_delivered, is brought to the latest version with every row', async () => {
     const file = fileMadeWith([OLDER_BUILD], 0);
     const rows = withFile(file, rowsOf);
     const found = await openAsServer(file);
     assert.equal(found.event?.event.envelope, '{"n":1}');
     assert.equal(found.account?.cursor, '42');
     assert.equal(found.account?.project ?? undefined, undefined);
-    assert.equal(found.status.schemaVersion, 1);
+    assert.equal(found.status.schemaVersion, SQLITE_SCHEMA_VERSION);
     withFile(file, (db) => {
-      assert.equal(db.pragma('user_version', { simple: true }), 1);
+      assert.equal(db.pragma('user_version', { simple: true }), SQLITE_SCHEMA_VERSION);
       const names = (s: ReturnType<typeof schemaOf>) => s.map((o) => `${o.type} ${o.name}`);
       assert.deepEqual(names(schemaOf(db)), names(fresh));
       const after = rowsOf(db);
@@ -438,7 +445,7 @@ describe('SQLite schema migrations', () => {
     const rows = withFile(file, rowsOf);
     assert.throws(
       () => new SqliteEventStore(file),
-      /schema is at version 2, newer than this gatehouse knows \(1\): upgrade gatehouse/,
+      /schema is at version 3, newer than this gatehouse knows \(2\): upgrade gatehouse/,
     );
     assert.throws(() => new SqliteChannelStore(file), /newer than this gatehouse knows/);
     withFile(file, (db) => {
@@ -452,21 +459,21 @@ describe('SQLite schema migrations', () => {
     const rows = withFile(file, rowsOf);
     const failing: SqliteMigration[] = [
       ...SQLITE_MIGRATIONS,
-      { version: 2, name: 'fails half way', up: 'CREATE TABLE half (x); INSERT INTO nowhere VALUES (1);' },
+      { version: 3, name: 'fails half way', up: 'CREATE TABLE half (x); INSERT INTO nowhere VALUES (1);' },
     ];
     withFile(file, (db) => {
       assert.throws(() => migrateSqlite(db, failing), /no such table: nowhere/);
-      assert.equal(db.pragma('user_version', { simple: true }), 1);
+      assert.equal(db.pragma('user_version', { simple: true }), 2);
       assert.ok(!tables(db).includes('half'));
     });
     const next: SqliteMigration[] = [
       ...SQLITE_MIGRATIONS,
-      { version: 2, name: 'a column', up: 'ALTER TABLE events ADD COLUMN note TEXT' },
+      { version: 3, name: 'a column', up: 'ALTER TABLE events ADD COLUMN note TEXT' },
     ];
     withFile(file, (db) => {
-      assert.deepEqual(migrateSqlite(db, next), { from: 1, to: 2, applied: [2] });
-      assert.deepEqual(migrateSqlite(db, next), { from: 2, to: 2, applied: [] });
-      assert.equal(db.pragma('user_version', { simple: true }), 2);
+      assert.deepEqual(migrateSqlite(db, next), { from: 2, to: 3, applied: [3] });
+      assert.deepEqual(migrateSqlite(db, next), { from: 3, to: 3, applied: [] });
+      assert.equal(db.pragma('user_version', { simple: true }), 3);
       assert.deepEqual(
         (rowsOf(db).events as object[]).map((r) => ({ ...r, note: undefined })),
         (rows.events as object[]).map((r) => ({ ...r, note: undefined })),

@@ -8,6 +8,7 @@ import {
   type NewEvent,
 } from '../../src/storage/contracts/events.js';
 import { waitFor } from '../helpers/wait.js';
+import { operatorQueriesContract } from './store-queries-contract.js';
 
 /**
  * The EventStore contract: the same cases run against every driver (store.test.ts for SQLite,
@@ -783,4 +784,6 @@ export function eventStoreContract(harness: StoreHarness): void {
       await assert.rejects(closed.probeWrite());
     });
   });
+
+  operatorQueriesContract(() => store);
 }

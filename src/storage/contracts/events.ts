@@ -190,6 +190,100 @@ export interface ExportedEvent {
   replayKeys: { endpoint: string; replayKey: string }[];
 }
 
+/**
+ * Which events an operator means (the admin API's list and retry, the CLI's `deliveries`): every
+ * field narrows. Times are ms; `since` inclusive, `until` exclusive, both on `receivedAt`. `q`
+ * matches the event id or the sender's delivery id exactly, or is found in the envelope's text
+ * (case-sensitive; the one part that reads every candidate row's envelope).
+ */
+export interface EventFilter {
+  status?: DeliveryStatus;
+  endpoint?: string;
+  action?: WebhookAction;
+  since?: number;
+  until?: number;
+  q?: string;
+}
+
+/** Where a page of `listPage` starts: strictly after this row in (receivedAt DESC, id DESC) order. */
+export interface EventPageKey {
+  receivedAt: number;
+  id: string;
+}
+
+/** One row of `listPage`: the event without its envelope, and what its last attempt said. */
+export interface EventListing extends Omit<StoredEvent, 'envelope'> {
+  lastAttemptAt: number | null;
+  /** The last attempt's HTTP status; null with no attempt, or when it got no response. */
+  lastStatus: number | null;
+}
+
+/** What `requeueMatching` may requeue besides dead events and queued ones waiting for a retry. */
+export interface RequeueOptions {
+  /** Delivered events too (sent again). */
+  includeDelivered: boolean;
+  /** Rows read and updated per statement (each its own short transaction). */
+  chunk?: number;
+}
+
+/** requeueMatching's chunks, unless told otherwise. */
+export const REQUEUE_CHUNK = 500;
+
+/** What requeueMatching requeues: these ids, or every event matching the filter. */
+export type RequeueTarget = { ids: readonly string[] } | { filter: EventFilter };
+
+/** A driver's two steps for requeueMatching; see requeueInChunks. */
+export interface RequeueSteps {
+  /** Keys of up to `limit` events matching `filter` whose status is one of `statuses`, after `after` (listPage's order). */
+  matchingKeys(
+    filter: EventFilter,
+    statuses: readonly DeliveryStatus[],
+    after: EventPageKey | undefined,
+    limit: number,
+  ): Promise<EventPageKey[]>;
+  /** requeueMatching's update for these ids (one statement); how many it changed. */
+  requeueIds(ids: readonly string[], now: number, includeDelivered: boolean): Promise<number>;
+}
+
+/**
+ * requeueMatching for every driver: ids a chunk at a time, or the filter's candidates walked by
+ * keyset a chunk at a time, one requeueable status after the other, each chunk one short update.
+ */
+export async function requeueInChunks(
+  target: RequeueTarget,
+  now: number,
+  options: RequeueOptions,
+  steps: RequeueSteps,
+): Promise<number> {
+  const chunk = options.chunk ?? REQUEUE_CHUNK;
+  let requeued = 0;
+  if ('ids' in target) {
+    for (let i = 0; i < target.ids.length; i += chunk)
+      requeued += await steps.requeueIds(target.ids.slice(i, i + chunk), now, options.includeDelivered);
+    return requeued;
+  }
+  const { filter } = target;
+  const requeueable: DeliveryStatus[] = ['dead', 'queued', ...(options.includeDelivered ? ['delivered' as const] : [])];
+  const statuses = filter.status ? requeueable.filter((s) => s === filter.status) : requeueable;
+  if (statuses.length === 0) return 0;
+  // One status at a time: each walk follows one index in (received_at, id) order, with no sort.
+  for (const status of statuses) {
+    let after: EventPageKey | undefined;
+    for (;;) {
+      const keys = await steps.matchingKeys(filter, [status], after, chunk);
+      if (keys.length > 0)
+        requeued += await steps.requeueIds(
+          keys.map((k) => k.id),
+          now,
+          options.includeDelivered,
+        );
+      if (keys.length < chunk) break;
+      after = keys.at(-1);
+    }
+  }
+  return requeued;
+}
+
 /** What purgeDelivered did. */
 export interface PurgeResult {
   /** Delivered events deleted (with their attempts and replay keys). */
@@ -241,7 +335,22 @@ export interface EventStore {
    * the rest.
    */
   onDue?(wake: () => void): () => void;
+  /** Up to `limit` (100) events, newest first, envelopes included (tests and tools; the same query as listPage's). */
   list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]>;
+  /**
+   * Up to `limit` events matching `filter`, newest first (receivedAt DESC, id DESC), after `after`
+   * when given (keyset paging: events that arrive meanwhile never shift a later page). Envelopes
+   * are not read.
+   */
+  listPage(filter: EventFilter, page: { limit: number; after?: EventPageKey }): Promise<EventListing[]>;
+  /**
+   * Makes due at `now`, with a fresh attempt budget, the events among `ids` (or, without ids, every
+   * event matching `filter`) that are dead, queued waiting for a retry (next attempt after `now`,
+   * no lease), or delivered with `includeDelivered`. A queued event already due is left as is, so
+   * a repeat changes nothing that the first call has not already made due. Walks the matches
+   * `chunk` at a time, each chunk its own short statement. Returns how many it requeued.
+   */
+  requeueMatching(target: RequeueTarget, now: number, options: RequeueOptions): Promise<number>;
   get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined>;
   /**
    * Puts an event back in the queue, due at `now`, with a fresh attempt budget: a delivered or

@@ -4,6 +4,12 @@ import type { Logger } from 'pino';
 import type { PostgresStorageConfig, WebhookAction } from '../../config/schema.js';
 import {
   DeliveredCounts,
+  requeueInChunks,
+  type EventFilter,
+  type EventListing,
+  type EventPageKey,
+  type RequeueOptions,
+  type RequeueTarget,
   type AcceptResult,
   type AttemptOutcome,
   type AttemptRecord,
@@ -164,6 +170,14 @@ export class PostgresEventStore implements EventStore {
 
   list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]> {
     return this.admin.list(filter);
+  }
+
+  listPage(filter: EventFilter, page: { limit: number; after?: EventPageKey }): Promise<EventListing[]> {
+    return this.admin.listPage(filter, page);
+  }
+
+  requeueMatching(target: RequeueTarget, now: number, options: RequeueOptions): Promise<number> {
+    return requeueInChunks(target, now, options, this.admin);
   }
 
   get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {

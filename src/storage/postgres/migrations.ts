@@ -196,6 +196,18 @@ CREATE INDEX rate_limit_buckets_full ON rate_limit_buckets (full_at);
     // dies). Before, each scrape read the whole table: 450 ms at 1,000,000 events.
     concurrently: ["CREATE INDEX CONCURRENTLY IF NOT EXISTS events_dead ON events (action) WHERE status = 'dead'"],
   },
+  {
+    version: 7,
+    name: "the operator's event list by status, endpoint or action",
+    // The admin API's list and filter retry (events/admin.ts, listSql) walk one of these backwards
+    // from the newest row and stop at the page's end (events_received serves the unfiltered list):
+    // without them a status or endpoint filter read every event of the status, then sorted.
+    concurrently: [
+      'CREATE INDEX CONCURRENTLY IF NOT EXISTS events_status_received ON events (status, received_at, id)',
+      'CREATE INDEX CONCURRENTLY IF NOT EXISTS events_endpoint_received ON events (endpoint, received_at, id)',
+      'CREATE INDEX CONCURRENTLY IF NOT EXISTS events_action_received ON events (action, received_at, id)',
+    ],
+  },
 ];
 
 export const POSTGRES_SCHEMA_VERSION = latestVersion(MIGRATIONS);

@@ -7,14 +7,20 @@ import { acquireWriterLock, type WriterLock } from './writer-lock.js';
 import { HandOverQueue } from '../hand-over-queue.js';
 import { exportEvents } from './export.js';
 import { inChunks, prepareStatements, type Statements } from './statements.js';
+import { SqliteEventQueries } from './event-queries.js';
 import {
   DeliveredCounts,
   IDEMPOTENCY_WINDOW_MS,
   lastErrorOf,
   newEventId,
+  requeueInChunks,
   toEvent,
   type AcceptResult,
-  type EventRow,
+  type EventFilter,
+  type EventListing,
+  type EventPageKey,
+  type RequeueOptions,
+  type RequeueTarget,
   type AttemptOutcome,
   type AttemptRecord,
   type ClaimedEvent,
@@ -88,6 +94,7 @@ export class SqliteEventStore implements EventStore {
   private readonly fresh: HandOverQueue<StoredEvent>;
   private readonly tuning: Readonly<SqliteTuning>;
   private readonly statements: Statements;
+  private readonly queries: SqliteEventQueries;
 
   private readonly writerLock: WriterLock | undefined;
   private readonly delivered: DeliveredCounts;
@@ -135,6 +142,7 @@ export class SqliteEventStore implements EventStore {
       throw err;
     }
     this.statements = prepareStatements(this.db);
+    this.queries = new SqliteEventQueries(this.db);
   }
 
   async accept(event: NewEvent): Promise<AcceptResult> {
@@ -419,19 +427,15 @@ export class SqliteEventStore implements EventStore {
   }
 
   async list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]> {
-    const where: string[] = [];
-    const params: (string | number)[] = [];
-    if (filter.status) {
-      where.push('status = ?');
-      params.push(filter.status);
-    }
-    if (filter.endpoint) {
-      where.push('endpoint = ?');
-      params.push(filter.endpoint);
-    }
-    params.push(filter.limit ?? 100);
-    const sql = `SELECT * FROM events ${where.length ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY received_at DESC, id DESC LIMIT ?`;
-    return (this.db.prepare(sql).all(...params) as EventRow[]).map(toEvent);
+    return this.queries.list(filter);
+  }
+
+  async listPage(filter: EventFilter, page: { limit: number; after?: EventPageKey }): Promise<EventListing[]> {
+    return this.queries.listPage(filter, page);
+  }
+
+  requeueMatching(target: RequeueTarget, now: number, options: RequeueOptions): Promise<number> {
+    return requeueInChunks(target, now, options, this.queries);
   }
 
   async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {

@@ -29,6 +29,19 @@ export const SQLITE_MIGRATIONS: readonly SqliteMigration[] = [
       }
     },
   },
+  {
+    version: 2,
+    name: "the operator's event list, newest first, by status, endpoint or action",
+    // The admin API's list and filter retry (src/storage/sqlite/event-queries.ts) walk one of these
+    // from the newest row and stop at the page's end: without them a filter on delivered events
+    // sorted every one of them (events_due has no receipt order). Built at open on an existing file.
+    up: `
+CREATE INDEX IF NOT EXISTS events_received ON events (received_at, id);
+CREATE INDEX IF NOT EXISTS events_status_received ON events (status, received_at, id);
+CREATE INDEX IF NOT EXISTS events_endpoint_received ON events (endpoint, received_at, id);
+CREATE INDEX IF NOT EXISTS events_action_received ON events (action, received_at, id);
+`,
+  },
 ];
 
 /** The user_version a file has once every migration is in (what `gatehouse storage status` reports). */

@@ -6,6 +6,9 @@ import {
   type AttemptRecord,
   type DeliveredCounts,
   type DeliveryStatus,
+  type EventFilter,
+  type EventListing,
+  type EventPageKey,
   type PurgeResult,
   type QueueStats,
   type StoreStatus,
@@ -29,6 +32,55 @@ export const UNDELIVERED_COUNTS_SQL = `SELECT action, status, sum(n)::bigint AS 
    GROUP BY action, status`;
 
 /**
+ * requeueMatching's update for one chunk of ids ($1), due at $2: dead ones, queued ones waiting for
+ * a retry and leased by no one, delivered ones when $3. A queued event already due, or leased
+ * (an attempt under way), is left as is.
+ */
+const REQUEUE_IDS_SQL = `UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = $2::bigint, delivered_at = NULL,
+       lease_until = NULL, claim_id = NULL, lease_owner = NULL
+ WHERE id = ANY($1::text[])
+   AND (status = 'dead' OR (status = 'queued' AND lease_until IS NULL AND next_attempt_at > $2::bigint)
+        OR ($3::boolean AND status = 'delivered'))`;
+
+/** listPage's columns: the row without its envelope, and its newest attempt's time and status. */
+const LISTING_COLUMNS = `e.id, e.endpoint, e.action, e.idempotency_key, e.received_at, e.status, e.attempts, e.round_attempts,
+  e.next_attempt_at, e.last_error, e.delivered_at, la.at AS last_attempt_at, la.status AS last_status`;
+
+/**
+ * The SELECT for an operator's filter, newest first, keyset-paged. Without `q` it is answered
+ * through an index ordered by (received_at, id): events_received, events_status_received or
+ * events_endpoint_received (migration 7); test/storage/postgres-events.test.ts checks the plans.
+ */
+export function listSql(
+  filter: EventFilter,
+  statuses: readonly DeliveryStatus[],
+  after: EventPageKey | undefined,
+  limit: number,
+  columns: string,
+): { sql: string; params: unknown[] } {
+  const params: unknown[] = [];
+  const bind = (value: unknown) => `$${params.push(value)}`;
+  const where: string[] = [];
+  if (statuses.length === 1) where.push(`e.status = ${bind(statuses[0])}`);
+  else if (statuses.length > 1) where.push(`e.status = ANY(${bind(statuses)}::text[])`);
+  if (filter.endpoint !== undefined) where.push(`e.endpoint = ${bind(filter.endpoint)}`);
+  if (filter.action !== undefined) where.push(`e.action = ${bind(filter.action)}`);
+  if (filter.since !== undefined) where.push(`e.received_at >= ${bind(filter.since)}::bigint`);
+  if (filter.until !== undefined) where.push(`e.received_at < ${bind(filter.until)}::bigint`);
+  if (filter.q !== undefined) {
+    const q = bind(filter.q);
+    where.push(`(e.id = ${q} OR e.idempotency_key = ${q} OR strpos(e.envelope, ${q}) > 0)`);
+  }
+  if (after) where.push(`(e.received_at, e.id) < (${bind(after.receivedAt)}::bigint, ${bind(after.id)})`);
+  const lateral = columns.includes('la.')
+    ? ' LEFT JOIN LATERAL (SELECT at, status FROM attempts a WHERE a.event_id = e.id ORDER BY attempt DESC LIMIT 1) la ON true'
+    : '';
+  const sql = `SELECT ${columns} FROM events e${lateral} ${where.length ? `WHERE ${where.join(' AND ')}` : ''}
+    ORDER BY e.received_at DESC, e.id DESC LIMIT ${bind(limit)}`;
+  return { sql, params };
+}
+
+/**
  * What the CLI and /metrics ask of the events (as Convoy's inspector and monitor): listing and
  * reading them, requeueing, purging the delivered, the store's status and queue statistics, and
  * /readyz's write probe. Each is a statement or a few on the pool, none holding long locks.
@@ -47,14 +99,50 @@ export class EventAdmin {
   ) {}
 
   async list(filter: { status?: DeliveryStatus; endpoint?: string; limit?: number }): Promise<StoredEvent[]> {
-    const { rows } = await this.pool.query<EventRow>(
-      `SELECT * FROM events
-        WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR endpoint = $2)
-        ORDER BY received_at DESC, id DESC
-        LIMIT $3`,
-      [filter.status ?? null, filter.endpoint ?? null, filter.limit ?? 100],
+    const { sql, params } = listSql(
+      { endpoint: filter.endpoint },
+      filter.status ? [filter.status] : [],
+      undefined,
+      filter.limit ?? 100,
+      'e.*',
     );
-    return rows.map(toEvent);
+    return (await this.pool.query<EventRow>(sql, params)).rows.map(toEvent);
+  }
+
+  /** See EventStore.listPage: the newest attempt of each row of the page through the attempts' primary key. */
+  async listPage(filter: EventFilter, page: { limit: number; after?: EventPageKey }): Promise<EventListing[]> {
+    const { sql, params } = listSql(
+      filter,
+      filter.status ? [filter.status] : [],
+      page.after,
+      page.limit,
+      LISTING_COLUMNS,
+    );
+    const { rows } = await this.pool.query<EventRow & { last_attempt_at: number | null; last_status: number | null }>(
+      sql,
+      params,
+    );
+    return rows.map((row) => {
+      const { envelope: _, ...event } = toEvent({ ...row, envelope: '' });
+      return { ...event, lastAttemptAt: row.last_attempt_at, lastStatus: row.last_status };
+    });
+  }
+
+  async matchingKeys(
+    filter: EventFilter,
+    statuses: readonly DeliveryStatus[],
+    after: EventPageKey | undefined,
+    limit: number,
+  ): Promise<EventPageKey[]> {
+    const { sql, params } = listSql(filter, statuses, after, limit, 'e.id, e.received_at AS "receivedAt"');
+    return (await this.pool.query<EventPageKey>(sql, params)).rows;
+  }
+
+  /** requeueMatching's update (see REQUEUE_IDS_SQL); wakes the deliverers when it changed anything. */
+  async requeueIds(ids: readonly string[], now: number, includeDelivered: boolean): Promise<number> {
+    const { rowCount } = await this.pool.query(REQUEUE_IDS_SQL, [ids, now, includeDelivered]);
+    if (rowCount) this.notifier.requeued();
+    return rowCount ?? 0;
   }
 
   async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
