@@ -62,6 +62,18 @@ export const errorCatalogue = {
     status: 401,
     message: 'The admin token is missing or wrong (Authorization: Bearer <admin.token>).',
   },
+  admin_api_disabled: { status: 403, message: 'The admin API needs admin.token to be set.' },
+  invalid_parameter: {
+    status: 400,
+    message:
+      'A query parameter or body field is unknown, repeated, missing or malformed (see the admin API reference).',
+  },
+  invalid_cursor: { status: 400, message: 'The cursor is not one this API returned.' },
+  event_not_found: { status: 404, message: 'No such event.' },
+  idempotency_key_reused: {
+    status: 422,
+    message: 'This Idempotency-Key was already used with a different request.',
+  },
   upgrade_not_supported: { status: 501, message: 'This gateway does not proxy protocol upgrades (WebSocket) here.' },
   too_many_connections: { status: 503, message: 'Too many open connections; retry later.' },
   internal_error: { status: 500, message: 'Internal error.' },

@@ -6,6 +6,7 @@ import { DELIVERY_STATUSES, type EventStore } from '../storage/contracts/events.
 import type { AdminConfig, Config } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import type { LockoutStore } from '../http/lockout.js';
+import { eventsApi } from './events-api.js';
 import { admitRequest, answerHealthy, respondWithError, type RequestLog } from '../http/request-context.js';
 import type { ChannelStore } from '../integrations/channels/state.js';
 import type { GmailStore } from '../integrations/gmail/state.js';
@@ -55,12 +56,13 @@ const STORE_PROBE_TIMEOUT_MS = 2_000;
 const ROUTES = new Set(['/metrics', '/readyz', '/healthz']);
 
 /**
- * The operator's listener (`admin`): GET/HEAD only, on three paths.
+ * The operator's listener (`admin`): GET/HEAD on three paths, and the admin API.
  * - `/metrics`: Prometheus text, summed over the gateway workers; `Authorization: Bearer <token>`
  *   when `admin.token` is set (compared in constant time, 401 otherwise).
  * - `/readyz`: 200 only when the store takes writes, the JWKS (if any) is loaded and the process
  *   is not draining; 503 naming the failing checks otherwise. No token: load balancers probe it.
  * - `/healthz`: liveness (200 while the process answers), as on the other listeners.
+ * - `/admin/api/`: the events API (src/admin/events-api.ts), only with `admin.token` set and given.
  * Everything else is 404, other methods 405; every parser limit is set (`admin.limits`).
  */
 export async function startAdmin(initial: Config, sources: AdminSources, logger: Logger): Promise<RunningAdmin> {
@@ -134,19 +136,24 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     res.end(body);
   }
 
+  const handleEventsApi = eventsApi({ store: () => sources.store, logger, bodyTimeoutMs: limits.requestTimeoutMs });
+
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = req.url ?? '';
     const queryAt = url.indexOf('?');
     const path = queryAt === -1 ? url : url.slice(0, queryAt);
+    if (path.startsWith('/admin/api/')) {
+      // Events, their bodies and retries: never without a token, even on loopback.
+      if (tokenDigest === undefined) throw new HttpError('admin_api_disabled', 'admin.token is not set');
+      if (!authorized(req)) throw unauthorized();
+      return handleEventsApi(req, res, new URL(url, 'http://admin.invalid'));
+    }
     if (!ROUTES.has(path)) throw new HttpError('not_found', `no admin route ${path}`);
     if (req.method !== 'GET' && req.method !== 'HEAD')
       throw new HttpError('method_not_allowed', `${req.method} ${path}`, { allow: 'GET, HEAD' });
     if (path === '/healthz') return answerHealthy(res);
     if (path === '/readyz') return readiness(res);
-    if (!authorized(req))
-      throw new HttpError('invalid_admin_token', 'missing or wrong admin token', {
-        'www-authenticate': 'Bearer realm="gatehouse-admin"',
-      });
+    if (!authorized(req)) throw unauthorized();
     return metrics(res);
   }
 
@@ -174,6 +181,12 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     },
     close: (graceMs) => closeServer(listening.server, graceMs),
   };
+}
+
+function unauthorized(): HttpError {
+  return new HttpError('invalid_admin_token', 'missing or wrong admin token', {
+    'www-authenticate': 'Bearer realm="gatehouse-admin"',
+  });
 }
 
 function digest(text: string): Buffer {
