@@ -22,6 +22,7 @@ import {
 import { POSTGRES_SCHEMA_VERSION } from '../storage/postgres/migrations.js';
 import { SQLITE_SCHEMA_VERSION } from '../storage/sqlite/migrations.js';
 import { VERSION } from '../version.js';
+import { StateChangeLog } from '../observability/log.js';
 
 /** What the admin listener asks of the /api/ edge (in this process, or of every worker). */
 export interface GatewayProbe {
@@ -73,6 +74,7 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   const limits = admin.limits; // the listener's, fixed at start
   // Scrapes and probes come every few seconds: their lines are debug, not info.
   const log: RequestLog = (fields) => logger.debug(fields, 'admin request');
+  const said = new StateChangeLog(logger);
   // Opened at the first scrape that needs it (its constructor runs the schema), then kept.
   let gmailState: GmailStore | undefined;
   const gmailStateOf = (store: EventStore) => (gmailState ??= openGmailStore(store));
@@ -97,7 +99,7 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   async function metrics(res: ServerResponse): Promise<void> {
     const [probe] = await Promise.all([
       sources.probeGateway({ metrics: true }),
-      refreshGauges(config, sources, gmailStateOf, logger),
+      refreshGauges(config, sources, gmailStateOf, said),
     ]);
     scrapeGauges.tlsCertificateExpiresIn.reset();
     if (probe.certificateNotAfter !== undefined)
@@ -117,7 +119,7 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   async function readiness(res: ServerResponse): Promise<void> {
     // While draining the store is being closed: probing it would only add a second failure.
     const [store, keys] = await Promise.all([
-      draining ? 'skipped' : storeCheck(sources.store, logger),
+      draining ? 'skipped' : storeCheck(sources.store, said),
       sources.probeGateway({ metrics: false }).then(
         (p) => (p.keysLoaded ? 'ok' : 'the JWKS has not been loaded yet'),
         (err: Error) => `the gateway did not answer: ${err.message}`,
@@ -194,7 +196,7 @@ function digest(text: string): Buffer {
 }
 
 /** 'ok', 'skipped' (no event store: webhooks off), or why the store does not take writes now. */
-async function storeCheck(store: EventStore | undefined, logger: Logger): Promise<string> {
+async function storeCheck(store: EventStore | undefined, said: StateChangeLog): Promise<string> {
   if (!store) return 'skipped';
   let timer: NodeJS.Timeout | undefined;
   try {
@@ -207,9 +209,10 @@ async function storeCheck(store: EventStore | undefined, logger: Logger): Promis
         );
       }),
     ]);
+    said.worked('readiness: the store does not take writes', 'readiness: the store takes writes again');
     return 'ok';
   } catch (err) {
-    logger.warn({ err: (err as Error).message }, 'readiness: the store does not take writes');
+    said.failed('readiness: the store does not take writes', (err as Error).message);
     // The code, not the message: /readyz has no token, and driver messages can name hosts and users.
     return `the store does not take writes (${(err as NodeJS.ErrnoException).code ?? 'error'})`;
   } finally {
@@ -222,7 +225,7 @@ async function refreshGauges(
   config: Config,
   sources: AdminSources,
   gmailStateOf: (store: EventStore) => GmailStore,
-  logger: Logger,
+  said: StateChangeLog,
 ): Promise<void> {
   const now = Date.now();
   const g = scrapeGauges;
@@ -239,8 +242,9 @@ async function refreshGauges(
         for (const status of known) g.queueEvents.set({ action, status }, 0);
       for (const { action, status, events } of stats.counts) g.queueEvents.set({ action, status }, events);
       g.queueOldestDue.set({}, stats.oldestDueAt === undefined ? 0 : Math.max(0, now - stats.oldestDueAt) / 1000);
+      said.worked('metrics: the queue could not be read', 'metrics: the queue is read again');
     } catch (err) {
-      logger.warn({ err: (err as Error).message }, 'metrics: the queue could not be read');
+      said.failed('metrics: the queue could not be read', (err as Error).message);
     }
   }
   g.channelConnected.reset();
@@ -251,8 +255,14 @@ async function refreshGauges(
           { channel: name },
           (await describeChannel(name, channel, sources.channelStore)).connected ? 1 : 0,
         );
+        said.worked(
+          `metrics: the state of channel ${name} could not be read`,
+          `metrics: channel ${name} is read again`,
+        );
       } catch (err) {
-        logger.warn({ err: (err as Error).message, channel: name }, 'metrics: the channel state could not be read');
+        said.failed(`metrics: the state of channel ${name} could not be read`, (err as Error).message, {
+          channel: name,
+        });
       }
     }
   }
@@ -264,8 +274,9 @@ async function refreshGauges(
     let state;
     try {
       state = await gmailStateOf(sources.store).get(gmail.account);
+      said.worked('metrics: the Gmail state could not be read', 'metrics: the Gmail state is read again');
     } catch (err) {
-      return void logger.warn({ err: (err as Error).message }, 'metrics: the Gmail state could not be read');
+      return void said.failed('metrics: the Gmail state could not be read', (err as Error).message);
     }
     const labels = { account: gmail.account };
     if (state?.watchExpiration != null) g.gmailWatchExpiresIn.set(labels, (state.watchExpiration - now) / 1000);

@@ -1,8 +1,11 @@
-import { readFileSync } from 'node:fs';
+import { closeSync, constants, fstatSync, openSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { parseEnv } from 'node:util';
 import { UsageError } from '../errors.js';
 import { describeFileError } from './load.js';
+
+/** Far more than any env file: read whole on the main thread at every reload, so bounded. */
+const MAX_ENV_FILE_BYTES = 1024 * 1024;
 
 /**
  * `--env-file`: the environment `${VAR}` references are expanded from, read again at every reload.
@@ -40,10 +43,22 @@ export function environmentWithFiles(
 export function readEnvFile(file: string): Record<string, string> {
   const absolute = path.resolve(file);
   let text: string;
+  let fd: number | undefined;
   try {
-    text = readFileSync(absolute, 'utf8');
+    // O_NONBLOCK: a named pipe nobody writes to must not hold the process (and every listener) at a reload.
+    fd = openSync(absolute, constants.O_RDONLY | constants.O_NONBLOCK);
+    const stat = fstatSync(fd);
+    if (!stat.isFile()) throw new UsageError(`env file ${absolute} is not a regular file (a pipe, socket or device)`);
+    if (stat.size > MAX_ENV_FILE_BYTES)
+      throw new UsageError(
+        `env file ${absolute} is ${stat.size} bytes: more than ${MAX_ENV_FILE_BYTES} is not an env file`,
+      );
+    text = readFileSync(fd, 'utf8');
   } catch (err) {
+    if (err instanceof UsageError) throw err;
     throw new UsageError(`env file ${absolute} ${describeFileError(err)}`);
+  } finally {
+    if (fd !== undefined) closeSync(fd);
   }
   const lines = text.split(/\r?\n/);
   const problem = (line: number, reason: string) => new UsageError(`env file ${absolute}: line ${line + 1}: ${reason}`);

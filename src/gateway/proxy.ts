@@ -26,7 +26,13 @@ const TIMEOUT_CODES = new Set([UPSTREAM_TIMEOUT, 'ETIMEDOUT', 'ESOCKETTIMEDOUT']
 const SENT_AS = Symbol('gatehouse.upstreamRequest');
 /** A request already sent a second time: never a third. */
 const RESENT = Symbol('gatehouse.resent');
-type ProxiedRequest = IncomingMessage & { [SENT_AS]?: http.ClientRequest; [RESENT]?: true };
+/** The upstream socket's bytesRead when the request got it: more at the failure means an answer had begun. */
+const READ_BEFORE = Symbol('gatehouse.readBefore');
+type ProxiedRequest = IncomingMessage & {
+  [SENT_AS]?: http.ClientRequest;
+  [RESENT]?: true;
+  [READ_BEFORE]?: number;
+};
 
 /** RFC 9110 9.2.2: the methods whose repetition does what one request does (nginx's proxy_next_upstream default too). */
 const IDEMPOTENT_METHODS = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
@@ -42,15 +48,29 @@ const STALE_CONNECTION_CODES = new Set(['ECONNRESET', 'EPIPE', 'ECONNABORTED']);
  * (`request.reusedSocket`); nginx and Envoy retry it the same way.
  */
 function mayResend(req: ProxiedRequest, res: ServerResponse, err: NodeJS.ErrnoException): boolean {
+  const sent = req[SENT_AS];
   return (
-    req[SENT_AS]?.reusedSocket === true &&
+    sent?.reusedSocket === true &&
     req[RESENT] === undefined &&
     STALE_CONNECTION_CODES.has(err.code ?? '') &&
+    // Not one byte of an answer: a status line the upstream began means it saw the request.
+    sent.socket !== null &&
+    sent.socket.bytesRead === req[READ_BEFORE] &&
     !res.headersSent &&
     !res.destroyed &&
     !hasBody(req) &&
-    (IDEMPOTENT_METHODS.has(req.method ?? '') || req.headers['idempotency-key'] !== undefined)
+    (IDEMPOTENT_METHODS.has(req.method ?? '') || hasOneIdempotencyKey(req))
   );
+}
+
+/** One Idempotency-Key header with a value: an empty one is no key, and two (joined "a, b") are no single key. */
+function hasOneIdempotencyKey(req: IncomingMessage): boolean {
+  const key = req.headers['idempotency-key'];
+  if (typeof key !== 'string' || key.trim() === '') return false;
+  let count = 0;
+  for (let i = 0; i < req.rawHeaders.length; i += 2)
+    if (req.rawHeaders[i]!.toLowerCase() === 'idempotency-key') count++;
+  return count === 1;
 }
 
 /** Upstream failure → client status, in one place: timeouts 504, everything else 502. */
@@ -100,6 +120,10 @@ export function createUpstreamProxy(
 
     proxyServer.on('proxyReq', (proxyReq, req, res) => {
       (req as ProxiedRequest)[SENT_AS] = proxyReq;
+      // What the socket had read when this request got it (a reused one at once, a new one later): earlier answers'.
+      const readBefore = (socket: { bytesRead: number }) => ((req as ProxiedRequest)[READ_BEFORE] = socket.bytesRead);
+      if (proxyReq.socket) readBefore(proxyReq.socket);
+      else proxyReq.once('socket', readBefore);
       proxyReq.setTimeout(upstream.timeoutMs, () => {
         proxyReq.destroy(
           Object.assign(new Error(`no answer within ${upstream.timeoutMs} ms`), { code: UPSTREAM_TIMEOUT }),

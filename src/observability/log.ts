@@ -64,3 +64,25 @@ export function createLogger(options: LoggerOptions = {}): Logger {
     pino.destination({ dest: 1, sync: false, minLength: 4096, periodicFlush: 250 }),
   );
 }
+
+/**
+ * Warnings about a state rather than an event (a store that does not answer a probe, a scrape):
+ * said when the state starts or its reason changes, and once when it ends, not at every check.
+ * A load balancer probing every second would otherwise repeat one line for the whole outage.
+ */
+export class StateChangeLog {
+  private readonly failing = new Map<string, string>();
+  constructor(private readonly logger: Pick<Logger, 'warn' | 'info'>) {}
+
+  /** `what` failed now (its `reason`): logged unless it was already failing for that reason. */
+  failed(what: string, reason: string, fields: Record<string, unknown> = {}): void {
+    if (this.failing.get(what) === reason) return;
+    this.failing.set(what, reason);
+    this.logger.warn({ ...fields, err: reason }, what);
+  }
+
+  /** `what` worked now: logged once if it had failed. */
+  worked(what: string, message: string): void {
+    if (this.failing.delete(what)) this.logger.info(message);
+  }
+}

@@ -1,6 +1,7 @@
 import type { Logger } from 'pino';
 import { startAdmin, type GatewayProbe } from '../admin/listener.js';
 import { buildGatewayApp, type GatewayApp } from '../gateway/app.js';
+import { redactUrlCredentials } from '../config/redact.js';
 import { isLoopbackHost, type Config, type GmailConfig } from '../config/schema.js';
 import { configWarnings } from '../config/warnings.js';
 import { FailureLockout, MemoryLockoutStore, type LockoutStore } from '../http/lockout.js';
@@ -447,9 +448,12 @@ function describeGateway(logger: Logger, config: Config, app: GatewayApp, url: s
   logger.info(
     {
       url,
-      upstream: upstream.target,
+      upstream: redactUrlCredentials(upstream.target),
       routes: routes.length
-        ? routes.map((r) => `${r.prefix} -> ${r.upstream.target}${r.stripPrefix ? ` (strip ${r.stripPrefix})` : ''}`)
+        ? routes.map(
+            (r) =>
+              `${r.prefix} -> ${redactUrlCredentials(r.upstream.target)}${r.stripPrefix ? ` (strip ${r.stripPrefix})` : ''}`,
+          )
         : undefined,
       rules: auth.rules.length || undefined,
       rateLimits: rateLimits.length || undefined,

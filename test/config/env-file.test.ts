@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -84,6 +85,17 @@ describe('env files: what systemd and util.parseEnv read alike is accepted', () 
       ['__proto__=x\n', /^line 1: __proto__ cannot be read by Node's util\.parseEnv$/],
     ];
     for (const [text, expected] of cases) assert.match(problemOf(text), expected, JSON.stringify(text));
+  });
+
+  it('a named pipe nobody writes to, or a huge file, is refused at once, not read (outside attack: a FIFO held every listener at a reload)', () => {
+    const fifo = path.join(dir, 'fifo');
+    execFileSync('mkfifo', [fifo]); // opened blocking, the test would hang here
+    assert.throws(() => readEnvFile(fifo), {
+      name: 'UsageError',
+      message: `env file ${fifo} is not a regular file (a pipe, socket or device)`,
+    });
+    const huge = envFile(`A=${'x'.repeat(2 * 1024 * 1024)}\n`);
+    assert.throws(() => readEnvFile(huge), { name: 'UsageError', message: /is 2097155 bytes: more than 1048576/ });
   });
 
   it('a missing file is one line naming its absolute path', () => {

@@ -75,7 +75,16 @@ describe('gatehouse start while PostgreSQL is down', { skip, timeout: 120_000 },
     t.after(async () => {
       if (!up) await pgc.start();
     });
-    const server = startServerProcess(writeConfig('degraded', {}));
+    // Credentials in the URLs' query and userinfo are never logged (outside attack: the storage URL's ?password= was).
+    const server = startServerProcess(
+      writeConfig(
+        'degraded',
+        { url: `${url}?password=query-secret-123` },
+        {
+          upstream: { target: upstream.url.replace('http://', 'http://user:upstream-secret-456@') },
+        },
+      ),
+    );
     servers.push(server);
     const gateway = (await server.waitFor((l) => l.msg === 'gateway listening')).url as string;
     const hooks = (await server.waitFor((l) => l.msg === 'webhook receiver listening')).url as string;
@@ -113,6 +122,16 @@ describe('gatehouse start while PostgreSQL is down', { skip, timeout: 120_000 },
     assert.doesNotMatch(metrics, /^gatehouse_queue_oldest_due_seconds/m);
     assert.doesNotMatch(metrics, /^gatehouse_queue_events\{/m);
 
+    // A probe every second for the whole outage must not repeat one line (outside attack: 20 probes, 20 warnings).
+    for (let i = 0; i < 3; i++) {
+      assert.equal((await request(admin, '/readyz')).status, 503);
+      await request(admin, '/metrics');
+    }
+    const saidTimes = (what: string) => server.lines.filter((l) => l.msg === what).length;
+    await waitFor(() => saidTimes('readiness: the store does not take writes') > 0, { what: 'the readiness line' });
+    assert.equal(saidTimes('readiness: the store does not take writes'), 1);
+    assert.equal(saidTimes('metrics: the queue could not be read'), 1);
+
     await pgc.start();
     up = true;
     await server.waitFor((l) => /postgres: reached .* schema current/.test(l.msg ?? ''), 60_000);
@@ -129,10 +148,17 @@ describe('gatehouse start while PostgreSQL is down', { skip, timeout: 120_000 },
       what: 'the accepted event delivered',
     });
     await waitFor(async () => (await request(admin, '/readyz')).status === 200, { timeoutMs: 15_000, what: 'ready' });
+    await server.waitFor((l) => l.msg === 'readiness: the store takes writes again');
     // The outage said once, its end once: not a line per retry.
     assert.equal(server.lines.filter((l) => /postgres: cannot reach/.test(l.msg ?? '')).length, 1);
     assert.equal(server.lines.filter((l) => /postgres: reached/.test(l.msg ?? '')).length, 1);
     assert.equal(await server.stop(), 0);
+    const logged = JSON.stringify(server.lines);
+    assert.ok(
+      !logged.includes('query-secret-123') && !logged.includes('upstream-secret-456'),
+      'a credential was logged',
+    );
+    assert.match(logged, /password=\[redacted\]/);
   });
 
   it('with gateway.workers: 2 too: every worker serves /api/ while the database is down', async (t) => {

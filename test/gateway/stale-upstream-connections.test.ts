@@ -35,6 +35,13 @@ async function startCuttingUpstream(): Promise<{ url: string; seen: Seen[]; cuts
         const length = Number(/\r\ncontent-length: *(\d+)/i.exec(head)?.[1] ?? 0);
         if (buffered.length < end + 4 + length) return;
         buffered = buffered.subarray(end + 4 + length);
+        const [method, path] = head.split(' ');
+        if (served > 0 && path!.includes('/answered/')) {
+          // Seen, and the answer begun (a status line and a header), then the connection lost.
+          seen.push({ method: method!, path: path! });
+          socket.end('HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n', () => socket.resetAndDestroy());
+          return;
+        }
         if (served > 0) {
           // A request on a reused connection: dropped unread, half the time with a reset.
           state.cuts++;
@@ -43,7 +50,6 @@ async function startCuttingUpstream(): Promise<{ url: string; seen: Seen[]; cuts
           return;
         }
         served++;
-        const [method, path] = head.split(' ');
         const idempotencyKey = /\r\nidempotency-key: *([^\r]+)/i.exec(head)?.[1];
         seen.push({ method: method!, path: path!, idempotencyKey });
         const head200 =
@@ -118,6 +124,29 @@ describe('upstream keep-alive connections closed as a request goes out', { timeo
     const keyed = await call('POST', '/api/orders/3', { 'idempotency-key': 'order-3' });
     assert.equal(keyed.status, 200);
     assert.equal(upstream.seen.filter((s) => s.path === '/api/orders/3').length, 1);
+  });
+
+  it('an answer begun is not sent again, nor a request with an empty or a doubled Idempotency-Key', async () => {
+    assert.equal((await call('GET', '/api/warm')).status, 200);
+    const begun = await call('GET', '/api/answered/1');
+    assert.equal(begun.status, 502);
+    assert.equal(upstream.seen.filter((s) => s.path === '/api/answered/1').length, 1, 'sent twice');
+
+    assert.equal((await call('GET', '/api/warm')).status, 200);
+    assert.equal((await call('POST', '/api/orders/empty-key', { 'idempotency-key': ' ' })).status, 502);
+    assert.equal((await call('GET', '/api/warm')).status, 200);
+    const doubled = await request(gatehouse.url, '/api/orders/two-keys', {
+      method: 'POST',
+      headers: [
+        ['x-api-key', TEST_PLAIN_KEY],
+        ['idempotency-key', 'a'],
+        ['idempotency-key', 'b'],
+      ],
+      agent,
+    });
+    assert.equal(doubled.status, 502);
+    for (const path of ['/api/orders/empty-key', '/api/orders/two-keys'])
+      assert.equal(upstream.seen.filter((s) => s.path === path).length, 0, path);
   });
 
   it('under load: no 502 for a GET, no POST seen twice', async () => {

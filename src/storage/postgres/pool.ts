@@ -1,5 +1,6 @@
 import pg from 'pg';
 import type { Logger } from 'pino';
+import { redactUrlCredentials } from '../../config/redact.js';
 import type { PostgresStorageConfig } from '../../config/schema.js';
 
 /** int8 (bigint) columns hold millisecond times and counts: well inside a double's exact range. */
@@ -101,13 +102,10 @@ export function isRetryableTransactionError(err: unknown): boolean {
   return code === '40P01' || code === '40001';
 }
 
-/** The URL as logs and `storage status` may show it: no password. */
+/**
+ * The URL as logs and `storage status` may show it: no password, in the userinfo or in the query
+ * (`?password=`, `?sslpassword=`: node-postgres and libpq read them there too).
+ */
 export function describeUrl(url: string): string {
-  try {
-    const parsed = new URL(url);
-    if (parsed.password) parsed.password = '***';
-    return parsed.toString();
-  } catch {
-    return 'postgres (unparseable URL)';
-  }
+  return redactUrlCredentials(url);
 }
