@@ -51,6 +51,8 @@ export async function startGatewayWorkers(
   function fork(): Promise<string> {
     const worker = cluster.fork({ GATEHOUSE_WORKER: '1' });
     workers.add(worker);
+    // Its channel failing (EPIPE while it exits) must not end the primary: the exit is handled below.
+    worker.on('error', (err) => logger.debug({ err: err.message }, 'gateway worker channel error'));
     return new Promise<string>((resolve, reject) => {
       let listening = false;
       worker.on('message', (message: ToPrimary) => {

@@ -42,5 +42,8 @@ export type ToPrimary =
 
 /** Sends to a worker that is still connected (one exiting is left alone). */
 export function send(worker: Worker, message: ToWorker): void {
-  if (worker.isConnected()) worker.send(message);
+  // A worker exiting (a drain, a crash) can close its channel while the message is on its way: the
+  // write fails with EPIPE, which without a callback is an 'error' event that ends the primary. Its
+  // exit is handled where it is awaited; the message is moot.
+  if (worker.isConnected()) worker.send(message, undefined, undefined, () => {});
 }
