@@ -263,7 +263,10 @@ export async function requeueInChunks(
     return requeued;
   }
   const { filter } = target;
-  const requeueable: DeliveryStatus[] = ['dead', 'queued', ...(options.includeDelivered ? ['delivered' as const] : [])];
+  // Delivered first: an event this walk requeues may be delivered before the walk ends, and must not
+  // be found again among the delivered (found by an outside attack: 53 of 2,500 sent twice). What the
+  // dead walk requeues is due at once, which the queued walk leaves alone.
+  const requeueable: DeliveryStatus[] = [...(options.includeDelivered ? ['delivered' as const] : []), 'dead', 'queued'];
   const statuses = filter.status ? requeueable.filter((s) => s === filter.status) : requeueable;
   if (statuses.length === 0) return 0;
   // One status at a time: each walk follows one index in (received_at, id) order, with no sort.
