@@ -73,7 +73,11 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   let draining = false;
   const limits = admin.limits; // the listener's, fixed at start
   // Scrapes and probes come every few seconds: their lines are debug, not info.
-  const log: RequestLog = (fields) => logger.debug(fields, 'admin request');
+  // Refused credentials at info: a token guessed at leaves a trace at the default level (others are debug).
+  const log: RequestLog = (fields) =>
+    fields.status === 401 || fields.status === 403
+      ? logger.info(fields, 'admin request refused')
+      : logger.debug(fields, 'admin request');
   const said = new StateChangeLog(logger);
   // Opened at the first scrape that needs it (its constructor runs the schema), then kept.
   let gmailState: GmailStore | undefined;

@@ -292,6 +292,8 @@ for (const driver of ['sqlite', 'postgres'] as const) {
         assert.ok(logged.some((l) => l.ids === 3 && l.requeued === 2));
         assert.ok(logged.some((l) => l.filter?.endpoint === '/webhook/deploys' && l.requeued === 3));
         assert.ok(!JSON.stringify(s.server.lines).includes(TOKEN), 'the token is never logged');
+        // A wrong token leaves a trace at the default level (outside attack: 401s were debug only).
+        assert.ok(s.server.lines.some((l) => l.msg === 'admin request refused' && l.status === 401));
       });
     },
   );
