@@ -5,22 +5,13 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import { readDoc, ROOT, splitFences } from './markdown.js';
+import { promtoolMissing } from '../helpers/promtool.js';
 
 // The example alert rules: examples/prometheus/alerts.yml (shipped in the package) and the copy in
 // docs/observability.md. Their expressions are tested against a running gatehouse in
 // test/e2e/alert-rules.test.ts.
 
 const EXAMPLE = 'examples/prometheus/alerts.yml';
-const promtoolMissing = (() => {
-  try {
-    execFileSync('promtool', ['--version'], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return 'promtool is not installed (apt-get install prometheus)';
-  }
-})();
-// On CI a missing promtool is a failure: .ci/run installs it.
-if (promtoolMissing && process.env.CI) throw new Error(`${promtoolMissing}: .ci/run installs it`);
 
 /** The yaml blocks of the "## Example alert rules" section, in order. */
 function sectionRules(): string[] {

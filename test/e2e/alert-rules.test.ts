@@ -14,6 +14,7 @@ import { startPostgres, type PostgresCluster } from '../helpers/postgres.js';
 import { ROOT, startServerProcess, type ServerProcess } from '../helpers/process.js';
 import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
 import { waitFor } from '../helpers/wait.js';
+import { promtoolMissing } from '../helpers/promtool.js';
 
 /*
  * examples/prometheus/alerts.yml against real scrapes (issue 28). Each alert's state is made real on
@@ -34,16 +35,6 @@ import { waitFor } from '../helpers/wait.js';
  */
 
 const RULES = path.join(ROOT, 'examples/prometheus/alerts.yml');
-const promtoolMissing = (() => {
-  try {
-    execFileSync('promtool', ['--version'], { stdio: 'ignore' });
-    return false;
-  } catch {
-    return 'promtool is not installed (apt-get install prometheus)';
-  }
-})();
-// On CI a missing promtool is a failure: .ci/run installs it.
-if (promtoolMissing && process.env.CI) throw new Error(`${promtoolMissing}: .ci/run installs it`);
 if (promtoolMissing) process.stderr.write(`\n!!! alert rule tests: ${promtoolMissing}: SKIPPED !!!\n\n`);
 
 const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-alerts-'));

@@ -418,6 +418,14 @@ export interface EventRow {
   delivered_at: number | null;
 }
 
+/** A listPage row (the event row without its envelope, and its last attempt's time and status) as the API sees it. */
+export function toEventListing(
+  row: Omit<EventRow, 'envelope'> & { last_attempt_at: number | null; last_status: number | null },
+): EventListing {
+  const { envelope: _, ...event } = toEvent({ ...row, envelope: '' });
+  return { ...event, lastAttemptAt: row.last_attempt_at, lastStatus: row.last_status };
+}
+
 /** The row as the rest of gatehouse sees it. */
 export function toEvent(row: EventRow): StoredEvent {
   return {

@@ -1,6 +1,7 @@
 import type Database from 'better-sqlite3';
 import {
   toEvent,
+  toEventListing,
   type DeliveryStatus,
   type EventFilter,
   type EventListing,
@@ -25,21 +26,7 @@ export class SqliteEventQueries implements RequeueSteps {
     const { sql, params } = listSql(filter, filter.status ? [filter.status] : [], page.after, page.limit);
     return (
       this.statement(sql).all(params) as (EventRow & { last_attempt_at: number | null; last_status: number | null })[]
-    ).map((row) => ({
-      id: row.id,
-      endpoint: row.endpoint,
-      action: row.action,
-      idempotencyKey: row.idempotency_key,
-      receivedAt: row.received_at,
-      status: row.status,
-      attempts: row.attempts,
-      roundAttempts: row.round_attempts,
-      nextAttemptAt: row.next_attempt_at,
-      lastError: row.last_error,
-      deliveredAt: row.delivered_at,
-      lastAttemptAt: row.last_attempt_at,
-      lastStatus: row.last_status,
-    }));
+    ).map(toEventListing);
   }
 
   /** EventStore.list: whole rows. */

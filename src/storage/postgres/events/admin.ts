@@ -3,6 +3,7 @@ import { webhookActions, type PostgresStorageConfig, type WebhookAction } from '
 import {
   IDEMPOTENCY_WINDOW_MS,
   toEvent,
+  toEventListing,
   type AttemptRecord,
   type DeliveredCounts,
   type DeliveryStatus,
@@ -122,10 +123,7 @@ export class EventAdmin {
       sql,
       params,
     );
-    return rows.map((row) => {
-      const { envelope: _, ...event } = toEvent({ ...row, envelope: '' });
-      return { ...event, lastAttemptAt: row.last_attempt_at, lastStatus: row.last_status };
-    });
+    return rows.map(toEventListing);
   }
 
   async matchingKeys(
