@@ -5,43 +5,19 @@ import { describeChannel } from '../integrations/channels/status.js';
 import { DELIVERY_STATUSES, type EventStore } from '../storage/contracts/events.js';
 import type { AdminConfig, Config } from '../config/schema.js';
 import { HttpError } from '../errors.js';
-import type { LockoutStore } from '../http/lockout.js';
-import { eventsApi } from './events-api.js';
+import { adminApi } from './api.js';
+import type { AdminSources } from './sources.js';
 import { admitRequest, answerHealthy, respondWithError, type RequestLog } from '../http/request-context.js';
-import type { ChannelStore } from '../integrations/channels/state.js';
 import type { GmailStore } from '../integrations/gmail/state.js';
 import { closeServer, listen } from '../http/listener.js';
 import { openGmailStore } from '../storage/open.js';
-import {
-  METRICS_CONTENT_TYPE,
-  recordBuildInfo,
-  renderMetrics,
-  scrapeGauges,
-  type MetricsSnapshot,
-} from '../observability/metrics.js';
+import { METRICS_CONTENT_TYPE, recordBuildInfo, renderMetrics, scrapeGauges } from '../observability/metrics.js';
 import { POSTGRES_SCHEMA_VERSION } from '../storage/postgres/migrations.js';
 import { SQLITE_SCHEMA_VERSION } from '../storage/sqlite/migrations.js';
 import { VERSION } from '../version.js';
 import { StateChangeLog } from '../observability/log.js';
 
-/** What the admin listener asks of the /api/ edge (in this process, or of every worker). */
-export interface GatewayProbe {
-  /** Every verifier has its keys (a JWKS fetched at least once); true without a JWKS. */
-  keysLoaded: boolean;
-  /** With gateway.tls: when the certificate served expires (ms since the epoch); the earliest across workers. */
-  certificateNotAfter?: number;
-  /** With `metrics`: the snapshots of the other processes serving /api/ (none in-process). */
-  snapshots: MetricsSnapshot[];
-}
-
-/** What the admin listener reads, at scrape or probe time only. */
-export interface AdminSources {
-  probeGateway(options: { metrics: boolean }): Promise<GatewayProbe>;
-  lockoutStore: LockoutStore;
-  /** The webhook event store, when `webhooks.enabled`. */
-  store?: EventStore;
-  channelStore?: ChannelStore;
-}
+export type { AdminSources, GatewayProbe } from './sources.js';
 
 export interface RunningAdmin {
   url: string;
@@ -142,7 +118,7 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     res.end(body);
   }
 
-  const handleEventsApi = eventsApi({ store: () => sources.store, logger, bodyTimeoutMs: limits.requestTimeoutMs });
+  const handleAdminApi = adminApi({ sources, config: () => config, logger, bodyTimeoutMs: limits.requestTimeoutMs });
 
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = req.url ?? '';
@@ -152,7 +128,7 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
       // Events, their bodies and retries: never without a token, even on loopback.
       if (tokenDigest === undefined) throw new HttpError('admin_api_disabled', 'admin.token is not set');
       if (!authorized(req)) throw unauthorized();
-      return handleEventsApi(req, res, new URL(url, 'http://admin.invalid'));
+      return handleAdminApi(req, res, new URL(url, 'http://admin.invalid'));
     }
     if (!ROUTES.has(path)) throw new HttpError('not_found', `no admin route ${path}`);
     if (req.method !== 'GET' && req.method !== 'HEAD')
