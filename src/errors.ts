@@ -74,6 +74,11 @@ export const errorCatalogue = {
     status: 422,
     message: 'This Idempotency-Key was already used with a different request.',
   },
+  csrf_token_invalid: {
+    status: 403,
+    message: "A change made with the console's session cookie needs the session's X-CSRF-Token header.",
+  },
+  cross_site_request: { status: 403, message: 'The admin listener refuses requests made by pages of another origin.' },
   upgrade_not_supported: { status: 501, message: 'This gateway does not proxy protocol upgrades (WebSocket) here.' },
   too_many_connections: { status: 503, message: 'Too many open connections; retry later.' },
   internal_error: { status: 500, message: 'Internal error.' },
