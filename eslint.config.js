@@ -53,4 +53,15 @@ export default tseslint.config(
     },
   },
   { files: ['**/*.js', '**/*.mjs'], ...tseslint.configs.disableTypeChecked },
+  {
+    // The web console's page scripts (served as they are, no build): the browser's globals, not Node's.
+    files: ['console/**/*.js'],
+    languageOptions: {
+      sourceType: 'module',
+      globals: {
+        ...Object.fromEntries(Object.keys(globals.node).map((name) => [name, 'off'])),
+        ...globals.browser,
+      },
+    },
+  },
 );
