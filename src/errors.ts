@@ -70,6 +70,12 @@ export const errorCatalogue = {
   },
   invalid_cursor: { status: 400, message: 'The cursor is not one this API returned.' },
   event_not_found: { status: 404, message: 'No such event.' },
+  lockout_not_found: { status: 404, message: 'This client is not locked out.' },
+  lockout_lift_incomplete: {
+    status: 503,
+    message:
+      'The lockout was lifted here but not everywhere it is enforced (the shared store or a gateway worker did not answer); retry.',
+  },
   idempotency_key_reused: {
     status: 422,
     message: 'This Idempotency-Key was already used with a different request.',
