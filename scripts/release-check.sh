@@ -2,7 +2,8 @@
 # The release artifact as a user gets it: `npm pack` (prepack: a clean dist/), installed with
 # `npm install -g <tarball> --omit=dev` into a temporary prefix, then run from there: --version,
 # config check, and `start` in front of a local upstream and action target, one authenticated /api/
-# request and one webhook through it, SIGTERM, exit 0. The Dockerfile's install steps, outside a container.
+# request and one webhook through it, the web console's page, modules and sign-in on the admin
+# listener (its files resolved in the installed package), SIGTERM, exit 0. The Dockerfile's install steps, outside a container.
 #
 # The tarball is packed from a copy of the tree (tracked and untracked, not ignored, files; the
 # project's node_modules linked in for tsc), so the working tree's dist/ is never rebuilt under
@@ -47,7 +48,7 @@ tgz="$work/$(tail -n 1 "$work/pack.out")"
 step "packed $(basename "$tgz") ($(du -k "$tgz" | cut -f1) kB)"
 
 tar -tzf "$tgz" | sed 's|^package/||' | sort > "$work/contents"
-for wanted in package.json README.md CHANGELOG.md docs/getting-started.md docs/configuration.md bin/gatehouse.js dist/bin.js dist/main.js gateway.json5 examples/gatehouse.service examples/gatehouse-purge.service examples/gatehouse-purge.timer examples/container.json5 examples/prometheus/alerts.yml; do
+for wanted in package.json README.md CHANGELOG.md docs/getting-started.md docs/configuration.md bin/gatehouse.js dist/bin.js dist/main.js gateway.json5 examples/gatehouse.service examples/gatehouse-purge.service examples/gatehouse-purge.timer examples/container.json5 examples/prometheus/alerts.yml console/index.html console/app.js console/style.css; do
   grep -qxF "$wanted" "$work/contents" || fail "the tarball lacks $wanted"
 done
 if unwanted="$(grep -E '^(src|test|bench|scripts|\.ci|node_modules)/|\.ts$|\.map$|^tsconfig|^Dockerfile|^compose' "$work/contents")"; then
@@ -132,6 +133,7 @@ key_json="$(gatehouse gateway api-key generate --id release-check --json)"
 key="$(node -p 'JSON.parse(process.argv[1]).key' "$key_json")"
 entry="$(node -p 'JSON.stringify(JSON.parse(process.argv[1]).entry)' "$key_json")"
 hook_secret="release-check-$RANDOM$RANDOM-secret"
+admin_token="release-check-admin-$RANDOM$RANDOM-token"
 mkdir -p "$work/etc"
 cat > "$work/etc/gateway.json5" <<EOF
 // Written by scripts/release-check.sh. Ports 0: the listeners pick free ports and log them.
@@ -149,6 +151,7 @@ cat > "$work/etc/gateway.json5" <<EOF
     targets: { "system-event": { url: "$upstream/events" } },
     delivery: { initialBackoffMs: 200 },
   },
+  admin: { listen: { host: "127.0.0.1", port: 0 }, token: "$admin_token" },
 }
 EOF
 check="$(gatehouse config check --config "$work/etc/gateway.json5")" || fail "gatehouse config check"
@@ -177,7 +180,8 @@ log_url() {
 wait_for 30 grep -q '"msg":"gatehouse started' "$work/gatehouse.log" || fail "gatehouse start did not log 'gatehouse started'"
 gateway_url="$(log_url 'gateway listening')" || fail "no 'gateway listening' line"
 webhooks_url="$(log_url 'webhook receiver listening')" || fail "no 'webhook receiver listening' line"
-step "gatehouse start: pid $gatehouse_pid, gateway $gateway_url, webhooks $webhooks_url"
+admin_url="$(log_url 'admin listener on /metrics, /readyz, /healthz')" || fail "no 'admin listener' line"
+step "gatehouse start: pid $gatehouse_pid, gateway $gateway_url, webhooks $webhooks_url, admin $admin_url"
 
 # `request <method> <url> [header] [body]`: prints the status code.
 request() {
@@ -208,6 +212,36 @@ status="$(request POST "$webhooks_url/webhook/release-check" "X-Webhook-Secret: 
 [[ "$status" == 202 ]] || fail "the webhook answered $status, expected 202"
 wait_for 20 upstream_got '"url":"/events"' || fail "the webhook was accepted but never delivered to the target"
 step "webhook: 202, stored (SQLite via better-sqlite3) and delivered to the target"
+
+# The console from the installed package: its page and every module it loads, each with the
+# strict CSP; a sign-in with the admin token gets the session cookie.
+node -e '
+  const [base, token] = process.argv.slice(1);
+  const get = async (path) => {
+    const res = await fetch(base + path, { signal: AbortSignal.timeout(10000) });
+    if (res.status !== 200) throw new Error(`GET ${path}: ${res.status}`);
+    if (!/script-src .self.;/.test(res.headers.get("content-security-policy") ?? "")) throw new Error(`GET ${path}: no CSP`);
+    return res.text();
+  };
+  (async () => {
+    if (!(await get("/console/")).includes("src=\"app.js\"")) throw new Error("/console/ is not the console page");
+    const seen = new Set(), queue = ["app.js", "style.css"];
+    while (queue.length) {
+      const name = queue.shift();
+      if (seen.has(name)) continue;
+      seen.add(name);
+      for (const m of (await get("/console/" + name)).matchAll(/^import [^;]*? from .\.\/([a-z0-9-]+\.js).;$/gm)) queue.push(m[1]);
+    }
+    const res = await fetch(base + "/console/session", {
+      method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ token }),
+      signal: AbortSignal.timeout(10000),
+    });
+    if (res.status !== 200 || !/HttpOnly; SameSite=Strict/.test(res.headers.get("set-cookie") ?? ""))
+      throw new Error(`sign-in: ${res.status} ${res.headers.get("set-cookie")}`);
+    console.log(seen.size);
+  })().catch((err) => { console.error(String(err)); process.exit(1); });' "$admin_url" "$admin_token" > "$work/console.out" \
+  || fail "the console is not served from the installed package (see above)"
+step "console: /console/ and $(cat "$work/console.out") files, each with the CSP, from the installed package; sign-in sets the cookie"
 
 kill -TERM "$gatehouse_pid"
 code=0

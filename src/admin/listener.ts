@@ -6,6 +6,7 @@ import { DELIVERY_STATUSES, type EventStore } from '../storage/contracts/events.
 import type { AdminConfig, Config } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import { adminApi } from './api.js';
+import { webConsole } from './console/console.js';
 import type { AdminSources } from './sources.js';
 import { admitRequest, answerHealthy, respondWithError, type RequestLog } from '../http/request-context.js';
 import type { GmailStore } from '../integrations/gmail/state.js';
@@ -39,7 +40,9 @@ const ROUTES = new Set(['/metrics', '/readyz', '/healthz']);
  * - `/readyz`: 200 only when the store takes writes, the JWKS (if any) is loaded and the process
  *   is not draining; 503 naming the failing checks otherwise. No token: load balancers probe it.
  * - `/healthz`: liveness (200 while the process answers), as on the other listeners.
- * - `/admin/api/`: the events API (src/admin/events-api.ts), only with `admin.token` set and given.
+ * - `/admin/api/`: the admin API (src/admin/api.ts), only with `admin.token` set, and given as the
+ *   Bearer token or as a console session (its cookie; a change also needs its CSRF token).
+ * - `/console/`: the web console's files and sign-in (src/admin/console/console.ts).
  * Everything else is 404, other methods 405; every parser limit is set (`admin.limits`).
  */
 export async function startAdmin(initial: Config, sources: AdminSources, logger: Logger): Promise<RunningAdmin> {
@@ -119,17 +122,33 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   }
 
   const handleAdminApi = adminApi({ sources, config: () => config, logger, bodyTimeoutMs: limits.requestTimeoutMs });
+  const consoleApp = webConsole({
+    tokenDigest: () => tokenDigest,
+    digest,
+    logger,
+    bodyTimeoutMs: limits.requestTimeoutMs,
+  });
+
+  /**
+   * The admin API's two ways in: an Authorization header is judged alone (Bearer, as /metrics);
+   * without one, a console session cookie (the console checks origin and CSRF token).
+   */
+  function admitToAdminApi(req: IncomingMessage): void {
+    // Events, their bodies and retries: never without a token, even on loopback.
+    if (tokenDigest === undefined) throw new HttpError('admin_api_disabled', 'admin.token is not set');
+    if (req.headers.authorization === undefined && consoleApp.carriesSession(req)) consoleApp.sessionOf(req);
+    else if (!authorized(req)) throw unauthorized();
+  }
 
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = req.url ?? '';
     const queryAt = url.indexOf('?');
     const path = queryAt === -1 ? url : url.slice(0, queryAt);
     if (path.startsWith('/admin/api/')) {
-      // Events, their bodies and retries: never without a token, even on loopback.
-      if (tokenDigest === undefined) throw new HttpError('admin_api_disabled', 'admin.token is not set');
-      if (!authorized(req)) throw unauthorized();
+      admitToAdminApi(req);
       return handleAdminApi(req, res, new URL(url, 'http://admin.invalid'));
     }
+    if (path === '/console' || path.startsWith('/console/')) return consoleApp.handleConsole(req, res, path);
     if (!ROUTES.has(path)) throw new HttpError('not_found', `no admin route ${path}`);
     if (req.method !== 'GET' && req.method !== 'HEAD')
       throw new HttpError('method_not_allowed', `${req.method} ${path}`, { allow: 'GET, HEAD' });
@@ -144,7 +163,11 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     route(req, res).catch((err: unknown) => respondWithError(req, res, err, logger));
   });
   logger.info(
-    { url: listening.url, tokenRequired: tokenDigest !== undefined },
+    {
+      url: listening.url,
+      tokenRequired: tokenDigest !== undefined,
+      console: tokenDigest === undefined ? undefined : `${listening.url}/console/`,
+    },
     'admin listener on /metrics, /readyz, /healthz',
   );
   return {
@@ -159,7 +182,11 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
       }
       config = next;
       admin = next.admin;
+      const before = tokenDigest;
       tokenDigest = admin.token === undefined ? undefined : digest(admin.token);
+      // A session stands for the token it was signed in with: a new token (or none) ends them all.
+      if (before !== undefined && (tokenDigest === undefined || !tokenDigest.equals(before)))
+        consoleApp.endSessions(tokenDigest === undefined ? 'admin.token was removed' : 'admin.token changed');
     },
     close: (graceMs) => closeServer(listening.server, graceMs),
   };
