@@ -74,7 +74,7 @@ function showSignIn(why) {
     required: true,
     'aria-describedby': 'sign-in-help sign-in-error',
   });
-  const button = h('button', { type: 'submit' }, 'Sign in');
+  const button = h('button', { type: 'submit', class: 'primary' }, 'Sign in');
   const form = h(
     'form',
     { class: 'sign-in', 'aria-labelledby': 'sign-in-title' },
@@ -82,8 +82,8 @@ function showSignIn(why) {
     h(
       'p',
       { id: 'sign-in-help' },
-      'Sign in with the admin token of this gatehouse (admin.token). The session lasts until you sign out, ' +
-        'stays idle for at most two hours, and ends when the token changes.',
+      'Sign in with the admin token of this gatehouse (admin.token). A session ends when you sign out, after ' +
+        'two idle hours or twelve in all, and when the token changes.',
     ),
     h('label', { for: 'token' }, 'Admin token'),
     input,
