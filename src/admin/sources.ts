@@ -13,10 +13,34 @@ export interface GatewayProbe {
   snapshots: MetricsSnapshot[];
 }
 
+/** The lockouts as the admin API lists and lifts them (put together in src/runtime/lockouts.ts). */
+export interface LockoutControl {
+  /**
+   * Every lock in force in this process (on PostgreSQL with those learned from the other
+   * instances) and in its gateway workers, as [key, until (ms)], one per key.
+   */
+  list(now: number): Promise<[string, number][]>;
+  /**
+   * Lifts `keys` everywhere this instance enforces them and, on a shared store, on every instance.
+   * `locks`: those that were in force; `incomplete`: what the lift did not reach (absent: it reached all).
+   */
+  lift(keys: readonly string[], now: number): Promise<{ locks: [string, number][]; incomplete?: string }>;
+}
+
+/** The listeners' URLs, as they listen (a port 0 in the config is the port the system gave). */
+export interface ListenerUrls {
+  gateway: string;
+  /** When `webhooks.enabled`. */
+  webhooks?: string;
+  admin?: string;
+}
+
 /** What the admin listener reads, at scrape or probe time only. */
 export interface AdminSources {
   probeGateway(options: { metrics: boolean }): Promise<GatewayProbe>;
   lockoutStore: LockoutStore;
+  lockouts: LockoutControl;
+  listeners(): ListenerUrls;
   /** The webhook event store, when `webhooks.enabled`. */
   store?: EventStore;
   channelStore?: ChannelStore;

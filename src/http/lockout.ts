@@ -51,6 +51,34 @@ export interface LockoutStore {
   release?(key: string, now: number, settings: LockoutSettings): void;
   /** Calls `listener` with every lock learned from elsewhere (another instance); returns the unsubscribe. */
   onLocked?(listener: (key: string, until: number) => void): () => void;
+  /**
+   * An operator's lift (the admin API): the locks of `keys` end and their failures are forgotten.
+   * Resolves to the locks that were in force, as [key, until (ms)]. A shared store lifts them for
+   * every instance too, and rejects (LiftNotShared) when it cannot, after lifting them here.
+   */
+  lift?(keys: readonly string[], now: number): Promise<[string, number][]>;
+  /** Calls `listener` with every key lifted elsewhere (another instance); returns the unsubscribe. */
+  onLifted?(listener: (key: string) => void): () => void;
+}
+
+/** A shared store's lift that reached this process only: other instances may still refuse the client. */
+export class LiftNotShared extends Error {
+  override name = 'LiftNotShared';
+  constructor(
+    message: string,
+    /** The locks lifted here all the same, as `lift` resolves them. */
+    readonly locks: [string, number][],
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+/** [key, until] pairs from several places, one per key with the latest until. */
+export function latestLocks(locks: Iterable<[string, number]>): [string, number][] {
+  const latest = new Map<string, number>();
+  for (const [key, until] of locks) latest.set(key, Math.max(until, latest.get(key) ?? 0));
+  return [...latest];
 }
 
 /** A shared count's answer to `reserve`: a place taken, none needed after all, or the seconds refused. */
@@ -144,6 +172,23 @@ export class MemoryLockoutStore implements LockoutStore {
     const active: [string, number][] = [];
     for (const entry of this.locks) if (entry[1] > now) active.push(entry);
     return active;
+  }
+
+  /** Ends the lock of `key` and forgets its failures; returns until when it was locked (0: it was not). */
+  unlock(key: string, now: number): number {
+    const until = this.lockedUntil(key, now);
+    this.locks.delete(key);
+    this.counters.delete(key);
+    return until;
+  }
+
+  lift(keys: readonly string[], now: number): Promise<[string, number][]> {
+    const lifted: [string, number][] = [];
+    for (const key of keys) {
+      const until = this.unlock(key, now);
+      if (until > 0) lifted.push([key, until]);
+    }
+    return Promise.resolve(lifted);
   }
 
   /** Until when (ms) `key` is locked; 0 when it is not (or the lock has expired). */
@@ -362,8 +407,22 @@ export class FailureLockout {
   };
 
   private key(ip: string): string {
-    return `${this.namespace}:${clientGroup(ip)}`;
+    return lockoutKey(this.namespace, clientGroup(ip));
   }
+}
+
+/** The areas a client is locked out of separately: the listener that counted its failures (FailureLockout's namespace). */
+export const LOCKOUT_AREAS = ['gateway', 'webhooks'] as const;
+
+/** The store's key of a client (clientGroup) in one area: the listener that counts (`gateway`, `webhooks`). */
+export function lockoutKey(area: string, client: string): string {
+  return `${area}:${client}`;
+}
+
+/** A store key taken apart: the area and the client (an IPv4 address, or an IPv6 /64 as clientGroup writes it). */
+export function parseLockoutKey(key: string): { area: string; client: string } {
+  const at = key.indexOf(':');
+  return { area: key.slice(0, at), client: key.slice(at + 1) };
 }
 
 /**
@@ -379,4 +438,16 @@ export function clientGroup(ip: string): string {
     .slice(0, 4)
     .map((p) => p.toString(16))
     .join(':')}::/64`;
+}
+
+/**
+ * The client an operator names (an address, or an IPv6 /64 as clientGroup writes it), as the
+ * store keys it; undefined when it is neither. `2001:db8::1`, `2001:DB8:0:0::/64` and
+ * `2001:db8::/64` all name `2001:db8:0:0::/64`; `::ffff:192.0.2.1` names `192.0.2.1`.
+ */
+export function clientGroupOf(text: string): string | undefined {
+  const prefix = text.endsWith('/64') ? text.slice(0, -3) : undefined;
+  const address = parseAddress(prefix ?? text);
+  if (!address || (prefix !== undefined && address.kind() !== 'ipv6')) return undefined;
+  return clientGroup(address.toString());
 }

@@ -1,5 +1,6 @@
 import type { Logger } from 'pino';
 import { startAdmin, type GatewayProbe } from '../admin/listener.js';
+import type { ListenerUrls } from '../admin/sources.js';
 import { buildGatewayApp, type GatewayApp } from '../gateway/app.js';
 import { redactUrlCredentials } from '../config/redact.js';
 import { isLoopbackHost, type Config, type GmailConfig } from '../config/schema.js';
@@ -14,6 +15,7 @@ import { startGrantRefresher } from '../integrations/channels/refresh.js';
 import type { ChannelStore } from '../integrations/channels/state.js';
 import { closeServer, listen, type Listening, type TlsPem } from '../http/listener.js';
 import { ResourceStack } from './resources.js';
+import { lockoutControl } from './lockouts.js';
 import { withAcceptGrace } from '../http/accept-grace.js';
 import { WebSocketConnections } from '../gateway/websocket.js';
 import { enableMetrics } from '../observability/metrics.js';
@@ -92,18 +94,22 @@ export async function startGatehouse(
     ownStoreHandedOver = ownStore !== undefined; // startWebhooks closes it from here on, whatever happens
     const webhooks = await startWebhooks(config, logger, lockoutStore, options.eventStore ?? ownStore);
     receiver.webhooks = webhooks;
+    const listeners: ListenerUrls = { gateway: gateway.url, webhooks: webhooks?.listening.url }; // admin: once it listens
     const admin = config.admin
       ? await startAdmin(
           config,
           {
             probeGateway: gateway.probe,
             lockoutStore,
+            lockouts: lockoutControl(lockoutStore, gateway),
+            listeners: () => listeners,
             store: webhooks?.listening.store,
             channelStore: webhooks?.channelStore,
           },
           logger,
         )
       : undefined;
+    listeners.admin = admin?.url;
     return { gateway, webhooks, admin };
   });
 
@@ -168,6 +174,14 @@ export interface RunningGateway {
   reload(next: Config, tls?: TlsPem): Promise<void>;
   /** For the admin listener: whether the keys are loaded, and (with `metrics`) the workers' metrics. */
   probe(options: { metrics: boolean }): Promise<GatewayProbe>;
+  /**
+   * Gateway workers only (the admin API's lockouts): the locks they enforce, their own shares'
+   * included, and a lift in every one. In one process the gateway counts in the store itself.
+   */
+  workerLockouts?: {
+    list(): Promise<[string, number][]>;
+    lift(keys: readonly string[]): Promise<{ locks: [string, number][]; unanswered: number }>;
+  };
   close(graceMs: number): Promise<void>;
 }
 

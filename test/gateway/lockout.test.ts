@@ -1,8 +1,13 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import {
+  clientGroup,
+  clientGroupOf,
   FailureLockout,
+  latestLocks,
+  lockoutKey,
   MemoryLockoutStore,
+  parseLockoutKey,
   type LockoutAdmission,
   type LockoutSettings,
   type LockoutSlot,
@@ -336,6 +341,53 @@ describe('failure lockout: the memory store at capacity', () => {
     assert.deepEqual(
       store.activeLocks(clock.now).map(([key]) => key),
       ['gateway:a'],
+    );
+  });
+});
+
+describe("lockout: an operator's lift (the admin API)", () => {
+  it('unlock ends the lock and forgets the count; lift reports only the locks that were in force', async () => {
+    const store = new MemoryLockoutStore();
+    const { clock, lockout } = lockoutWithClock({ store });
+    for (let i = 0; i < settings.max; i++) fail(lockout, '192.0.2.1');
+    fail(lockout, '192.0.2.2'); // one failure, no lock
+    assert.ok(lockout.lockedFor('192.0.2.1') > 0);
+    assert.deepEqual(await store.lift(['gateway:192.0.2.1', 'gateway:192.0.2.2', 'webhooks:192.0.2.1'], clock.now), [
+      ['gateway:192.0.2.1', clock.now + 300_000],
+    ]);
+    assert.equal(lockout.lockedFor('192.0.2.1'), 0);
+    // Counted afresh: max - 1 more failures lock neither client (192.0.2.2's earlier one is forgotten too).
+    for (let i = 0; i < settings.max - 1; i++) fail(lockout, '192.0.2.1');
+    for (let i = 0; i < settings.max - 1; i++) fail(lockout, '192.0.2.2');
+    assert.equal(lockout.lockedFor('192.0.2.1'), 0);
+    assert.equal(lockout.lockedFor('192.0.2.2'), 0);
+    assert.deepEqual(await store.lift(['gateway:192.0.2.1'], clock.now), [], 'nothing in force: nothing lifted');
+  });
+
+  it('clientGroupOf: an address or an IPv6 /64, as the store keys it; anything else is refused', () => {
+    assert.equal(clientGroupOf('192.0.2.1'), '192.0.2.1');
+    assert.equal(clientGroupOf('::ffff:192.0.2.1'), '192.0.2.1');
+    assert.equal(clientGroupOf('2001:DB8::1'), '2001:db8:0:0::/64');
+    assert.equal(clientGroupOf('2001:db8:0:0::/64'), '2001:db8:0:0::/64');
+    assert.equal(clientGroupOf('2001:db8::/64'), '2001:db8:0:0::/64');
+    assert.equal(clientGroupOf(clientGroup('2001:db8:1:2:3:4:5:6')), clientGroup('2001:db8:1:2::9'));
+    for (const text of ['', 'localhost', '192.0.2.1/64', '192.0.2.0/24', '2001:db8::/48', 'fe80::1%eth0', '1.2.3'])
+      assert.equal(clientGroupOf(text), undefined, text);
+  });
+
+  it('lockoutKey and parseLockoutKey: the area, then the client (which may hold colons)', () => {
+    assert.equal(lockoutKey('gateway', '2001:db8:0:0::/64'), 'gateway:2001:db8:0:0::/64');
+    assert.deepEqual(parseLockoutKey('webhooks:2001:db8:0:0::/64'), { area: 'webhooks', client: '2001:db8:0:0::/64' });
+    assert.deepEqual(
+      latestLocks([
+        ['a', 1],
+        ['b', 5],
+        ['a', 3],
+      ]),
+      [
+        ['a', 3],
+        ['b', 5],
+      ],
     );
   });
 });

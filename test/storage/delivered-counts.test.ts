@@ -8,6 +8,7 @@ import { startAdmin } from '../../src/admin/listener.js';
 import { parseConfig } from '../../src/config/load.js';
 import type { WebhookAction } from '../../src/config/schema.js';
 import { MemoryLockoutStore } from '../../src/http/lockout.js';
+import { lockoutControl } from '../../src/runtime/lockouts.js';
 import { DELIVERED_RECOUNT_MS, DeliveredCounts } from '../../src/storage/contracts/events.js';
 import { SqliteEventStore } from '../../src/storage/sqlite/events.js';
 import { request } from '../helpers/http.js';
@@ -132,11 +133,14 @@ describe('the first scrape after a start (a real admin listener on a real SQLite
       },
       admin: { listen: { host: '127.0.0.1', port: 0 } },
     });
+    const lockoutStore = new MemoryLockoutStore();
     const admin = await startAdmin(
       config,
       {
         probeGateway: async () => ({ keysLoaded: true, snapshots: [] }),
-        lockoutStore: new MemoryLockoutStore(),
+        lockoutStore,
+        lockouts: lockoutControl(lockoutStore, {}),
+        listeners: () => ({ gateway: 'http://127.0.0.1:1' }),
         store,
       },
       pino({ level: 'silent' }),

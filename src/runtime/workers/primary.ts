@@ -5,16 +5,19 @@ import type { Config } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
 import { currentAcceptGrace, graceLeftMs } from '../../http/accept-grace.js';
 import { readTlsPem, type TlsPem } from '../../http/listener.js';
-import type { LockoutStore } from '../../http/lockout.js';
+import { latestLocks, type LockoutStore } from '../../http/lockout.js';
 import type { RunningGateway } from '../server.js';
-import { send, type ToPrimary } from './protocol.js';
+import { send, type ToPrimary, type ToWorker } from './protocol.js';
 
 const STARTUP_TIMEOUT_MS = 30_000;
 const FIRST_RESTART_DELAY_MS = 500;
 const MAX_RESTART_DELAY_MS = 30_000;
 const STABLE_AFTER_MS = 30_000;
-/** A worker that has not answered a scrape or probe in this long is left out of it (metrics) or not ready. */
+/** A worker that has not answered a scrape, probe or lift in this long is left out of it (metrics) or not ready. */
 const PROBE_TIMEOUT_MS = 5_000;
+
+/** The answers a worker gives to a question of the primary's (matched by id). */
+type Answer = Extract<ToPrimary, { id: number }>;
 
 /** The number of gateway processes `gateway.workers` asks for ("auto": one per CPU the process may use). */
 export function resolveWorkerCount(setting: Config['gateway']['workers']): number {
@@ -168,13 +171,44 @@ export async function startGatewayWorkers(
   }
 
   // A shared store (postgres) also learns locks from other instances: every worker is told those too.
-  const unsubscribe = lockoutStore.onLocked?.((key, until) => {
+  const unsubscribeLocked = lockoutStore.onLocked?.((key, until) => {
     for (const worker of workers) send(worker, { type: 'locked', key, until });
   });
+  /** Ids of the primary's questions to workers (probes, lifts, lock lists): each answer carries its question's. */
+  let questionIds = 0;
+  // ...and lifts: a worker's share may hold the client even where the shared count does not.
+  const unsubscribeLifted = lockoutStore.onLifted?.((key) => {
+    loggedLocks.delete(key);
+    for (const worker of workers) send(worker, { type: 'lift', id: ++questionIds, keys: [key] });
+  });
+  const unsubscribe = () => {
+    unsubscribeLocked?.();
+    unsubscribeLifted?.();
+  };
+
+  /** Sends `worker` a question and resolves with its answer; undefined when it exits or does not answer in time. */
+  function ask<A extends Answer>(worker: Worker, question: (id: number) => ToWorker, type: A['type']) {
+    return new Promise<A | undefined>((resolve) => {
+      const id = ++questionIds;
+      const timer = setTimeout(() => done(undefined), PROBE_TIMEOUT_MS);
+      const onMessage = (message: ToPrimary) => {
+        if (message.type === type && (message as Answer).id === id) done(message as A);
+      };
+      const onExit = () => done(undefined);
+      function done(answer: A | undefined) {
+        clearTimeout(timer);
+        worker.off('message', onMessage);
+        worker.off('exit', onExit);
+        resolve(answer);
+      }
+      worker.on('message', onMessage);
+      worker.once('exit', onExit);
+      send(worker, question(id));
+    });
+  }
 
   let urls: string[];
   let started = false;
-  let probeIds = 0;
   try {
     urls = await withTimeout(
       Promise.all(Array.from({ length: count }, fork)),
@@ -184,7 +218,7 @@ export async function startGatewayWorkers(
     started = true;
   } catch (err) {
     stopping = true;
-    unsubscribe?.();
+    unsubscribe();
     for (const worker of workers) worker.kill('SIGKILL');
     throw err;
   }
@@ -224,25 +258,8 @@ export async function startGatewayWorkers(
      */
     async probe({ metrics }) {
       const answers = await Promise.all(
-        [...workers].map(
-          (worker) =>
-            new Promise<Extract<ToPrimary, { type: 'probed' }> | undefined>((resolve) => {
-              const id = ++probeIds;
-              const timer = setTimeout(() => done(undefined), PROBE_TIMEOUT_MS);
-              const onMessage = (message: ToPrimary) => {
-                if (message.type === 'probed' && message.id === id) done(message);
-              };
-              const onExit = () => done(undefined);
-              function done(answer: Extract<ToPrimary, { type: 'probed' }> | undefined) {
-                clearTimeout(timer);
-                worker.off('message', onMessage);
-                worker.off('exit', onExit);
-                resolve(answer);
-              }
-              worker.on('message', onMessage);
-              worker.once('exit', onExit);
-              send(worker, { type: 'probe', id, metrics });
-            }),
+        [...workers].map((worker) =>
+          ask<Extract<ToPrimary, { type: 'probed' }>>(worker, (id) => ({ type: 'probe', id, metrics }), 'probed'),
         ),
       );
       return {
@@ -251,13 +268,46 @@ export async function startGatewayWorkers(
         snapshots: answers.flatMap((a) => (a?.metrics ? [a.metrics] : [])),
       };
     },
+    workerLockouts: {
+      /** The locks each worker enforces (its share's too), one entry per key with the latest end. */
+      async list() {
+        const answers = await Promise.all(
+          [...workers].map((worker) =>
+            ask<Extract<ToPrimary, { type: 'lockouts' }>>(worker, (id) => ({ type: 'lockouts', id }), 'lockouts'),
+          ),
+        );
+        return latestLocks(answers.flatMap((a) => a?.locks ?? []));
+      },
+      /**
+       * Lifts `keys` in every worker (the primary's count is the store's, lifted by the caller):
+       * the locks that were in force there, and how many live workers did not answer in time.
+       */
+      async lift(keys) {
+        for (const key of keys) loggedLocks.delete(key); // a new lockout is logged again
+        const asked = [...workers];
+        const answers = await Promise.all(
+          asked.map((worker) =>
+            ask<Extract<ToPrimary, { type: 'lifted' }>>(
+              worker,
+              (id) => ({ type: 'lift', id, keys: [...keys] }),
+              'lifted',
+            ),
+          ),
+        );
+        return {
+          locks: latestLocks(answers.flatMap((a) => a?.locks ?? [])),
+          // One that exited meanwhile enforces nothing; its replacement learns the store's locks only.
+          unanswered: answers.filter((a, i) => a === undefined && !asked[i]!.isDead()).length,
+        };
+      },
+    },
     /**
      * Asks every worker to drain and waits for them to exit: within a close's accept grace they keep
      * accepting for what is left of it (told when it is skipped), then in-flight requests get `graceMs`.
      */
     async close(graceMs) {
       stopping = true;
-      unsubscribe?.();
+      unsubscribe();
       const grace = currentAcceptGrace();
       const acceptGraceMs = graceLeftMs(grace);
       const exits = [...workers].map(

@@ -24,6 +24,10 @@ export type ToWorker =
   /** `tls`: the pair in force (gateway.tls), read by the primary for all of them. */
   | { type: 'config'; config: Config; workers: number; tls?: TlsPem }
   | { type: 'locked'; key: string; until: number }
+  /** An operator's lift (the admin API), or one heard from another instance: answered with `lifted`. */
+  | { type: 'lift'; id: number; keys: string[] }
+  /** The locks this worker enforces (its share's and the primary's): answered with `lockouts`. */
+  | { type: 'lockouts'; id: number }
   /** Drain: keep accepting for `acceptGraceMs` (answers say `Connection: close`), then in-flight requests get `graceMs`. */
   | { type: 'shutdown'; graceMs: number; acceptGraceMs: number }
   /** A second signal: the rest of the accept grace is skipped. */
@@ -38,7 +42,10 @@ export type ToPrimary =
   | { type: 'failed'; error: string }
   /** `lockedFor`: seconds of lockout this failure triggered in the worker's own share (0: none). */
   | { type: 'failure'; key: string; now: number; settings: LockoutSettings; lockedFor: number }
-  | { type: 'probed'; id: number; keysLoaded: boolean; certificateNotAfter?: number; metrics?: MetricsSnapshot };
+  | { type: 'probed'; id: number; keysLoaded: boolean; certificateNotAfter?: number; metrics?: MetricsSnapshot }
+  /** `locks`: [key, until (ms)] of the locks in force there, before the lift (`lifted`) or now (`lockouts`). */
+  | { type: 'lifted'; id: number; locks: [string, number][] }
+  | { type: 'lockouts'; id: number; locks: [string, number][] };
 
 /** Sends to a worker that is still connected (one exiting is left alone). */
 export function send(worker: Worker, message: ToWorker): void {

@@ -90,6 +90,15 @@ export async function runGatewayWorker(): Promise<void> {
         case 'locked':
           locks.lockUntil(message.key, message.until);
           break;
+        case 'lift':
+          // The lock and this worker's own count of the client: its share may have locked it alone.
+          void locks.lift(message.keys, Date.now()).then((lifted) => {
+            toPrimary({ type: 'lifted', id: message.id, locks: lifted });
+          });
+          break;
+        case 'lockouts':
+          toPrimary({ type: 'lockouts', id: message.id, locks: locks.activeLocks(Date.now()) });
+          break;
         case 'shutdown':
           void configuring.then(() => stop(message.graceMs, message.acceptGraceMs));
           break;

@@ -1,14 +1,25 @@
+import { randomUUID } from 'node:crypto';
 import pg from 'pg';
 import type { Logger } from 'pino';
 import type { PostgresStorageConfig } from '../../config/schema.js';
-import { MemoryLockoutStore, type LockoutSettings, type LockoutStore, type Reservation } from '../../http/lockout.js';
+import {
+  LiftNotShared,
+  MemoryLockoutStore,
+  type LockoutSettings,
+  type LockoutStore,
+  type Reservation,
+} from '../../http/lockout.js';
 import { PostgresListener } from './listener.js';
 import { UsageError } from '../../errors.js';
 import { migrate } from './migrations.js';
 import { GatedPool, schemaGateFor, unreachable } from './schema-gate.js';
-import { connectionOptions, withClient } from './pool.js';
+import { connectionOptions, inTransaction, withClient } from './pool.js';
 
-/** NOTIFY channel: "this client is locked out", payload JSON [key, until (ms)]. */
+/**
+ * NOTIFY channel: "this client is locked out", payload JSON [key, until (ms)]; or "an operator
+ * lifted it", payload JSON {"lifted": key, "by": the lifting store's id} (an object, which an
+ * older gatehouse reading the channel ignores).
+ */
 const LOCK_CHANNEL = 'gatehouse_lockout';
 /** Locks in force are read again this often: covers NOTIFYs lost while the LISTEN connection was down. */
 const REFRESH_MS = 5_000;
@@ -112,10 +123,24 @@ export interface PostgresLockoutStoreOptions {
  *   by itself), locks already learned keep applying, nothing throws into the request path. The
  *   refresh finds Postgres back, logs it, and counting is shared again (failures seen meanwhile
  *   are not replayed).
+ * - Lifted by an operator (`lift`) as a lock spreads: the row is deleted and a NOTIFY tells every
+ *   instance, which ends the lock here and tells its listeners (the gateway workers). One whose
+ *   LISTEN connection was down finds out at its next refresh (at once on reconnection, else
+ *   within 5 s): a lock it had learned from the database that the database no longer holds has
+ *   been lifted.
  */
 export class PostgresLockoutStore implements LockoutStore {
   private readonly local = new MemoryLockoutStore();
   private readonly listeners = new Set<(key: string, until: number) => void>();
+  private readonly liftListeners = new Set<(key: string) => void>();
+  /** Tells this store's own lift NOTIFYs from other instances'. */
+  private readonly id = randomUUID();
+  /** Orders what refresh() reads against the locks and lifts heard meanwhile (by NOTIFY). */
+  private seq = 0;
+  /** Keys locked here because the database said so (NOTIFY, refresh, a failure's answer): when heard. */
+  private readonly fromDatabase = new Map<string, number>();
+  /** Keys lifted (by NOTIFY, or here): when heard; a refresh that began before must not lock them again. */
+  private readonly liftedAt = new Map<string, number>();
   /** Per key, the last database operation of this instance: a reservation follows its own failures. */
   private readonly chains = new Map<string, Promise<unknown>>();
   private listener: PostgresListener | undefined;
@@ -200,6 +225,56 @@ export class PostgresLockoutStore implements LockoutStore {
   onLocked(listener: (key: string, until: number) => void): () => void {
     this.listeners.add(listener);
     return () => this.listeners.delete(listener);
+  }
+
+  onLifted(listener: (key: string) => void): () => void {
+    this.liftListeners.add(listener);
+    return () => this.liftListeners.delete(listener);
+  }
+
+  /**
+   * Deletes the rows of `keys` (their locks and counts) and NOTIFYs every instance in the same
+   * transaction, after this instance's pending operations on them; then ends the locks here.
+   * Postgres unreachable: lifted here only, and rejects with LiftNotShared (the next refresh
+   * that reaches the database learns the lock again: the lift is to be retried).
+   */
+  async lift(keys: readonly string[], now: number): Promise<[string, number][]> {
+    await Promise.all(keys.map((key) => this.chains.get(key)));
+    const lifted = new Map<string, number>();
+    let failure: unknown;
+    try {
+      const rows = await inTransaction(this.pool, async (client) => {
+        const { rows } = await client.query<{ key: string; locked_until: number }>(
+          'DELETE FROM lockouts WHERE key = ANY($1::text[]) RETURNING key, locked_until',
+          [keys],
+        );
+        // Every key, also those without a row: instances may hold locks of their own (gateway workers' shares).
+        const payloads = keys.map((key) => JSON.stringify({ lifted: key, by: this.id }));
+        await client.query('SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p', [LOCK_CHANNEL, payloads]);
+        return rows;
+      });
+      this.recovered();
+      for (const row of rows) if (row.locked_until > now) lifted.set(row.key, row.locked_until);
+    } catch (err) {
+      this.unreachable(err);
+      failure = err;
+    }
+    for (const key of keys) {
+      const until = this.forget(key, now);
+      if (until > (lifted.get(key) ?? 0)) lifted.set(key, until);
+    }
+    if (failure !== undefined)
+      throw new LiftNotShared(`lifted on this instance only: ${(failure as Error).message}`, [...lifted], {
+        cause: failure,
+      });
+    return [...lifted];
+  }
+
+  /** Ends the lock of `key` here and forgets its count; until when it was locked here (0: it was not). */
+  private forget(key: string, now: number): number {
+    this.liftedAt.set(key, ++this.seq);
+    this.fromDatabase.delete(key);
+    return this.local.unlock(key, now);
   }
 
   recordFailure(key: string, now: number, settings: LockoutSettings, reserved = false): number {
@@ -307,21 +382,43 @@ export class PostgresLockoutStore implements LockoutStore {
       const parsed: unknown = JSON.parse(payload);
       if (Array.isArray(parsed) && typeof parsed[0] === 'string' && typeof parsed[1] === 'number')
         this.learn(parsed[0], parsed[1]);
+      else if (isLiftNotice(parsed)) {
+        // Our own comes too (lift() already ended the lock): ended again, in case a lock heard
+        // in between (one another instance set before the lift's commit) came back meanwhile.
+        this.forget(parsed.lifted, Date.now());
+        if (parsed.by !== this.id) for (const listener of this.liftListeners) listener(parsed.lifted);
+      }
     } catch {
       // not ours: ignored
     }
   }
 
-  /** Reads the locks in force, deletes a batch of expired rows; also how an outage is found to be over. */
+  /**
+   * Reads the locks in force, deletes a batch of expired rows; also how an outage is found to be
+   * over, and how lifts whose NOTIFY was lost are found: a lock learned from the database before
+   * this read that the read no longer has was lifted (an expired one is simply gone).
+   */
   private refresh(): Promise<void> {
     this.refreshing ??= (async () => {
       try {
         const now = Date.now();
+        const readAt = ++this.seq;
         const { rows } = await this.pool.query<{ key: string; locked_until: number }>(
           'SELECT key, locked_until FROM lockouts WHERE locked_until > $1::bigint',
           [now],
         );
-        for (const row of rows) this.learn(row.key, row.locked_until);
+        const inForce = new Set<string>();
+        for (const row of rows) {
+          inForce.add(row.key);
+          // Lifted since the read began: the read is older than the lift.
+          if ((this.liftedAt.get(row.key) ?? 0) < readAt) this.learn(row.key, row.locked_until);
+        }
+        for (const [key, heardAt] of this.fromDatabase) {
+          if (heardAt > readAt || inForce.has(key)) continue;
+          this.fromDatabase.delete(key);
+          if (this.local.unlock(key, Date.now()) > 0) for (const listener of this.liftListeners) listener(key); // lifted elsewhere, its NOTIFY lost
+        }
+        for (const [key, heardAt] of this.liftedAt) if (heardAt < readAt) this.liftedAt.delete(key);
         await this.pool.query(
           'DELETE FROM lockouts WHERE key IN (SELECT key FROM lockouts WHERE expires_at < $1::bigint LIMIT $2)',
           [now, CLEANUP_BATCH],
@@ -339,7 +436,9 @@ export class PostgresLockoutStore implements LockoutStore {
   private learn(key: string, until: number): void {
     if (this.closed) return;
     const now = Date.now();
-    if (until <= now || this.local.lockedUntil(key, now) >= until) return; // known already: listeners are told once
+    if (until <= now) return;
+    this.fromDatabase.set(key, ++this.seq);
+    if (this.local.lockedUntil(key, now) >= until) return; // known already: listeners are told once
     this.local.lockUntil(key, until, now);
     for (const listener of this.listeners) listener(key, until);
   }
@@ -370,4 +469,13 @@ export class PostgresLockoutStore implements LockoutStore {
     await Promise.allSettled([...this.chains.values(), this.refreshing]);
     await this.pool.end().catch(() => {});
   }
+}
+
+function isLiftNotice(value: unknown): value is { lifted: string; by: string } {
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    typeof (value as { lifted?: unknown }).lifted === 'string' &&
+    typeof (value as { by?: unknown }).by === 'string'
+  );
 }
