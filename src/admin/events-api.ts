@@ -5,6 +5,7 @@ import { HttpError } from '../errors.js';
 import { readBody } from '../http/read-body.js';
 import type { EventStore } from '../storage/contracts/events.js';
 import { listEvents, parseListQuery, parseRetryRequest, retryEvents, showEvent, summaryOf } from './deliveries.js';
+import { requireMethod, sendJson } from './json.js';
 
 /** A retry's body is small: ids or a filter. */
 const MAX_BODY_BYTES = 256 * 1024;
@@ -91,13 +92,11 @@ export function eventsApi(options: {
   return async function handleEventsApi(req: IncomingMessage, res: ServerResponse, url: URL): Promise<void> {
     const rest = url.pathname.slice('/admin/api/'.length);
     if (rest === 'events/retry') {
-      if (req.method !== 'POST')
-        throw new HttpError('method_not_allowed', `${req.method} ${url.pathname}`, { allow: 'POST' });
+      requireMethod(req, url, 'POST');
       return retry(req, res);
     }
     if (rest === 'events' || rest.startsWith('events/')) {
-      if (req.method !== 'GET')
-        throw new HttpError('method_not_allowed', `${req.method} ${url.pathname}`, { allow: 'GET' });
+      requireMethod(req, url, 'GET');
       if (rest === 'events') {
         const query = parseListQuery(url.searchParams);
         const page = await listEvents(storeOrFail(), query);
@@ -111,15 +110,4 @@ export function eventsApi(options: {
     }
     throw new HttpError('not_found', `no admin route ${url.pathname}`);
   };
-}
-
-function sendJson(res: ServerResponse, status: number, value: unknown, headers: Record<string, string> = {}): void {
-  const body = JSON.stringify(value);
-  res.writeHead(status, {
-    'content-type': 'application/json; charset=utf-8',
-    'content-length': Buffer.byteLength(body),
-    'cache-control': 'no-store',
-    ...headers,
-  });
-  res.end(body);
 }

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { loginChannel } from '../integrations/channels/login.js';
 import { telegram } from '../integrations/channels/platforms.js';
 import type { ChannelStore } from '../integrations/channels/state.js';
-import { describeChannel } from '../integrations/channels/status.js';
+import { describeChannels } from '../integrations/channels/status.js';
 import { loadConfig } from '../config/load.js';
 import type { ChannelConfig, Config } from '../config/schema.js';
 import { platformOf } from '../integrations/channels/inbound.js';
@@ -10,7 +10,8 @@ import { UsageError } from '../errors.js';
 import { secretKeysFromEnv } from '../storage/secrets.js';
 import { describeStorage, openChannelStore } from '../storage/open.js';
 import { unreachable } from './storage.js';
-import { describeTime, openBrowser, toJsonWithIsoDates } from './terminal.js';
+import { toJsonWithIsoDates } from '../admin/json.js';
+import { describeTime, openBrowser } from './terminal.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 
 /**
@@ -118,9 +119,7 @@ export function registerChannelsCommands(program: Command): void {
     .option('--json', 'one JSON array', false)
     .action((o: { config: string; json: boolean }) => {
       return withChannels(o.config, undefined, async ({ config, store }) => {
-        const rows = await Promise.all(
-          Object.entries(config.channels).map(([name, channel]) => describeChannel(name, channel, store)),
-        );
+        const rows = await describeChannels(config.channels, store);
         if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         for (const r of rows)
@@ -137,11 +136,7 @@ export function registerChannelsCommands(program: Command): void {
     .option('--json', 'one JSON array', false)
     .action((name: string | undefined, o: { config: string; json: boolean }) => {
       return withChannels(o.config, name, async ({ config, store }) => {
-        const rows = await Promise.all(
-          Object.entries(config.channels)
-            .filter(([n]) => name === undefined || n === name)
-            .map(([n, c]) => describeChannel(n, c, store)),
-        );
+        const rows = await describeChannels(config.channels, store, name);
         if (o.json) return void process.stdout.write(`${toJsonWithIsoDates(rows)}\n`);
         if (rows.length === 0) return void process.stdout.write('no channels configured\n');
         const now = Date.now();

@@ -4,13 +4,15 @@ import { UsageError } from '../errors.js';
 import { MemoryLockoutStore } from '../http/lockout.js';
 import { runGmailSetup, formatSection, type SetupStep } from '../integrations/gmail/setup.js';
 import type { GmailAccountState } from '../integrations/gmail/state.js';
+import { describeGmailAccount } from '../integrations/gmail/status.js';
 import { createLogger } from '../observability/log.js';
 import { secretKeysFromEnv } from '../storage/secrets.js';
 import { startWebhooks } from '../runtime/server.js';
 import { describeStorage, openEventStore, openGmailStore } from '../storage/open.js';
 import { unreachable } from './storage.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
-import { describeTime, openBrowser, toJsonWithIsoDates } from './terminal.js';
+import { toJsonWithIsoDates } from '../admin/json.js';
+import { describeTime, openBrowser } from './terminal.js';
 
 const MARK: Record<SetupStep['status'], string> = { done: '✓', unchanged: '✓', planned: '·', failed: '✗' };
 
@@ -194,13 +196,11 @@ export function registerGmailCommands(webhooks: Command): void {
         throw new UsageError(
           `${account} is not set up in ${where}: run \`gatehouse webhooks gmail setup --account ${account}\``,
         );
-      const { sealedGrant: _sealed, ...visible } = state;
       const now = Date.now();
-      const watchOk = state.watchExpiration !== null && state.watchExpiration > now;
+      const status = describeGmailAccount(state, now);
+      const watchOk = status.watchActive;
       if (o.json) {
-        process.stdout.write(
-          `${toJsonWithIsoDates({ ...visible, watchActive: watchOk, mode: config.webhooks.gmail?.mode })}\n`,
-        );
+        process.stdout.write(`${toJsonWithIsoDates({ ...status, mode: config.webhooks.gmail?.mode })}\n`);
         return;
       }
       const when = (t: number | null) => describeTime(t, now);

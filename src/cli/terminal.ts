@@ -27,13 +27,3 @@ export function openBrowser(url: string): void {
     // no opener: the printed URL is enough
   }
 }
-
-/** Time fields of the CLI's own records: `at`, `…At`, `…Expiration` (epoch milliseconds inside gatehouse). */
-const TIME_FIELD = /^(at|.+At|.*[eE]xpiration)$/;
-
-/** JSON for `--json` output: every time field as an ISO 8601 string (null stays null), one rule for every command. */
-export function toJsonWithIsoDates(value: unknown): string {
-  return JSON.stringify(value, (key, field: unknown) =>
-    typeof field === 'number' && TIME_FIELD.test(key) ? new Date(field).toISOString() : field,
-  );
-}

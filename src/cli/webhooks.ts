@@ -13,7 +13,7 @@ import {
 import { listEvents, retryEvents } from '../admin/deliveries.js';
 import { DEFAULT_CONFIG_FILE } from './config.js';
 import { registerGmailCommands } from './gmail.js';
-import { toJsonWithIsoDates } from './terminal.js';
+import { toJsonWithIsoDates } from '../admin/json.js';
 import { parseDuration } from './gateway.js';
 import { unreachable } from './storage.js';
 

@@ -1,4 +1,4 @@
-import type { ChannelConfig } from '../../config/schema.js';
+import type { ChannelConfig, Config } from '../../config/schema.js';
 import { platformOf } from './inbound.js';
 import type { ChannelStore } from './state.js';
 
@@ -14,6 +14,22 @@ export interface ChannelStatus {
   lastError: string | null;
   lastErrorAt: number | null;
   details: Record<string, unknown>;
+}
+
+/**
+ * Every configured channel (or only `only`), in the config's order: what `channels list` and
+ * `channels status` print and the admin API's status shows.
+ */
+export function describeChannels(
+  channels: Config['channels'],
+  store: ChannelStore,
+  only?: string,
+): Promise<ChannelStatus[]> {
+  return Promise.all(
+    Object.entries(channels)
+      .filter(([name]) => only === undefined || name === only)
+      .map(([name, channel]) => describeChannel(name, channel, store)),
+  );
 }
 
 /** A qr channel is connected once a device is paired; the others once a login stored a grant. */

@@ -373,6 +373,8 @@ export interface EventStore {
    */
   purgeDelivered(olderThan: number, now: number): Promise<PurgeResult>;
   status(now: number): Promise<StoreStatus>;
+  /** The schema's version (migrations applied): one cheap read, unlike `status`'s counts. */
+  schemaVersion(): Promise<number>;
   queueStats(now: number): Promise<QueueStats>;
   /**
    * Resolves once the store has taken a write by the path accept's writes take (SQLite: a row of

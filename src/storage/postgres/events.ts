@@ -31,7 +31,7 @@ import { importEvents } from './events/copy.js';
 import { DueNotifier } from './events/notify.js';
 import { SettleBatcher } from './events/settle.js';
 import { DEFAULT_POSTGRES_TUNING, type PostgresTuning } from './events/tuning.js';
-import { openMigratedPool } from './migrations.js';
+import { openMigratedPool, schemaVersion } from './migrations.js';
 import { GatedPool, whenSchemaReady } from './schema-gate.js';
 
 export { CLAIM_DUE_SQL } from './events/claims.js';
@@ -202,6 +202,10 @@ export class PostgresEventStore implements EventStore {
 
   status(now: number): Promise<StoreStatus> {
     return this.admin.status(now);
+  }
+
+  schemaVersion(): Promise<number> {
+    return schemaVersion(this.pool);
   }
 
   queueStats(now: number): Promise<QueueStats> {

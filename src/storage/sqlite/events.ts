@@ -340,13 +340,11 @@ export class SqliteEventStore implements EventStore {
     for (const row of this.statements.counts.all()) counts[row.status] = row.n;
     let leased = 0;
     for (const lease of this.leases.values()) if (lease.until > now) leased++;
-    return {
-      driver: 'sqlite',
-      location: this.db.name,
-      schemaVersion: this.db.pragma('user_version', { simple: true }) as number,
-      counts,
-      leased,
-    };
+    return { driver: 'sqlite', location: this.db.name, schemaVersion: await this.schemaVersion(), counts, leased };
+  }
+
+  async schemaVersion(): Promise<number> {
+    return this.db.pragma('user_version', { simple: true }) as number;
   }
 
   async queueStats(now: number): Promise<QueueStats> {
