@@ -58,10 +58,12 @@ export function webConsole(options: ConsoleOptions) {
     return digest;
   }
 
-  function throttled(address: string): number {
+  function refuseIfThrottled(address: string): void {
     const entry = failures.get(address);
-    if (!entry || now() - entry.since >= SIGN_IN_WINDOW_MS) return 0;
-    return entry.count >= SIGN_IN_FAILURES ? Math.ceil((entry.since + SIGN_IN_WINDOW_MS - now()) / 1000) : 0;
+    if (!entry || entry.count < SIGN_IN_FAILURES || now() - entry.since >= SIGN_IN_WINDOW_MS) return;
+    throw new HttpError('too_many_failures', `${SIGN_IN_FAILURES} failed sign-ins from ${address}`, {
+      'retry-after': String(Math.ceil((entry.since + SIGN_IN_WINDOW_MS - now()) / 1000)),
+    });
   }
 
   function recordFailure(address: string): void {
@@ -79,11 +81,7 @@ export function webConsole(options: ConsoleOptions) {
     const expected = requireToken();
     assertSameOrigin(req, false);
     const address = req.socket.remoteAddress ?? 'unknown';
-    const wait = throttled(address);
-    if (wait > 0)
-      throw new HttpError('too_many_failures', `${SIGN_IN_FAILURES} failed sign-ins from ${address}`, {
-        'retry-after': String(wait),
-      });
+    refuseIfThrottled(address); // before reading the body: a throttled client costs nothing more
     const type = req.headers['content-type'] ?? '';
     if (!/^application\/json\s*(;|$)/i.test(type))
       throw new HttpError('unsupported_media_type', `content-type ${type}`);
@@ -97,6 +95,9 @@ export function webConsole(options: ConsoleOptions) {
     const token = (body as { token?: unknown } | null)?.token;
     if (typeof body !== 'object' || Array.isArray(body) || Object.keys(body!).length !== 1 || typeof token !== 'string')
       throw new HttpError('invalid_parameter', 'a sign-in is {"token": "<admin.token>"}');
+    // Again, with the comparison in the same turn of the event loop: sign-ins sent side by side
+    // all passed the first check while their bodies arrived, and only SIGN_IN_FAILURES are compared.
+    refuseIfThrottled(address);
     // Digests of equal length: the time taken says nothing about the token or its length.
     if (!timingSafeEqual(options.digest(token), expected)) {
       recordFailure(address);
@@ -106,7 +107,7 @@ export function webConsole(options: ConsoleOptions) {
     const { id, session } = sessions.create();
     options.logger.info({ session: session.label, ip: address, sessions: sessions.size }, 'console: signed in');
     res.setHeader('set-cookie', sessionCookie(id, secureRequest(req)));
-    sendJson(res, 200, describe(session));
+    sendJson(res, 200, sessionAnswer(session));
   }
 
   /** Idempotent: without a live session it only clears the cookie; with one, it needs the CSRF token. */
@@ -123,7 +124,7 @@ export function webConsole(options: ConsoleOptions) {
     res.end();
   }
 
-  function describe(session: ConsoleSession) {
+  function sessionAnswer(session: ConsoleSession) {
     return {
       csrfToken: session.csrfToken,
       expiresAt: new Date(session.createdAt + SESSION_ABSOLUTE_MS).toISOString(),
@@ -158,7 +159,7 @@ export function webConsole(options: ConsoleOptions) {
     if (name !== 'session') return serveAsset(req, res, name);
     if (req.method === 'POST') return signIn(req, res);
     if (req.method === 'DELETE') return signOut(req, res);
-    if (req.method === 'GET') return sendJson(res, 200, describe(sessionOf(req)));
+    if (req.method === 'GET') return sendJson(res, 200, sessionAnswer(sessionOf(req)));
     throw new HttpError('method_not_allowed', `${req.method} ${path}`, { allow: 'GET, POST, DELETE' });
   }
 
