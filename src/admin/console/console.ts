@@ -3,6 +3,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import { HttpError } from '../../errors.js';
 import { readBody } from '../../http/read-body.js';
+import { sendJson } from '../json.js';
 import { consoleAssets, CONSOLE_SECURITY_HEADERS } from './static.js';
 import {
   clearedSessionCookie,
@@ -212,14 +213,4 @@ function assertCsrfToken(req: IncomingMessage, session: ConsoleSession): void {
  */
 function secureRequest(req: IncomingMessage): boolean {
   return req.headers['x-forwarded-proto'] === 'https';
-}
-
-function sendJson(res: ServerResponse, status: number, value: unknown): void {
-  const body = JSON.stringify(value);
-  res.writeHead(status, {
-    'content-type': 'application/json; charset=utf-8',
-    'content-length': Buffer.byteLength(body),
-    'cache-control': 'no-store',
-  });
-  res.end(body);
 }
