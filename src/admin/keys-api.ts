@@ -85,11 +85,17 @@ export function keysApi(options: { config: () => Config; now?: () => number }) {
     // Keyset paging by id: a reload that adds or removes keys shifts no later page.
     const from = cursor === undefined ? 0 : indexAfter(entries, cursor);
     const at = now();
-    const keys = entries.slice(from, from + limit).map((entry): KeyView => ({
-      ...entry,
-      expiresAt: entry.expiresAt === null ? null : new Date(entry.expiresAt).toISOString(),
-      expired: entry.expiresAt !== null && entry.expiresAt <= at,
-    }));
+    const keys = entries
+      .slice(from, from + limit)
+      .map(({ id, subject, scopes, expiresAt, rateLimit, source }): KeyView => ({
+        id,
+        subject,
+        scopes,
+        expiresAt: expiresAt === null ? null : new Date(expiresAt).toISOString(),
+        expired: expiresAt !== null && expiresAt <= at,
+        rateLimit,
+        source,
+      }));
     const more = from + limit < entries.length;
     sendJson(res, 200, { keys, nextCursor: more ? keys[keys.length - 1]!.id : null, total: entries.length });
   };

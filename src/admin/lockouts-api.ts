@@ -17,10 +17,10 @@ export interface LockoutView {
   until: string;
 }
 
-const viewOf = ([key, until]: [string, number]): LockoutView => ({
-  ...parseLockoutKey(key),
-  until: new Date(until).toISOString(),
-});
+function viewOf([key, until]: [string, number]): LockoutView {
+  const { client, area } = parseLockoutKey(key);
+  return { client, area, until: new Date(until).toISOString() };
+}
 
 /**
  * The admin API's lockout routes, under /admin/api/ (the listener authenticates first):
