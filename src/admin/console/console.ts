@@ -30,8 +30,6 @@ export interface ConsoleOptions {
   digest(text: string): Buffer;
   logger: Logger;
   bodyTimeoutMs: number;
-  /** Where the console's files are (tests); the package's console/ folder otherwise. */
-  assetsDir?: string;
   now?: () => number;
 }
 
@@ -50,7 +48,7 @@ export interface ConsoleOptions {
 export function webConsole(options: ConsoleOptions) {
   const now = options.now ?? Date.now;
   const sessions = new ConsoleSessions(now);
-  const serveAsset = consoleAssets(options.assetsDir);
+  const serveAsset = consoleAssets();
   const failures = new Map<string, { since: number; count: number }>();
 
   function requireToken(): Buffer {
