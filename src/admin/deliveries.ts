@@ -143,7 +143,8 @@ export async function listEvents(
   store: EventStore,
   query: { filter: EventFilter; limit: number; after?: EventPageKey },
 ): Promise<{ events: EventListing[]; nextCursor: string | null }> {
-  const rows = await store.listPage(query.filter, { limit: query.limit + 1, after: query.after });
+  const filter = await resolveQuery(store, query.filter);
+  const rows = await store.listPage(filter, { limit: query.limit + 1, after: query.after });
   const events = rows.slice(0, query.limit);
   const last = events.at(-1);
   return { events, nextCursor: rows.length > query.limit && last ? encodeCursor(last) : null };
@@ -228,7 +229,18 @@ export function parseRetryRequest(body: unknown): RetryRequest {
  * same request again changes nothing unless an event has since died, or been delivered (and then
  * only with includeDelivered).
  */
-export function retryEvents(store: EventStore, request: RetryRequest, now: number): Promise<number> {
-  const target = 'ids' in request ? { ids: request.ids } : { filter: request.filter };
+export async function retryEvents(store: EventStore, request: RetryRequest, now: number): Promise<number> {
+  const target = 'ids' in request ? { ids: request.ids } : { filter: await resolveQuery(store, request.filter) };
   return store.requeueMatching(target, now, { includeDelivered: request.includeDelivered });
+}
+
+/**
+ * How `q` matches (EventFilter.qMatch): an event id or a delivery id pasted into it finds its events
+ * by index, at once on any store; only when nothing has that id is it looked for as text in the
+ * envelopes. Decided without the cursor, so every page of a query, and a retry of it, match alike.
+ */
+async function resolveQuery(store: EventStore, filter: EventFilter): Promise<EventFilter> {
+  if (filter.q === undefined || filter.qMatch !== undefined) return filter;
+  const byId = await store.listPage({ ...filter, qMatch: 'id' }, { limit: 1 });
+  return { ...filter, qMatch: byId.length > 0 ? 'id' : 'text' };
 }

@@ -31,6 +31,11 @@ const FILTERS: [string, EventFilter, readonly DeliveryStatus[]][] = [
   ['retry walk (one status at a time)', { endpoint: '/webhook/a' }, ['queued']],
 ];
 
+const ID_QUERIES: [string, EventFilter][] = [
+  ['alone', { q: 'evt_00000042', qMatch: 'id' }],
+  ['with a status and an endpoint', { q: 'dlv-42', qMatch: 'id', status: 'dead', endpoint: '/webhook/a' }],
+];
+
 describe('the operator list is index-backed: SQLite query plans', () => {
   let dir: string;
   let db: Database.Database;
@@ -62,6 +67,19 @@ describe('the operator list is index-backed: SQLite query plans', () => {
         assert.match(plan, /USING (COVERING )?INDEX events_\w*received/, plan);
       });
     }
+  }
+
+  // An id or delivery id in q (qMatch 'id', src/admin/deliveries.ts): found by key, not by reading envelopes.
+  for (const [name, filter] of ID_QUERIES) {
+    it(`q by id, ${name}: the primary key and events_idempotency, no scan of events`, () => {
+      const { sql, params } = sqliteListSql(filter, filter.status ? [filter.status] : [], undefined, 51);
+      const plan = (db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all(params) as { detail: string }[])
+        .map((r) => r.detail)
+        .join('\n');
+      assert.doesNotMatch(plan, /^SCAN (events|e)$/m, plan);
+      assert.match(plan, /SEARCH events USING INDEX sqlite_autoindex_events_1 \(id=\?\)/, plan);
+      assert.match(plan, /SEARCH x USING INDEX events_idempotency \(endpoint=\? AND idempotency_key=\?\)/, plan);
+    });
   }
 });
 
@@ -96,5 +114,16 @@ describe('the operator list is index-backed: PostgreSQL plans', { skip, timeout:
         assert.match(plan, /Index (Only )?Scan (Backward )?using events_\w+ on events/, plan);
       });
     }
+  }
+
+  for (const [name, filter] of ID_QUERIES) {
+    it(`q by id, ${name}: the primary key and events_idempotency, no sequential scan`, async () => {
+      const { sql, params } = postgresListSql(filter, filter.status ? [filter.status] : [], undefined, 51, 'e.id');
+      const { rows } = await client.query<{ 'QUERY PLAN': string }>(`EXPLAIN ${sql}`, params);
+      const plan = rows.map((r) => r['QUERY PLAN']).join('\n');
+      assert.doesNotMatch(plan, /Seq Scan on events/, plan);
+      assert.match(plan, /Index Scan using events_pkey on events e\b/, plan);
+      assert.match(plan, /Index Scan using events_idempotency on events x\b/, plan);
+    });
   }
 });

@@ -72,6 +72,25 @@ export function operatorQueriesContract(current: () => EventStore): void {
       assert.equal(due!.idempotencyKey, 'd-due');
     });
 
+    it('q naming an event id or a delivery id finds those events by key, not others that mention it; a retry by that filter requeues only them', async () => {
+      const e = await fourStates();
+      const store = current();
+      // An event whose body quotes another's id and another's delivery id.
+      const quoting = (await store.accept(hook({ receivedAt: T0 + 5, text: `re ${e.dead} and d-delivered` }))).id;
+      assert.deepEqual(await ids({ q: e.dead }), [e.dead]);
+      assert.deepEqual(await ids({ q: 'd-delivered' }), [e.delivered]);
+      assert.deepEqual(await ids({ q: e.dead, status: 'queued' }), [quoting], 'no id match under the filter: text');
+      assert.deepEqual(await ids({ q: `re ${e.dead}` }), [quoting]);
+      const page = await listEvents(store, { filter: { q: e.dead }, limit: 1 });
+      assert.equal(page.nextCursor, null, 'the id query has one page');
+      assert.equal(await retryEvents(store, { filter: { q: e.dead }, includeDelivered: false }, NOW), 1);
+      assert.deepEqual(
+        await ids({ status: 'queued', q: e.dead }),
+        [e.dead],
+        'requeued: now the id matches under the filter',
+      );
+    });
+
     it('pages newest first without duplicates or skips while newer events arrive between pages (ties broken by id)', async () => {
       const store = current();
       const initial: string[] = [];

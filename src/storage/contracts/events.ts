@@ -203,6 +203,12 @@ export interface EventFilter {
   since?: number;
   until?: number;
   q?: string;
+  /**
+   * How `q` matches: `id`, the event id or the sender's delivery id exactly (index lookups, at once
+   * on any store); `text`, text in the envelope (reads envelopes until a page is found). Unset: either
+   * (reads envelopes). The admin layer picks one per query (src/admin/deliveries.ts, resolveQuery).
+   */
+  qMatch?: 'id' | 'text';
 }
 
 /** Where a page of `listPage` starts: strictly after this row in (receivedAt DESC, id DESC) order. */

@@ -80,6 +80,16 @@ const REQUEUE_IDS_SQL = `UPDATE events SET status = 'queued', round_attempts = 0
   WHERE id IN (SELECT value FROM json_each(@ids))
     AND (status = 'dead' OR (status = 'queued' AND next_attempt_at > @now) OR (@delivered = 1 AND status = 'delivered'))`;
 
+/**
+ * The ids of events whose delivery id is @q, through events_idempotency (endpoint, idempotency_key):
+ * one probe per endpoint in the store, the endpoints walked along events_endpoint_received (a loose
+ * index scan), because that index starts with the endpoint.
+ */
+const DELIVERY_ID_SQL = `WITH RECURSIVE eps(endpoint) AS (
+    SELECT (SELECT min(endpoint) FROM events)
+    UNION ALL SELECT (SELECT min(endpoint) FROM events WHERE endpoint > eps.endpoint) FROM eps WHERE eps.endpoint IS NOT NULL)
+  SELECT x.id FROM eps JOIN events x ON x.endpoint = eps.endpoint AND x.idempotency_key = @q`;
+
 const LISTING_COLUMNS = `id, endpoint, action, idempotency_key, received_at, status, attempts, round_attempts,
   next_attempt_at, last_error, delivered_at,
   (SELECT at FROM attempts a WHERE a.event_id = events.id ORDER BY attempt DESC LIMIT 1) AS last_attempt_at,
@@ -119,7 +129,13 @@ export function listSql(
     params.until = filter.until;
   }
   if (filter.q !== undefined) {
-    where.push('(id = @q OR idempotency_key = @q OR instr(envelope, @q) > 0)');
+    where.push(
+      filter.qMatch === 'id'
+        ? `id IN (SELECT @q UNION ALL SELECT * FROM (${DELIVERY_ID_SQL}))`
+        : filter.qMatch === 'text'
+          ? 'instr(envelope, @q) > 0'
+          : '(id = @q OR idempotency_key = @q OR instr(envelope, @q) > 0)',
+    );
     params.q = filter.q;
   }
   if (after) {

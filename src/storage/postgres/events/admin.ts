@@ -48,6 +48,18 @@ const LISTING_COLUMNS = `e.id, e.endpoint, e.action, e.idempotency_key, e.receiv
   e.next_attempt_at, e.last_error, e.delivered_at, la.at AS last_attempt_at, la.status AS last_status`;
 
 /**
+ * The ids of events whose delivery id is `q`, through events_idempotency (endpoint, idempotency_key):
+ * one probe per endpoint in the store, the endpoints walked along events_endpoint_received (a loose
+ * index scan: PostgreSQL 15 has no skip scan), because that index starts with the endpoint.
+ */
+function deliveryIdSql(q: string): string {
+  return `WITH RECURSIVE eps(endpoint) AS (
+    SELECT (SELECT min(endpoint) FROM events)
+    UNION ALL SELECT (SELECT min(endpoint) FROM events WHERE endpoint > eps.endpoint) FROM eps WHERE eps.endpoint IS NOT NULL)
+  SELECT x.id FROM eps JOIN events x ON x.endpoint = eps.endpoint AND x.idempotency_key = ${q}`;
+}
+
+/**
  * The SELECT for an operator's filter, newest first, keyset-paged. Without `q` it is answered
  * through an index ordered by (received_at, id): events_received, events_status_received or
  * events_endpoint_received (migration 7); test/storage/postgres-events.test.ts checks the plans.
@@ -70,7 +82,13 @@ export function listSql(
   if (filter.until !== undefined) where.push(`e.received_at < ${bind(filter.until)}::bigint`);
   if (filter.q !== undefined) {
     const q = bind(filter.q);
-    where.push(`(e.id = ${q} OR e.idempotency_key = ${q} OR strpos(e.envelope, ${q}) > 0)`);
+    where.push(
+      filter.qMatch === 'id'
+        ? `e.id IN (SELECT ${q} UNION ALL SELECT * FROM (${deliveryIdSql(q)}) d)`
+        : filter.qMatch === 'text'
+          ? `strpos(e.envelope, ${q}) > 0`
+          : `(e.id = ${q} OR e.idempotency_key = ${q} OR strpos(e.envelope, ${q}) > 0)`,
+    );
   }
   if (after) where.push(`(e.received_at, e.id) < (${bind(after.receivedAt)}::bigint, ${bind(after.id)})`);
   const lateral = columns.includes('la.')
