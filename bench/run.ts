@@ -25,6 +25,7 @@ import pg from 'pg';
 import { generateApiKey, hashApiKey } from '../src/gateway/credentials/api-key.js';
 import { startPostgres, type PostgresCluster } from '../test/helpers/postgres.js';
 import { checkScaleTargets, printScaleTables, runScaleCases, type ScaleResult } from './scale.js';
+import { checkConsoleTargets, printConsoleTables, runConsoleScale, type ConsoleScaleResult } from './console-scale.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const DURATION = Number(process.env.BENCH_DURATION ?? 10);
@@ -754,10 +755,18 @@ async function main() {
   }
   // Scale: 100,000 keys and a 1,000,000-event queue (bench/scale.ts; ~2 minutes). BENCH_ONLY=scale for these alone.
   const scale: ScaleResult[] = want('scale') ? await runScaleCases() : [];
+  // The admin API's first page on 1,000,000 events, both drivers (bench/console-scale.ts). BENCH_ONLY=console for it alone.
+  let consolePages: ConsoleScaleResult[] = [];
+  if (want('console')) {
+    const run = await runConsoleScale(postgresCluster);
+    consolePages = run.results;
+    skipped.push(...run.skipped);
+  }
 
   printTable(results);
   for (const reason of skipped) console.log(`\nSKIPPED: ${reason}`);
   if (scale.length > 0) printScaleTables(scale);
+  if (consolePages.length > 0) printConsoleTables(consolePages);
   const report = {
     at: new Date().toISOString(),
     machine: {
@@ -771,7 +780,8 @@ async function main() {
     results,
     skipped,
     scale,
-    targets: [...checkTargets(results), ...checkScaleTargets(scale)],
+    console: consolePages,
+    targets: [...checkTargets(results), ...checkScaleTargets(scale), ...checkConsoleTargets(consolePages)],
   };
   mkdirSync(path.join(ROOT, 'bench/results'), { recursive: true });
   writeFileSync(OUTPUT, JSON.stringify(report, null, 2) + '\n');
