@@ -18,12 +18,15 @@ export function adminApi(options: {
   config: () => Config;
   logger: Logger;
   bodyTimeoutMs: number;
+  /** Whether the token the request was admitted with is still the token (asked after a body arrives). */
+  stillAuthorized: (req: IncomingMessage) => boolean;
 }) {
   const groups: Record<string, (req: IncomingMessage, res: ServerResponse, url: URL) => Promise<void>> = {
     events: eventsApi({
       store: () => options.sources.store,
       logger: options.logger,
       bodyTimeoutMs: options.bodyTimeoutMs,
+      stillAuthorized: options.stillAuthorized,
     }),
     lockouts: lockoutsApi({ lockouts: options.sources.lockouts, logger: options.logger }),
     keys: keysApi({ config: options.config }),

@@ -33,6 +33,7 @@ export function eventsApi(options: {
   store: () => EventStore | undefined;
   logger: Logger;
   bodyTimeoutMs: number;
+  stillAuthorized: (req: IncomingMessage) => boolean;
   now?: () => number;
 }) {
   const now = options.now ?? Date.now;
@@ -50,6 +51,11 @@ export function eventsApi(options: {
     if (!/^application\/json\s*(;|$)/i.test(type))
       throw new HttpError('unsupported_media_type', `content-type ${type}`);
     const raw = await readBody(req, res, MAX_BODY_BYTES, options.bodyTimeoutMs);
+    // The body may have taken until after a rotation: the token it came with must still be the token.
+    if (!options.stillAuthorized(req))
+      throw new HttpError('invalid_admin_token', 'the admin token changed while the request was sent', {
+        'www-authenticate': 'Bearer realm="gatehouse-admin"',
+      });
     let body: unknown;
     try {
       body = JSON.parse(raw.toString('utf8'));

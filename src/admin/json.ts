@@ -37,6 +37,8 @@ export function sendJsonText(
     'content-type': 'application/json; charset=utf-8',
     'content-length': Buffer.byteLength(body),
     'cache-control': 'no-store',
+    // JSON that carries senders' text (envelopes): never sniffed as anything else.
+    'x-content-type-options': 'nosniff',
     ...headers,
   });
   res.end(body);

@@ -6,6 +6,7 @@ import { DELIVERY_STATUSES, type EventStore } from '../storage/contracts/events.
 import type { AdminConfig, Config } from '../config/schema.js';
 import { HttpError } from '../errors.js';
 import { adminApi } from './api.js';
+import { AdminFailureThrottle } from './failure-throttle.js';
 import { webConsole } from './console/console.js';
 import type { AdminSources } from './sources.js';
 import { admitRequest, answerHealthy, respondWithError, type RequestLog } from '../http/request-context.js';
@@ -69,8 +70,21 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     schema: String(driver === 'postgres' ? POSTGRES_SCHEMA_VERSION : SQLITE_SCHEMA_VERSION),
   });
 
+  const throttle = new AdminFailureThrottle();
+  /** The token digest each admitted admin API request was checked against (see stillAuthorized). */
+  const admittedUnder = new WeakMap<IncomingMessage, Buffer>();
+
+  /** The Bearer token, when one is required; wrong ones count towards the address's throttle. */
   function authorized(req: IncomingMessage): boolean {
     if (tokenDigest === undefined) return true;
+    const address = req.socket.remoteAddress ?? 'unknown';
+    throttle.refuseIfThrottled(address);
+    if (bearerMatches(req, tokenDigest)) return true;
+    throttle.recordFailure(address);
+    return false;
+  }
+
+  function bearerMatches(req: IncomingMessage, tokenDigest: Buffer): boolean {
     // Exactly one Authorization line, as on /api/ (Node keeps only the first of several).
     const lines = req.headersDistinct.authorization;
     const header = lines?.length === 1 ? lines[0] : undefined;
@@ -121,10 +135,27 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     res.end(body);
   }
 
-  const handleAdminApi = adminApi({ sources, config: () => config, logger, bodyTimeoutMs: limits.requestTimeoutMs });
+  /**
+   * Whether the token an admin API request was admitted with is still the token: asked again after
+   * a body has arrived (a retry), so a request begun before a rotation and finished after it is
+   * refused, not run with the old token.
+   */
+  function stillAuthorized(req: IncomingMessage): boolean {
+    const admitted = admittedUnder.get(req);
+    return admitted !== undefined && tokenDigest !== undefined && admitted.equals(tokenDigest);
+  }
+
+  const handleAdminApi = adminApi({
+    sources,
+    config: () => config,
+    logger,
+    bodyTimeoutMs: limits.requestTimeoutMs,
+    stillAuthorized,
+  });
   const consoleApp = webConsole({
     tokenDigest: () => tokenDigest,
     digest,
+    throttle,
     logger,
     bodyTimeoutMs: limits.requestTimeoutMs,
   });
@@ -138,6 +169,7 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     if (tokenDigest === undefined) throw new HttpError('admin_api_disabled', 'admin.token is not set');
     if (req.headers.authorization === undefined && consoleApp.carriesSession(req)) consoleApp.sessionOf(req);
     else if (!authorized(req)) throw unauthorized();
+    admittedUnder.set(req, tokenDigest);
   }
 
   async function route(req: IncomingMessage, res: ServerResponse): Promise<void> {

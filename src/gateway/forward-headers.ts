@@ -1,4 +1,5 @@
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
+import { CONSOLE_SESSION_COOKIE, withoutCookie } from '../http/console-cookie.js';
 import { FRAMING_HEADERS, isValidHost, PLAIN_CONNECTION } from '../http/listener.js';
 import type { ClientOrigin } from '../http/client-ip.js';
 import type { Identity } from './credentials/authenticate.js';
@@ -158,6 +159,12 @@ export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext
   // A bearer Authorization is a credential; other schemes (Basic…) are the upstream's business.
   if (!ctx.forwardCredentials && out.authorization !== undefined && BEARER_SCHEME.test(out.authorization)) {
     delete out.authorization;
+  }
+  // The admin console's session rides along to every port of the host: never up to an upstream.
+  if (out.cookie !== undefined && out.cookie.includes(CONSOLE_SESSION_COOKIE)) {
+    const rest = withoutCookie(out.cookie, CONSOLE_SESSION_COOKIE);
+    if (rest === undefined) delete out.cookie;
+    else out.cookie = rest;
   }
 
   out['x-forwarded-for'] = ctx.origin.chain.join(', ');

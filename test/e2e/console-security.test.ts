@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -347,7 +348,54 @@ describe('console: changes made with the cookie', () => {
     const fresh = await signIn(NEW_TOKEN);
     assert.equal((await admin('GET', '/admin/api/events', { cookie: fresh.cookie })).status, 200);
   });
+
+  it('a sign-in and a Bearer retry begun before a rotation and finished after it are refused: nothing runs with the old token', async () => {
+    // The token is NEW_TOKEN since the test above. Both requests send their headers and half a body now.
+    const signInBody = JSON.stringify({ token: NEW_TOKEN });
+    const retryBody = JSON.stringify({ ids: [eventId] });
+    const signInExchange = halfSent(
+      `POST /console/session HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: ${signInBody.length}\r\nConnection: close\r\n\r\n`,
+      signInBody,
+    );
+    const retryExchange = halfSent(
+      `POST /admin/api/events/retry HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer ${NEW_TOKEN}\r\nContent-Type: application/json\r\nContent-Length: ${retryBody.length}\r\nConnection: close\r\n\r\n`,
+      retryBody,
+    );
+    await new Promise((r) => setTimeout(r, 300)); // both admitted on their headers meanwhile
+    const sentBefore = target.received.length;
+    writeConfig(TOKEN);
+    const reloads = s.server.lines.filter((l) => l.msg === 'configuration reloaded').length;
+    s.server.child.kill('SIGHUP');
+    await waitFor(() => s.server.lines.filter((l) => l.msg === 'configuration reloaded').length > reloads, {
+      what: 'the reload',
+    });
+    const [signInReply, retryReply] = await Promise.all([signInExchange.finish(), retryExchange.finish()]);
+    assert.match(signInReply, /^HTTP\/1\.1 401 /, signInReply);
+    assert.doesNotMatch(signInReply, /set-cookie/i);
+    assert.match(retryReply, /^HTTP\/1\.1 401 /, retryReply);
+    assert.match(retryReply, /"invalid_admin_token"/);
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(target.received.length, sentBefore, 'the retry reached the target');
+    assert.equal((await signIn(TOKEN)).csrf.length, 43, 'the current token signs in');
+  });
 });
+
+/** A request whose head and first half of body are sent now; finish() sends the rest and resolves with the raw answer. */
+function halfSent(head: string, body: string): { finish(): Promise<string> } {
+  const socket = net.connect(Number(new URL(s.admin).port), '127.0.0.1');
+  const half = Math.floor(body.length / 2);
+  socket.write(head + body.slice(0, half));
+  let answer = '';
+  socket.setEncoding('utf8');
+  socket.on('data', (d: string) => (answer += d));
+  const ended = new Promise<string>((resolve) => socket.once('close', () => resolve(answer)));
+  return {
+    finish() {
+      socket.write(body.slice(half));
+      return ended;
+    },
+  };
+}
 
 describe('console: without admin.token, and many failed sign-ins', () => {
   let upstream: RecordingServer;
@@ -406,7 +454,40 @@ describe('console: without admin.token, and many failed sign-ins', () => {
     assert.equal(code(throttled), 'too_many_failures');
     assert.match(String(throttled.headers['retry-after']), /^\d+$/);
     assert.equal(throttled.headers['set-cookie'], undefined);
-    // The Bearer API is not throttled by it: an operator's scripts keep working.
-    assert.equal((await request(url, '/metrics', { headers: bearer(TOKEN) })).status, 200);
+    // One count for every way of guessing the token: Bearer from that address waits out the minute too.
+    assert.equal((await request(url, '/metrics', { headers: bearer(TOKEN) })).status, 429);
+    assert.equal((await request(url, '/admin/api/events', { headers: bearer(TOKEN) })).status, 429);
+  });
+
+  it('ten wrong Bearer tokens from an address within a minute (on /metrics and the admin API): then 429 for every token and the sign-in', async () => {
+    const other = await startTestGatehouse(
+      testConfig(upstream.url, {
+        storage: { path: path.join(dir, 'bearer-guessed.db') },
+        admin: { listen: { host: '127.0.0.1', port: 0 }, token: TOKEN },
+      }),
+    );
+    try {
+      const url = other.admin!.url;
+      const statuses = [];
+      for (let i = 0; i < 12; i++)
+        statuses.push(
+          (
+            await request(url, i % 2 ? '/metrics' : '/admin/api/events', {
+              headers: bearer(`guess-${i}-0123456789abcdef`),
+            })
+          ).status,
+        );
+      assert.deepEqual(statuses, [...Array(10).fill(401), 429, 429]);
+      assert.equal((await request(url, '/admin/api/events', { headers: bearer(TOKEN) })).status, 429);
+      const signIn = await request(url, '/console/session', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ token: TOKEN }),
+      });
+      assert.equal(signIn.status, 429);
+      assert.equal((await request(url, '/healthz')).status, 200, 'what needs no token still answers');
+    } finally {
+      await other.close();
+    }
   });
 });

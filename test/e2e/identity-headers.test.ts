@@ -189,6 +189,23 @@ describe('identity headers: no look-alike of an owned name reaches the upstream'
     });
   }
 
+  it("the admin console's session cookie never reaches the upstream; the client's other cookies do", async () => {
+    for (const [cookie, expected] of [
+      ['theme=dark; gatehouse_console=c0ns0le-sess10n; lang=en', 'theme=dark; lang=en'],
+      ['gatehouse_console=c0ns0le-sess10n', undefined],
+      [' gatehouse_console = c0ns0le-sess10n ;theme=dark', 'theme=dark'],
+    ] as const) {
+      const exchange = await rawExchange(
+        gatehouse.url,
+        `GET /api/page HTTP/1.1\r\nHost: g\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nCookie: ${cookie}\r\nConnection: close\r\n\r\n`,
+      );
+      assert.equal(exchange.responses[0]?.status, 200, exchange.raw.slice(0, 200));
+      const record = upstream.received.at(-1)!;
+      assert.equal(record.headers.cookie, expected);
+      assert.ok(!record.rawHeaders.join('\n').includes('c0ns0le-sess10n'), 'the session reached the upstream');
+    }
+  });
+
   it('plain names that only resemble an owned one are forwarded; names with characters outside [A-Za-z0-9-] never are', async () => {
     await rawExchange(
       gatehouse.url,

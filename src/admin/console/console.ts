@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import { HttpError } from '../../errors.js';
 import { readBody } from '../../http/read-body.js';
 import { sendJson } from '../json.js';
+import type { AdminFailureThrottle } from '../failure-throttle.js';
 import { consoleAssets, CONSOLE_SECURITY_HEADERS } from './static.js';
 import {
   clearedSessionCookie,
@@ -19,15 +20,13 @@ import {
 
 /** A sign-in body is `{"token": "…"}`: small. */
 const MAX_SIGN_IN_BYTES = 4096;
-/** Failed sign-ins counted per client address in a fixed window; past the limit, 429 until it ends. */
-const SIGN_IN_FAILURES = 10;
-const SIGN_IN_WINDOW_MS = 60_000;
-const MAX_THROTTLED_ADDRESSES = 1_000;
 
 export interface ConsoleOptions {
   /** The admin token's SHA-256 digest now (it follows reloads); undefined when admin.token is unset. */
   tokenDigest(): Buffer | undefined;
   digest(text: string): Buffer;
+  /** Wrong tokens per address, shared with the Bearer checks of the listener. */
+  throttle: AdminFailureThrottle;
   logger: Logger;
   bodyTimeoutMs: number;
   now?: () => number;
@@ -36,8 +35,8 @@ export interface ConsoleOptions {
 /**
  * The web console on the admin listener: its files under /console/, and its sign-in.
  * - `POST /console/session` `{"token": <admin.token>}` (JSON; compared in constant time) starts a
- *   session: an `HttpOnly; SameSite=Strict` cookie, and `{csrfToken}` for the page. Wrong: 401, and
- *   SIGN_IN_FAILURES in a minute from one address get 429 for the rest of it.
+ *   session: an `HttpOnly; SameSite=Strict` cookie, and `{csrfToken}` for the page. Wrong: 401,
+ *   counted with the listener's wrong Bearer tokens (AdminFailureThrottle: then 429 for a while).
  * - `GET /console/session`: the session's CSRF token and expiry (401 without one).
  * - `DELETE /console/session`: signs out (the session ends on the server, the cookie is cleared).
  * - `sessionOf(req)`: the admin API's second way in (the listener asks it when no Authorization
@@ -49,7 +48,6 @@ export function webConsole(options: ConsoleOptions) {
   const now = options.now ?? Date.now;
   const sessions = new ConsoleSessions(now);
   const serveAsset = consoleAssets();
-  const failures = new Map<string, { since: number; count: number }>();
 
   function requireToken(): Buffer {
     const digest = options.tokenDigest();
@@ -57,30 +55,12 @@ export function webConsole(options: ConsoleOptions) {
     return digest;
   }
 
-  function refuseIfThrottled(address: string): void {
-    const entry = failures.get(address);
-    if (!entry || entry.count < SIGN_IN_FAILURES || now() - entry.since >= SIGN_IN_WINDOW_MS) return;
-    throw new HttpError('too_many_failures', `${SIGN_IN_FAILURES} failed sign-ins from ${address}`, {
-      'retry-after': String(Math.ceil((entry.since + SIGN_IN_WINDOW_MS - now()) / 1000)),
-    });
-  }
-
-  function recordFailure(address: string): void {
-    const at = now();
-    const entry = failures.get(address);
-    if (entry && at - entry.since < SIGN_IN_WINDOW_MS) entry.count++;
-    else {
-      failures.delete(address);
-      if (failures.size >= MAX_THROTTLED_ADDRESSES) failures.delete(failures.keys().next().value!);
-      failures.set(address, { since: at, count: 1 });
-    }
-  }
-
   async function signIn(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const expected = requireToken();
+    requireToken();
     assertSameOrigin(req, false);
     const address = req.socket.remoteAddress ?? 'unknown';
-    refuseIfThrottled(address); // before reading the body: a throttled client costs nothing more
+    const { throttle } = options;
+    throttle.refuseIfThrottled(address); // before reading the body: a throttled client costs nothing more
     const type = req.headers['content-type'] ?? '';
     if (!/^application\/json\s*(;|$)/i.test(type))
       throw new HttpError('unsupported_media_type', `content-type ${type}`);
@@ -95,14 +75,16 @@ export function webConsole(options: ConsoleOptions) {
     if (typeof body !== 'object' || Array.isArray(body) || Object.keys(body!).length !== 1 || typeof token !== 'string')
       throw new HttpError('invalid_parameter', 'a sign-in is {"token": "<admin.token>"}');
     // Again, with the comparison in the same turn of the event loop: sign-ins sent side by side
-    // all passed the first check while their bodies arrived, and only SIGN_IN_FAILURES are compared.
-    refuseIfThrottled(address);
+    // all passed the first check while their bodies arrived, and only the throttle's limit are compared.
+    throttle.refuseIfThrottled(address);
+    // The token now, not when the headers came: a sign-in begun before a rotation (SIGHUP) and
+    // finished after it must not start a session for the old token. Compared and made in one turn.
+    const expected = requireToken();
     // Digests of equal length: the time taken says nothing about the token or its length.
     if (!timingSafeEqual(options.digest(token), expected)) {
-      recordFailure(address);
+      throttle.recordFailure(address);
       throw new HttpError('invalid_admin_token', 'console sign-in with a wrong token');
     }
-    failures.delete(address);
     const { id, session } = sessions.create();
     options.logger.info({ session: session.label, ip: address, sessions: sessions.size }, 'console: signed in');
     res.setHeader('set-cookie', sessionCookie(id, secureRequest(req)));

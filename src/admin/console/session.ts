@@ -1,7 +1,8 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { CONSOLE_SESSION_COOKIE } from '../../http/console-cookie.js';
 
 /** The session cookie's name. Not `__Host-`: that prefix needs `Secure`, which plain HTTP cannot set. */
-export const SESSION_COOKIE = 'gatehouse_console';
+export const SESSION_COOKIE = CONSOLE_SESSION_COOKIE;
 /** The header a cookie-authenticated change must carry, with the session's CSRF token. */
 export const CSRF_HEADER = 'x-csrf-token';
 /** A session unused this long ends (every authenticated request, auto-refresh included, uses it). */
