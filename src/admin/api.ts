@@ -20,6 +20,8 @@ export function adminApi(options: {
   bodyTimeoutMs: number;
   /** Whether the token the request was admitted with is still the token (asked after a body arrives). */
   stillAuthorized: (req: IncomingMessage) => boolean;
+  /** Who made the request, for the log of a change: `admin token`, or `console session <label>`. */
+  who: (req: IncomingMessage) => string;
 }) {
   const groups: Record<string, (req: IncomingMessage, res: ServerResponse, url: URL) => Promise<void>> = {
     events: eventsApi({
@@ -27,8 +29,9 @@ export function adminApi(options: {
       logger: options.logger,
       bodyTimeoutMs: options.bodyTimeoutMs,
       stillAuthorized: options.stillAuthorized,
+      who: options.who,
     }),
-    lockouts: lockoutsApi({ lockouts: options.sources.lockouts, logger: options.logger }),
+    lockouts: lockoutsApi({ lockouts: options.sources.lockouts, logger: options.logger, who: options.who }),
     keys: keysApi({ config: options.config }),
     status: statusApi({ sources: options.sources, config: options.config }),
   };

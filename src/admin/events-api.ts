@@ -24,7 +24,7 @@ interface Remembered {
 /**
  * The admin API's events routes, under /admin/api/ on the admin listener (which authenticates
  * first): GET events (list), GET events/<id> (detail), POST events/retry. JSON in and out, errors
- * from the catalogue. A retry is logged with who ("admin token": the token has no id yet) and what.
+ * from the catalogue. A retry is logged with who (`admin token`, or the console session: the token has no id yet) and what.
  * A retry with an `Idempotency-Key` header (as Svix's API takes it) is answered from memory when the
  * same key comes again within IDEMPOTENCY_KEY_TTL_MS; without one, a repeat is harmless anyway
  * (see retryEvents).
@@ -34,6 +34,7 @@ export function eventsApi(options: {
   logger: Logger;
   bodyTimeoutMs: number;
   stillAuthorized: (req: IncomingMessage) => boolean;
+  who: (req: IncomingMessage) => string;
   now?: () => number;
 }) {
   const now = options.now ?? Date.now;
@@ -74,7 +75,7 @@ export function eventsApi(options: {
       if (earlier.fingerprint !== fingerprint) throw new HttpError('idempotency_key_reused', 'different request body');
       const answer = await earlier.answer;
       options.logger.info(
-        { who: 'admin token', idempotencyKey: key[0] },
+        { who: options.who(req), idempotencyKey: key[0] },
         'admin: events retry repeated; answered from memory',
       );
       return sendJson(res, 200, answer, { 'idempotent-replayed': 'true' });
@@ -88,7 +89,7 @@ export function eventsApi(options: {
     }
     const result = await answer;
     options.logger.info(
-      { who: 'admin token', ...what, includeDelivered: request.includeDelivered, requeued: result.requeued },
+      { who: options.who(req), ...what, includeDelivered: request.includeDelivered, requeued: result.requeued },
       'admin: events requeued',
     );
     sendJson(res, 200, result);

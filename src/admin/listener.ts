@@ -73,6 +73,8 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   const throttle = new AdminFailureThrottle();
   /** The token digest each admitted admin API request was checked against (see stillAuthorized). */
   const admittedUnder = new WeakMap<IncomingMessage, Buffer>();
+  /** Who made each admitted admin API request, for the log of what it changed. */
+  const admittedAs = new WeakMap<IncomingMessage, string>();
 
   /** The Bearer token, when one is required; wrong ones count towards the address's throttle. */
   function authorized(req: IncomingMessage): boolean {
@@ -151,6 +153,7 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
     logger,
     bodyTimeoutMs: limits.requestTimeoutMs,
     stillAuthorized,
+    who: (req) => admittedAs.get(req) ?? 'admin token',
   });
   const consoleApp = webConsole({
     tokenDigest: () => tokenDigest,
@@ -167,8 +170,10 @@ export async function startAdmin(initial: Config, sources: AdminSources, logger:
   function admitToAdminApi(req: IncomingMessage): void {
     // Events, their bodies and retries: never without a token, even on loopback.
     if (tokenDigest === undefined) throw new HttpError('admin_api_disabled', 'admin.token is not set');
-    if (req.headers.authorization === undefined && consoleApp.carriesSession(req)) consoleApp.sessionOf(req);
+    if (req.headers.authorization === undefined && consoleApp.carriesSession(req))
+      admittedAs.set(req, `console session ${consoleApp.sessionOf(req).label}`);
     else if (!authorized(req)) throw unauthorized();
+    else admittedAs.set(req, 'admin token');
     admittedUnder.set(req, tokenDigest);
   }
 

@@ -42,9 +42,14 @@ function latestFirst(locks: [string, number][], limit: number): [string, number]
  * `GET lockouts` lists the clients locked out, latest end first (`limit`, and `total`);
  * `DELETE lockouts/<client>` lifts a client's lockouts in both areas, wherever this instance
  * enforces them and, on PostgreSQL, on every instance (see LockoutControl.lift). Lifts are
- * logged at info with who ("admin token": the token has no id yet) and what.
+ * logged at info with who (`admin token`, or the console session: the token has no id yet) and what.
  */
-export function lockoutsApi(options: { lockouts: LockoutControl; logger: Logger; now?: () => number }) {
+export function lockoutsApi(options: {
+  lockouts: LockoutControl;
+  logger: Logger;
+  who: (req: IncomingMessage) => string;
+  now?: () => number;
+}) {
   const now = options.now ?? Date.now;
 
   async function list(res: ServerResponse, url: URL): Promise<void> {
@@ -53,7 +58,7 @@ export function lockoutsApi(options: { lockouts: LockoutControl; logger: Logger;
     sendJson(res, 200, { lockouts: latestFirst(locks, limit).map(viewOf), total: locks.length });
   }
 
-  async function lift(res: ServerResponse, url: URL, named: string): Promise<void> {
+  async function lift(res: ServerResponse, url: URL, named: string, who: string): Promise<void> {
     queryParameters(url, []);
     let text: string;
     try {
@@ -71,15 +76,15 @@ export function lockoutsApi(options: { lockouts: LockoutControl; logger: Logger;
     const { locks, incomplete } = await options.lockouts.lift(keys, now());
     const lifted = locks.map(viewOf);
     if (incomplete !== undefined) {
-      options.logger.warn({ who: 'admin token', client, lifted, incomplete }, 'admin: lockout lifted, not everywhere');
+      options.logger.warn({ who, client, lifted, incomplete }, 'admin: lockout lifted, not everywhere');
       throw new HttpError('lockout_lift_incomplete', incomplete, { 'retry-after': '5' });
     }
     if (lifted.length === 0) {
       // Its failures counted so far are forgotten all the same (the lift clears counts too).
-      options.logger.info({ who: 'admin token', client }, 'admin: lockout lift: the client was not locked out');
+      options.logger.info({ who, client }, 'admin: lockout lift: the client was not locked out');
       throw new HttpError('lockout_not_found', `client ${client}`);
     }
-    options.logger.info({ who: 'admin token', client, lifted }, 'admin: lockout lifted');
+    options.logger.info({ who, client, lifted }, 'admin: lockout lifted');
     sendJson(res, 200, { lifted });
   }
 
@@ -92,7 +97,7 @@ export function lockoutsApi(options: { lockouts: LockoutControl; logger: Logger;
     }
     if (rest.startsWith('lockouts/') && rest.length > 'lockouts/'.length) {
       requireMethod(req, url, 'DELETE');
-      return lift(res, url, rest.slice('lockouts/'.length));
+      return lift(res, url, rest.slice('lockouts/'.length), options.who(req));
     }
     throw new HttpError('not_found', `no admin route ${url.pathname}`);
   };

@@ -286,6 +286,9 @@ describe('console: changes made with the cookie', () => {
     const accepted = await cookieRetry(session, { ...sameOrigin(), 'x-csrf-token': session.csrf });
     assert.equal(accepted.status, 200, accepted.body);
     assert.deepEqual(accepted.json(), { requeued: 1 });
+    // Logged with who: the session (its log label), not the token it was signed in with.
+    const logged = await s.server.waitFor((l) => l.msg === 'admin: events requeued' && l.requeued === 1);
+    assert.match(String(logged.who), /^console session [\w-]{8}$/);
     await waitFor(() => target.received.length > seen, { what: 'the accepted retry at the target' });
     await waitFor(
       async () => (await admin('GET', `/admin/api/events/${eventId}`, bearer(TOKEN))).json().status === 'dead',
