@@ -1,5 +1,5 @@
-// One event: its facts, the attempt timeline (status, error, duration), the envelope as the target
-// gets it, and Retry (or, once delivered, Send again, after a confirmation).
+// One event: its facts, the attempt timeline (status, error, duration, the start of the target's
+// answer), the envelope as the target gets it, the headers it came with, and Retry (or, once delivered, Send again, after a confirmation).
 import { admin, ApiError } from './api.js';
 import { badge, lastListHash } from './deliveries.js';
 import { h, notify, outcome, replace, time } from './dom.js';
@@ -71,12 +71,8 @@ export function eventView(main, id) {
         { class: 'json', tabindex: '0', 'aria-label': 'Envelope (JSON)' },
         JSON.stringify(event.envelope, null, 2),
       ),
-      h(
-        'p',
-        { class: 'muted' },
-        "The request's headers and the target's answers are not stored: gatehouse checks the sender's secret or " +
-          'signature and drops it, and keeps of each attempt its status, error and duration.',
-      ),
+      h('h2', {}, 'Headers'),
+      headersTable(event.headers),
     );
   }
 
@@ -147,5 +143,41 @@ function attempt(a) {
     ),
     h('p', { class: `outcome ${ok ? 'ok' : 'failed'}` }, outcome(a.status, a.error)),
     a.status !== null && a.error ? h('p', { class: 'error' }, a.error) : null,
+    a.responseSnippet === null || a.responseSnippet === undefined
+      ? null
+      : h(
+          'pre',
+          { class: 'snippet', tabindex: '0', 'aria-label': `Answer of attempt ${a.attempt} (first 512 bytes)` },
+          a.responseSnippet,
+        ),
   );
+}
+
+/** The received headers, as stored: credentials and signatures show as [redacted]. */
+function headersTable(headers) {
+  if (!headers) return h('p', { class: 'muted' }, 'Not recorded: this event was stored before headers were kept.');
+  return [
+    h('p', { class: 'muted' }, 'As received; the values of credentials and signatures are not stored.'),
+    h(
+      'table',
+      { class: 'headers', 'aria-label': 'Received headers' },
+      h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'Name'), h('th', { scope: 'col' }, 'Value'))),
+      h(
+        'tbody',
+        {},
+        Object.entries(headers).map(([name, value]) =>
+          h(
+            'tr',
+            {},
+            h('th', { scope: 'row', class: 'mono' }, name),
+            h(
+              'td',
+              { class: value === '[redacted]' ? 'mono muted' : 'mono' },
+              Array.isArray(value) ? value.join('\n') : value,
+            ),
+          ),
+        ),
+      ),
+    ),
+  ];
 }

@@ -167,19 +167,21 @@ export function summaryOf(e: EventListing): EventSummary {
 
 /**
  * One event for the API: its summary, when it is next tried or was delivered, the envelope (as the
- * target gets it, parsed), and every attempt. The store keeps no request headers and no response
- * bodies, so there are none to show (or to redact).
+ * target gets it, parsed), the headers it came with (credentials and signatures already redacted
+ * when stored, src/webhooks/received-headers.ts; null for events stored before they were kept),
+ * and every attempt with the start of the target's answer.
  */
 export async function showEvent(store: EventStore, id: string) {
   const found = await store.get(id);
   if (!found) return undefined;
-  const { event, attempts } = found;
+  const { event, attempts, headers } = found;
   const last = attempts.at(-1);
   return {
     ...summaryOf({ ...event, lastAttemptAt: last?.at ?? null, lastStatus: last?.status ?? null }),
     nextAttemptAt: event.status === 'queued' ? new Date(event.nextAttemptAt).toISOString() : null,
     deliveredAt: event.deliveredAt === null ? null : new Date(event.deliveredAt).toISOString(),
     envelope: parseEnvelope(event),
+    headers: parseHeaders(headers),
     attempts: attempts.map(attemptOf),
   };
 }
@@ -192,6 +194,19 @@ function parseEnvelope(event: StoredEvent): unknown {
   }
 }
 
+/** The stored headers as an object; null when none were stored, or (never written so) not an object. */
+function parseHeaders(headers: string | null): Record<string, string | string[]> | null {
+  if (headers === null) return null;
+  try {
+    const parsed: unknown = JSON.parse(headers);
+    return typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed)
+      ? (parsed as Record<string, string | string[]>)
+      : null;
+  } catch {
+    return null;
+  }
+}
+
 function attemptOf(a: AttemptRecord) {
   return {
     attempt: a.attempt,
@@ -199,6 +214,7 @@ function attemptOf(a: AttemptRecord) {
     durationMs: a.durationMs,
     status: a.status,
     error: a.error,
+    responseSnippet: a.responseSnippet ?? null,
   };
 }
 

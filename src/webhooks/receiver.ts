@@ -11,6 +11,7 @@ import { countRequests } from '../observability/metrics.js';
 import { readBody } from '../http/read-body.js';
 import type { EventStore } from './store.js';
 import { jsonNestsDeeperThan } from './json-depth.js';
+import { recordedHeaders } from './received-headers.js';
 import { compileTemplate, prepareEnvelope, type CompiledTemplate } from './translate.js';
 import { createVerifier, type DirectAnswer, type WebhookVerifier } from './verifiers/index.js';
 
@@ -308,6 +309,7 @@ export function buildWebhookApp(
         replayKey: verifier.replayKey?.(req.headers),
         receivedAt,
         envelope,
+        headers: recordedHeaders(req.headers),
       });
     } catch (err) {
       logger.error({ err: (err as Error).message, endpoint: endpoint.path }, 'event store refused a webhook');

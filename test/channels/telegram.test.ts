@@ -24,6 +24,7 @@ import {
   statusJson,
   storedGrant,
   removeWorkspace,
+  withDatabase,
   workspace,
   writeConfig,
   type RunningGatehouse,
@@ -134,6 +135,14 @@ describe('bot-token channel (Telegram)', () => {
       assert.deepEqual(envelope.from, { id: 4242, username: 'ana', chatId: 4242 });
       assert.equal(envelope.text, 'hello gatehouse');
       assert.deepEqual(envelope.payload, delivered);
+      // The channel route stores the headers it got like any endpoint: Telegram's secret token redacted.
+      const row = withDatabase(ws, (db) =>
+        db.prepare<[string], { headers: string }>('SELECT headers FROM events WHERE id = ?').get(envelope.id),
+      );
+      const headers = JSON.parse(row!.headers);
+      assert.equal(headers['x-telegram-bot-api-secret-token'], '[redacted]');
+      assert.match(headers['content-type'], /^application\/json/);
+      assertNotInStorage(ws, secretToken, 'the Telegram secret token');
     });
 
     it('a wrong or missing secret token gets 401 and nothing reaches the target', async () => {

@@ -205,9 +205,11 @@ for (const driver of ['sqlite', 'postgres'] as const) {
           assert.equal(a.status, 500);
           assert.equal(typeof a.durationMs, 'number');
           assert.ok(!Number.isNaN(Date.parse(a.at)));
+          assert.equal(a.responseSnippet, '{"error":"target down"}', "the target's answer");
         }
         assert.ok(!reply.body.includes(HOOK_SECRET), 'the webhook secret is not shown');
-        assert.ok(!reply.body.includes('x-webhook-secret'), 'no credential header');
+        assert.equal(event.headers['x-webhook-secret'], '[redacted]', 'the credential header, redacted');
+        assert.equal(event.headers['idempotency-key'], 'd-1');
         for (const p of ['/admin/api/events/evt_000000000unknown', '/admin/api/events/..%2Fmetrics']) {
           const missing = await api(s, p);
           assert.equal(missing.status, 404, p);

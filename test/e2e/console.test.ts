@@ -192,6 +192,16 @@ describe('console in a browser: dead letters found, read, fixed and retried', { 
     await timeline.getByText('Attempt 2').waitFor();
     assert.equal(await timeline.getByRole('listitem').count(), 2);
     assert.match(await timeline.innerText(), /HTTP 503 Service Unavailable/);
+    // The target's own answer, as text, under each attempt.
+    assert.equal(
+      await page.getByLabel('Answer of attempt 1 (first 512 bytes)').innerText(),
+      '{"error":"billing is down for maintenance"}',
+    );
+    // The headers it came with: plain ones as sent, the sender's secret as [redacted], never its value.
+    const headers = page.getByRole('table', { name: 'Received headers' });
+    await headers.getByRole('row', { name: /content-type application\/json/ }).waitFor();
+    await headers.getByRole('row', { name: 'x-webhook-secret [redacted]' }).waitFor();
+    assert.ok(!(await page.content()).includes(HOOK_SECRET), 'the secret is nowhere on the page');
     const envelope = await page.getByLabel('Envelope (JSON)').innerText();
     assert.match(envelope, /"invoice": "in_1001"/, 'pretty JSON');
     await snap('event-detail', { fullPage: true });

@@ -95,13 +95,22 @@ async function seed(dbFile: string) {
         replayKey,
         receivedAt: at,
         envelope: (id) => JSON.stringify({ id, n }),
+        // Received headers on every other event (the rest as stored before schema 3: none).
+        ...(n % 2 === 0 && { headers: JSON.stringify({ 'x-n': String(n), 'x-webhook-secret': '[redacted]' }) }),
       })
     ).id;
   };
   const fail = (id: string, attempt: number, status: number | null, error: string | null, nextAttemptAt: number) =>
     store.recordAttempt(
       id,
-      { attempt, at: now - 50_000 + attempt, status, error, durationMs: 7 },
+      {
+        attempt,
+        at: now - 50_000 + attempt,
+        status,
+        error,
+        durationMs: 7,
+        responseSnippet: status === null ? null : `busy ${status}`,
+      },
       { status: 'queued', nextAttemptAt },
     );
   try {
@@ -176,6 +185,14 @@ describe('gatehouse storage copy: SQLite into PostgreSQL', { skip, timeout: 180_
     const copied = await PostgresEventStore.open(storage(url));
     try {
       for (const id of seeded.all) assert.deepEqual(await copied.get(id), await source.get(id), id);
+      // Headers and response snippets came along (and nulls stayed null).
+      const [withHeaders, without] = [await copied.get(seeded.queued[1]!), await copied.get(seeded.queued[0]!)];
+      assert.equal(withHeaders?.headers, JSON.stringify({ 'x-n': '2', 'x-webhook-secret': '[redacted]' }));
+      assert.equal(without?.headers, null);
+      assert.deepEqual(
+        withHeaders?.attempts.map((a) => a.responseSnippet),
+        ['busy 503'],
+      );
       assert.equal((await copied.list({ limit: 100 })).length, seeded.all.length);
       // Replay keys came along: the same signed request is still a duplicate.
       const replay = await copied.accept({

@@ -12,6 +12,7 @@ import type { PostgresStorageConfig } from '../../src/config/schema.js';
 import { DELIVERED_RECOUNT_MS, type DeliveredCounts, type EventStore } from '../../src/storage/contracts/events.js';
 import { CLAIM_DUE_SQL, PostgresEventStore, UNDELIVERED_COUNTS_SQL } from '../../src/storage/postgres/events.js';
 import { PostgresLockoutStore } from '../../src/storage/postgres/lockout.js';
+import { migratePostgres } from '../../src/storage/migrate.js';
 import { MIGRATIONS, POSTGRES_SCHEMA_VERSION } from '../../src/storage/postgres/migrations.js';
 import { Deliverer } from '../../src/webhooks/delivery/deliverer.js';
 import { request } from '../helpers/http.js';
@@ -154,6 +155,50 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
     // The CLI's open (no migrate) refuses a database without the schema, saying what to run.
     const empty = await pgc().createDatabase();
     await assert.rejects(PostgresEventStore.open(storage(empty)), /gatehouse storage migrate/);
+  });
+
+  it('a database at schema 7 (no headers, no response snippets) migrates to 8: its events keep their rows, with headers and snippets null', async () => {
+    const db = await pgc().createDatabase();
+    const pool = new pg.Pool({ connectionString: db });
+    try {
+      const client = await pool.connect();
+      try {
+        await migratePostgres(
+          client,
+          MIGRATIONS.filter((m) => m.version <= 7),
+        );
+        await client.query(
+          `INSERT INTO events (id, endpoint, action, received_at, envelope, status, attempts, round_attempts, next_attempt_at, last_error)
+           VALUES ('evt_old', '/w', 'message', 1, '{"n":1}', 'dead', 1, 1, 0, 'HTTP 503')`,
+        );
+        await client.query(
+          "INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES ('evt_old', 1, 2, 503, NULL, 7)",
+        );
+      } finally {
+        client.release();
+      }
+      await assert.rejects(PostgresEventStore.open(storage(db)), /schema version 7, older than/);
+      const store = await PostgresEventStore.open(storage(db), { migrate: true, logger: silent });
+      try {
+        assert.equal((await store.status(T0)).schemaVersion, 8);
+        const old = await store.get('evt_old');
+        assert.equal(old?.headers, null);
+        assert.deepEqual(old?.attempts, [
+          { attempt: 1, at: 2, status: 503, error: null, durationMs: 7, responseSnippet: null },
+        ]);
+        assert.equal(old?.event.envelope, '{"n":1}');
+        // New events on the migrated schema keep both.
+        const { id } = await store.accept(event({ headers: '{"a":"b"}' }));
+        await store.recordAttempt(id, { ...attempt(1, T0, 503), responseSnippet: 'busy' }, { status: 'dead' });
+        const fresh = await store.get(id);
+        assert.equal(fresh?.headers, '{"a":"b"}');
+        assert.equal(fresh?.attempts[0]?.responseSnippet, 'busy');
+      } finally {
+        await store.close();
+      }
+    } finally {
+      await pool.end();
+    }
   });
 
   /** A new database at schema version 4 (before the concurrent index migration), and a client on it. */

@@ -277,10 +277,18 @@ function schemaOf(db: Database.Database): { type: string; name: string; sql: str
     .all();
 }
 
-/** Every row of every table, by table. */
+/** Columns later migrations add (version 3): null in a row from before, so left out of rowsOf where null. */
+const ADDED_LATER = ['headers', 'response_snippet'];
+
+/** Every row of every table, by table (columns added later left out where they are null). */
 function rowsOf(db: Database.Database): Record<string, unknown[]> {
   const sorted = (rows: unknown[]) =>
     rows
+      .map((r) =>
+        Object.fromEntries(
+          Object.entries(r as Record<string, unknown>).filter(([k, v]) => !(ADDED_LATER.includes(k) && v === null)),
+        ),
+      )
       .map((r) => [JSON.stringify(r), r] as const)
       .sort(([a], [b]) => (a < b ? -1 : 1))
       .map(([, r]) => r);
@@ -342,9 +350,9 @@ describe('SQLite schema migrations', () => {
   });
   after(() => rmSync(dir, { recursive: true, force: true }));
 
-  it("numbers the SQLite schema from 1, the baseline being version 1 and today's version 2", () => {
+  it("numbers the SQLite schema from 1, the baseline being version 1 and today's version 3", () => {
     assert.equal(SQLITE_SCHEMA_VERSION, SQLITE_MIGRATIONS.length);
-    assert.equal(SQLITE_SCHEMA_VERSION, 2);
+    assert.equal(SQLITE_SCHEMA_VERSION, 3);
     assert.throws(
       () =>
         latestVersion([
@@ -360,7 +368,7 @@ describe('SQLite schema migrations', () => {
     assert.deepEqual(withFile(before, schemaOf), baseline);
   });
 
-  it('a file of the baseline build, every part in it, at user_version 1, opens with every row, gaining only version 2', async () => {
+  it('a file of the baseline build, every part in it, at user_version 1, opens with every row, gaining only versions 2 and 3', async () => {
     const file = fileMadeWith([EVENTS_BEFORE, CHANNELS_BEFORE, GMAIL_BEFORE], 1);
     const [schema, rows] = withFile(file, (db) => [schemaOf(db), rowsOf(db)] as const);
     const found = await openAsServer(file);
@@ -374,6 +382,58 @@ describe('SQLite schema migrations', () => {
       assert.deepEqual(schemaOf(db), fresh);
       assert.deepEqual(rowsOf(db), rows);
       assert.equal(db.pragma('user_version', { simple: true }), SQLITE_SCHEMA_VERSION);
+    });
+  });
+
+  it('a file at version 2 opens at version 3: its events and attempts as they were, headers and response snippets null', async () => {
+    const file = newFile();
+    withFile(file, (db) => {
+      db.pragma('journal_mode = WAL');
+      migrateSqlite(db, SQLITE_MIGRATIONS.slice(0, 2));
+      fill(db);
+    });
+    const rows = withFile(file, rowsOf);
+    const events = new SqliteEventStore(file, { singleWriter: true });
+    try {
+      assert.equal(await events.schemaVersion(), 3);
+      const old = await events.get('e1');
+      assert.equal(old?.event.envelope, '{"n":1}');
+      assert.equal(old?.headers, null);
+      assert.deepEqual(old?.attempts, []);
+      for (const id of ['e2', 'e3']) {
+        const found = await events.get(id);
+        assert.equal(found?.headers, null, id);
+        assert.deepEqual(
+          found?.attempts.map((a) => a.responseSnippet),
+          [null],
+          id,
+        );
+      }
+      // An event accepted after the upgrade keeps both.
+      const { id } = await events.accept({
+        endpoint: '/w',
+        action: 'message',
+        receivedAt: Date.now(),
+        envelope: () => '{}',
+        headers: '{"x":"y"}',
+      });
+      await events.recordAttempt(
+        id,
+        { attempt: 1, at: Date.now(), status: 503, error: null, durationMs: 1, responseSnippet: 'busy' },
+        { status: 'dead' },
+      );
+      const fresh = await events.get(id);
+      assert.equal(fresh?.headers, '{"x":"y"}');
+      assert.equal(fresh?.attempts[0]?.responseSnippet, 'busy');
+    } finally {
+      await events.close();
+    }
+    withFile(file, (db) => {
+      const after = rowsOf(db);
+      for (const [table, before] of Object.entries(rows))
+        if (table !== 'events' && table !== 'attempts' && table !== 'store_probe')
+          assert.deepEqual(after[table], before, table);
+      assert.deepEqual(schemaOf(db), fresh);
     });
   });
 
@@ -445,7 +505,9 @@ describe('SQLite schema migrations', () => {
     const rows = withFile(file, rowsOf);
     assert.throws(
       () => new SqliteEventStore(file),
-      /schema is at version 3, newer than this gatehouse knows \(2\): upgrade gatehouse/,
+      new RegExp(
+        `schema is at version ${SQLITE_SCHEMA_VERSION + 1}, newer than this gatehouse knows \\(${SQLITE_SCHEMA_VERSION}\\): upgrade gatehouse`,
+      ),
     );
     assert.throws(() => new SqliteChannelStore(file), /newer than this gatehouse knows/);
     withFile(file, (db) => {
@@ -459,21 +521,21 @@ describe('SQLite schema migrations', () => {
     const rows = withFile(file, rowsOf);
     const failing: SqliteMigration[] = [
       ...SQLITE_MIGRATIONS,
-      { version: 3, name: 'fails half way', up: 'CREATE TABLE half (x); INSERT INTO nowhere VALUES (1);' },
+      { version: 4, name: 'fails half way', up: 'CREATE TABLE half (x); INSERT INTO nowhere VALUES (1);' },
     ];
     withFile(file, (db) => {
       assert.throws(() => migrateSqlite(db, failing), /no such table: nowhere/);
-      assert.equal(db.pragma('user_version', { simple: true }), 2);
+      assert.equal(db.pragma('user_version', { simple: true }), 3);
       assert.ok(!tables(db).includes('half'));
     });
     const next: SqliteMigration[] = [
       ...SQLITE_MIGRATIONS,
-      { version: 3, name: 'a column', up: 'ALTER TABLE events ADD COLUMN note TEXT' },
+      { version: 4, name: 'a column', up: 'ALTER TABLE events ADD COLUMN note TEXT' },
     ];
     withFile(file, (db) => {
-      assert.deepEqual(migrateSqlite(db, next), { from: 2, to: 3, applied: [3] });
-      assert.deepEqual(migrateSqlite(db, next), { from: 3, to: 3, applied: [] });
-      assert.equal(db.pragma('user_version', { simple: true }), 3);
+      assert.deepEqual(migrateSqlite(db, next), { from: 3, to: 4, applied: [4] });
+      assert.deepEqual(migrateSqlite(db, next), { from: 4, to: 4, applied: [] });
+      assert.equal(db.pragma('user_version', { simple: true }), 4);
       assert.deepEqual(
         (rowsOf(db).events as object[]).map((r) => ({ ...r, note: undefined })),
         (rows.events as object[]).map((r) => ({ ...r, note: undefined })),

@@ -104,6 +104,26 @@ export function eventStoreContract(harness: StoreHarness): void {
         deliveredAt: null,
       });
       assert.deepEqual(got.attempts, []);
+      assert.equal(got.headers, null, 'none given, none stored');
+    });
+
+    it('keeps the received headers given with the event, as given (group-committed with others that have none)', async () => {
+      const headers = JSON.stringify({
+        'content-type': 'application/json',
+        'x-webhook-secret': '[redacted]',
+        é: 'ü €',
+      });
+      const [withHeaders, without] = await Promise.all([
+        store.accept(event({ headers, idempotencyKey: 'h-1' })),
+        store.accept(event({ idempotencyKey: 'h-2' })),
+      ]);
+      const second = await other();
+      assert.equal((await second.get(withHeaders.id))?.headers, headers);
+      assert.equal((await second.get(without.id))?.headers, null);
+      // The deliverer's view carries no headers: the claimed row is the delivery's, not the operator's.
+      const claimed = await store.claimDue(T0, 10, LEASE, 'message');
+      assert.equal(claimed.length, 2);
+      for (const e of claimed) assert.equal('headers' in e, false);
     });
 
     it('stores every one of many accepts made in the same tick (group commit), with distinct ids', async () => {
@@ -352,7 +372,33 @@ export function eventStoreContract(harness: StoreHarness): void {
       assert.equal(got.event.roundAttempts, 1);
       assert.equal(got.event.lastError, null);
       assert.equal(got.event.deliveredAt, T0 + 100 + 12);
-      assert.deepEqual(got.attempts, [{ attempt: 1, at: T0 + 100, status: 204, error: null, durationMs: 12 }]);
+      assert.deepEqual(got.attempts, [
+        { attempt: 1, at: T0 + 100, status: 204, error: null, durationMs: 12, responseSnippet: null },
+      ]);
+    });
+
+    it("keeps each attempt's response snippet (settled in one batch), null where none came", async () => {
+      const ids = [await acceptAt(T0), await acceptAt(T0 + 1), await acceptAt(T0 + 2)];
+      await store.claimDue(T0 + 10, 3, LEASE, 'message');
+      const snippet = `{"error":"busy"} ✓ <b>\n\t`;
+      await Promise.all([
+        store.recordAttempt(ids[0]!, { ...attempt(1, T0 + 100, 503), responseSnippet: snippet }, { status: 'dead' }),
+        store.recordAttempt(ids[1]!, { ...attempt(1, T0 + 100, 204), responseSnippet: null }, { status: 'delivered' }),
+        store.recordAttempt(ids[2]!, attempt(1, T0 + 100, null, 'ECONNREFUSED'), { status: 'dead' }),
+      ]);
+      const second = await other();
+      assert.deepEqual(
+        (await second.get(ids[0]!))?.attempts.map((a) => a.responseSnippet),
+        [snippet],
+      );
+      assert.deepEqual(
+        (await second.get(ids[1]!))?.attempts.map((a) => a.responseSnippet),
+        [null],
+      );
+      assert.deepEqual(
+        (await second.get(ids[2]!))?.attempts.map((a) => a.responseSnippet),
+        [null],
+      );
     });
 
     it('queued: next attempt time set, lease freed, lastError from the status or the error', async () => {

@@ -26,6 +26,11 @@ export interface NewEvent {
   receivedAt: number;
   /** Builds the body the target will get, once the event id is known. */
   envelope: (id: string) => string;
+  /**
+   * The request's headers as stored for the operator: a JSON object, credentials and signatures
+   * already redacted and its size capped (src/webhooks/received-headers.ts). None: stored as null.
+   */
+  headers?: string;
 }
 
 export interface StoredEvent {
@@ -62,6 +67,18 @@ export interface AttemptRecord {
   status: number | null;
   error: string | null;
   durationMs: number;
+  /**
+   * The start of the target's answer body (src/webhooks/delivery/deliverer.ts, RESPONSE_SNIPPET_BYTES):
+   * null (or left out) when no answer or an empty body came. Stores give it back as null when none.
+   */
+  responseSnippet?: string | null;
+}
+
+/** One event as `get` finds it: the row, every attempt, and the received headers (JSON text; null before schema 3/8). */
+export interface EventDetail {
+  event: StoredEvent;
+  attempts: AttemptRecord[];
+  headers: string | null;
 }
 
 export type AttemptOutcome = { status: 'delivered' } | { status: 'queued'; nextAttemptAt: number } | { status: 'dead' };
@@ -185,6 +202,8 @@ export class DeliveredCounts {
  */
 export interface ExportedEvent {
   event: StoredEvent;
+  /** The received headers as stored (see EventDetail). */
+  headers: string | null;
   attempts: AttemptRecord[];
   /** Replay keys (see NewEvent.replayKey) that point at this event, with the endpoint each is under. */
   replayKeys: { endpoint: string; replayKey: string }[];
@@ -360,7 +379,8 @@ export interface EventStore {
    * `chunk` at a time, each chunk its own short statement. Returns how many it requeued.
    */
   requeueMatching(target: RequeueTarget, now: number, options: RequeueOptions): Promise<number>;
-  get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined>;
+  /** The event with its attempts (responseSnippet null when none) and its received headers. */
+  get(id: string): Promise<EventDetail | undefined>;
   /**
    * Puts an event back in the queue, due at `now`, with a fresh attempt budget: a delivered or
    * dead one, or a queued one waiting for a retry (its next attempt after `now`, no lease). false

@@ -13,6 +13,7 @@ import {
   type AcceptResult,
   type AttemptOutcome,
   type AttemptRecord,
+  type EventDetail,
   type ClaimedEvent,
   type CopyCounts,
   type DeliveryStatus,
@@ -180,7 +181,7 @@ export class PostgresEventStore implements EventStore {
     return requeueInChunks(target, now, options, this.admin);
   }
 
-  get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
+  get(id: string): Promise<EventDetail | undefined> {
     return this.admin.get(id);
   }
 

@@ -208,6 +208,16 @@ CREATE INDEX rate_limit_buckets_full ON rate_limit_buckets (full_at);
       'CREATE INDEX CONCURRENTLY IF NOT EXISTS events_action_received ON events (action, received_at, id)',
     ],
   },
+  {
+    version: 8,
+    name: 'received headers per event, the start of the answer per attempt',
+    // Nullable, no default: a catalog change only (no table rewrite, a brief ACCESS EXCLUSIVE
+    // lock); rows from before stay null (not recorded then).
+    sql: `
+ALTER TABLE events ADD COLUMN headers text;
+ALTER TABLE attempts ADD COLUMN response_snippet text;
+`,
+  },
 ];
 
 export const POSTGRES_SCHEMA_VERSION = latestVersion(MIGRATIONS);

@@ -6,7 +6,7 @@ import { openDatabase } from './database.js';
 import { acquireWriterLock, type WriterLock } from './writer-lock.js';
 import { HandOverQueue } from '../hand-over-queue.js';
 import { exportEvents } from './export.js';
-import { inChunks, prepareStatements, type Statements } from './statements.js';
+import { inChunks, prepareStatements, toAttempt, type Statements } from './statements.js';
 import { SqliteEventQueries } from './event-queries.js';
 import {
   DeliveredCounts,
@@ -25,6 +25,7 @@ import {
   type AttemptRecord,
   type ClaimedEvent,
   type DeliveryStatus,
+  type EventDetail,
   type EventStore,
   type ExportedEvent,
   type NewEvent,
@@ -242,6 +243,7 @@ export class SqliteEventStore implements EventStore {
       event.receivedAt,
       envelope,
       event.receivedAt,
+      event.headers ?? null,
     );
     if (event.replayKey !== undefined) this.statements.insertReplayKey.run(event.endpoint, event.replayKey, id);
     const stored: StoredEvent = {
@@ -306,6 +308,7 @@ export class SqliteEventStore implements EventStore {
         attempt.status,
         attempt.error,
         Math.round(attempt.durationMs),
+        attempt.responseSnippet ?? null,
       );
       this.statements.settle.run(
         outcome.status,
@@ -436,13 +439,11 @@ export class SqliteEventStore implements EventStore {
     return requeueInChunks(target, now, options, this.queries);
   }
 
-  async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
+  async get(id: string): Promise<EventDetail | undefined> {
     const row = this.statements.get.get(id);
     if (!row) return undefined;
-    const attempts = this.statements.attempts
-      .all(id)
-      .map((a) => ({ attempt: a.attempt, at: a.at, status: a.status, error: a.error, durationMs: a.duration_ms }));
-    return { event: toEvent(row), attempts };
+    const headers = this.statements.headers.get(id)?.headers ?? null;
+    return { event: toEvent(row), attempts: this.statements.attempts.all(id).map(toAttempt), headers };
   }
 
   async requeue(id: string, now: number): Promise<boolean> {

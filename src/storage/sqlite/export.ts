@@ -1,5 +1,6 @@
 import type Database from 'better-sqlite3';
 import { toEvent, type EventRow, type ExportedEvent } from '../contracts/events.js';
+import { toAttempt, type AttemptRow } from './statements.js';
 
 /**
  * Every event with its attempts and replay keys, in id order, in batches of at most
@@ -13,11 +14,12 @@ export async function* exportEvents(
   limits: { exportBatchEvents: number; exportBatchBytes: number },
 ): AsyncGenerator<ExportedEvent[]> {
   // Pages in id order, and the attempts and replay keys of a page's id range (both indexed by event_id).
-  const page = db.prepare<[string, number], EventRow>('SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?');
-  const attempts = db.prepare<
-    [string, string],
-    { event_id: string; attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }
-  >('SELECT * FROM attempts WHERE event_id > ? AND event_id <= ? ORDER BY event_id, attempt');
+  const page = db.prepare<[string, number], EventRow & { headers: string | null }>(
+    'SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?',
+  );
+  const attempts = db.prepare<[string, string], AttemptRow & { event_id: string }>(
+    'SELECT * FROM attempts WHERE event_id > ? AND event_id <= ? ORDER BY event_id, attempt',
+  );
   const replayKeys = db.prepare<[string, string], { endpoint: string; replay_key: string; event_id: string }>(
     'SELECT endpoint, replay_key, event_id FROM event_replay_keys WHERE event_id > ? AND event_id <= ? ORDER BY event_id, endpoint, replay_key',
   );
@@ -29,16 +31,10 @@ export async function* exportEvents(
       if (rows.length === 0) return;
       const last = rows[rows.length - 1]!.id;
       const byId = new Map<string, ExportedEvent>(
-        rows.map((row) => [row.id, { event: toEvent(row), attempts: [], replayKeys: [] }]),
+        rows.map((row) => [row.id, { event: toEvent(row), headers: row.headers, attempts: [], replayKeys: [] }]),
       );
       for (const a of attempts.all(after, last)) {
-        byId.get(a.event_id)?.attempts.push({
-          attempt: a.attempt,
-          at: a.at,
-          status: a.status,
-          error: a.error,
-          durationMs: a.duration_ms,
-        });
+        byId.get(a.event_id)?.attempts.push(toAttempt(a));
       }
       for (const r of replayKeys.all(after, last))
         byId.get(r.event_id)?.replayKeys.push({ endpoint: r.endpoint, replayKey: r.replay_key });

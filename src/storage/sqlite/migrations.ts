@@ -42,6 +42,16 @@ CREATE INDEX IF NOT EXISTS events_endpoint_received ON events (endpoint, receive
 CREATE INDEX IF NOT EXISTS events_action_received ON events (action, received_at, id);
 `,
   },
+  {
+    version: 3,
+    name: 'received headers per event, the start of the answer per attempt',
+    // Nullable, no default: rows from before stay as they are (null: not recorded then), and
+    // ALTER TABLE … ADD COLUMN rewrites nothing on an existing file.
+    up: `
+ALTER TABLE events ADD COLUMN headers TEXT;
+ALTER TABLE attempts ADD COLUMN response_snippet TEXT;
+`,
+  },
 ];
 
 /** The user_version a file has once every migration is in (what `gatehouse storage status` reports). */

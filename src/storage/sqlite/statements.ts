@@ -1,6 +1,6 @@
 import type Database from 'better-sqlite3';
 import type { WebhookAction } from '../../config/schema.js';
-import type { DeliveryStatus, EventRow } from '../contracts/events.js';
+import type { AttemptRecord, DeliveryStatus, EventRow } from '../contracts/events.js';
 
 /**
  * One chunk of purgeDelivered: its own short transaction, found through events_delivered (INDEXED
@@ -36,6 +36,32 @@ export async function inChunks(chunk: () => number): Promise<number> {
   }
 }
 
+/** An `events` row's columns as EventRow has them (everything but the received headers). */
+export const EVENT_COLUMNS =
+  'id, endpoint, action, idempotency_key, received_at, envelope, status, attempts, round_attempts, next_attempt_at, last_error, delivered_at';
+
+/** An `attempts` row. */
+export interface AttemptRow {
+  attempt: number;
+  at: number;
+  status: number | null;
+  error: string | null;
+  duration_ms: number;
+  response_snippet: string | null;
+}
+
+/** The record an `attempts` row holds. */
+export function toAttempt(a: AttemptRow): AttemptRecord {
+  return {
+    attempt: a.attempt,
+    at: a.at,
+    status: a.status,
+    error: a.error,
+    durationMs: a.duration_ms,
+    responseSnippet: a.response_snippet,
+  };
+}
+
 /** Every statement the SQLite events store runs, prepared once per connection. */
 export function prepareStatements(db: Database.Database) {
   return {
@@ -50,14 +76,14 @@ export function prepareStatements(db: Database.Database) {
       'INSERT INTO event_replay_keys (endpoint, replay_key, event_id) VALUES (?, ?, ?)',
     ),
     insert: db.prepare(
-      "INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
+      "INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at, headers) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
     ),
     // Ids only (a covering index): leased rows are skipped without reading their envelopes.
     due: db.prepare<[string, number, number], { id: string }>(
       "SELECT id FROM events WHERE status = 'queued' AND action = ? AND next_attempt_at <= ? ORDER BY next_attempt_at LIMIT ?",
     ),
     insertAttempt: db.prepare(
-      'INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms) VALUES (?, ?, ?, ?, ?, ?)',
+      'INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms, response_snippet) VALUES (?, ?, ?, ?, ?, ?, ?)',
     ),
     settle: db.prepare(
       'UPDATE events SET status = ?, attempts = attempts + 1, round_attempts = round_attempts + 1, next_attempt_at = ?, last_error = ?, delivered_at = ? WHERE id = ?',
@@ -65,11 +91,10 @@ export function prepareStatements(db: Database.Database) {
     nextDue: db.prepare<[number], { id: string; next_attempt_at: number }>(
       "SELECT id, next_attempt_at FROM events WHERE status = 'queued' ORDER BY next_attempt_at LIMIT ?",
     ),
-    get: db.prepare<[string], EventRow>('SELECT * FROM events WHERE id = ?'),
-    attempts: db.prepare<
-      [string],
-      { attempt: number; at: number; status: number | null; error: string | null; duration_ms: number }
-    >('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
+    // The row a deliverer claims: without the received headers, which only the operator reads.
+    get: db.prepare<[string], EventRow>(`SELECT ${EVENT_COLUMNS} FROM events WHERE id = ?`),
+    headers: db.prepare<[string], { headers: string | null }>('SELECT headers FROM events WHERE id = ?'),
+    attempts: db.prepare<[string], AttemptRow>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
     // A queued event waiting for a retry (next attempt later) is in no one's hands: the server leases only due ones.
     requeue: db.prepare<{ now: number; id: string }>(
       "UPDATE events SET status = 'queued', round_attempts = 0, next_attempt_at = @now, delivered_at = NULL WHERE id = @id AND (status != 'queued' OR next_attempt_at > @now)",

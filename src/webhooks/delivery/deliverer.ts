@@ -1,6 +1,7 @@
 import { createHmac } from 'node:crypto';
 import http from 'node:http';
 import https from 'node:https';
+import { StringDecoder } from 'node:string_decoder';
 import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction, type WebhooksConfig } from '../../config/schema.js';
 import { countDelivery } from '../../observability/metrics.js';
@@ -127,6 +128,39 @@ interface AttemptResult {
   status: number | null;
   error: string | null;
   retryAfterMs?: number;
+  responseSnippet?: string | null;
+}
+
+/** How much of a target's answer body an attempt records (AttemptRecord.responseSnippet). */
+export const RESPONSE_SNIPPET_BYTES = 512;
+
+/**
+ * How much of an answer body is read (and dropped) past the snippet so the connection can be
+ * reused; a longer answer is cut off there and its connection closed, not read to its end.
+ */
+export const RESPONSE_DRAIN_BYTES = 64 * 1024;
+
+/**
+ * The first RESPONSE_SNIPPET_BYTES of an answer body as text: UTF-8, invalid bytes (and NUL) replaced
+ * by U+FFFD, a character cut at the end left out; null for an empty body.
+ */
+export class ResponseSnippet {
+  private readonly head = Buffer.alloc(RESPONSE_SNIPPET_BYTES);
+  private kept = 0;
+  private seen = 0;
+
+  /** Takes a chunk; false once the body has gone past RESPONSE_DRAIN_BYTES (stop reading). */
+  add(chunk: Buffer): boolean {
+    if (this.kept < RESPONSE_SNIPPET_BYTES) this.kept += chunk.copy(this.head, this.kept, 0);
+    this.seen += chunk.length;
+    return this.seen <= RESPONSE_DRAIN_BYTES;
+  }
+
+  text(): string | null {
+    if (this.kept === 0) return null;
+    // NUL as U+FFFD too: PostgreSQL's text refuses it, and an attempt that cannot be recorded is never settled.
+    return new StringDecoder('utf8').write(this.head.subarray(0, this.kept)).replaceAll('\0', '\uFFFD');
+  }
 }
 
 /**
@@ -330,7 +364,14 @@ export class Deliverer {
     try {
       const recorded = await this.store.recordAttempt(
         event.id,
-        { attempt: event.attempts + 1, at: startedAt, status: result.status, error: result.error, durationMs },
+        {
+          attempt: event.attempts + 1,
+          at: startedAt,
+          status: result.status,
+          error: result.error,
+          durationMs,
+          responseSnippet: result.responseSnippet ?? null,
+        },
         outcome,
         event.claimId,
       );
@@ -409,14 +450,22 @@ export class Deliverer {
     }
     return new Promise((resolve) => {
       const req = client.request(url, { method: 'POST', headers, agent, timeout: timeoutMs }, (res) => {
-        res.resume(); // the answer's body is not needed; draining it frees the connection
-        res.on('end', () =>
+        const snippet = new ResponseSnippet();
+        const answered = () =>
           resolve({
             status: res.statusCode ?? null,
             error: null,
             retryAfterMs: parseRetryAfter(res.headers['retry-after'], this.now()),
-          }),
-        );
+            responseSnippet: snippet.text(),
+          });
+        res.on('data', (chunk: Buffer) => {
+          if (snippet.add(chunk)) return;
+          // Past RESPONSE_DRAIN_BYTES: the answer is settled with what came; the connection, which
+          // a reuse would first have to drain, is closed instead (the agent opens a fresh one).
+          answered();
+          res.destroy();
+        });
+        res.on('end', answered);
         res.on('error', (err) => resolve({ status: null, error: err.message }));
       });
       req.on('timeout', () => req.destroy(new Error(`timeout after ${timeoutMs} ms`)));

@@ -4,7 +4,7 @@ import {
   IDEMPOTENCY_WINDOW_MS,
   toEvent,
   toEventListing,
-  type AttemptRecord,
+  type EventDetail,
   type DeliveredCounts,
   type DeliveryStatus,
   type EventFilter,
@@ -161,8 +161,11 @@ export class EventAdmin {
     return rowCount ?? 0;
   }
 
-  async get(id: string): Promise<{ event: StoredEvent; attempts: AttemptRecord[] } | undefined> {
-    const { rows } = await this.pool.query<EventRow>('SELECT * FROM events WHERE id = $1', [id]);
+  async get(id: string): Promise<EventDetail | undefined> {
+    const { rows } = await this.pool.query<EventRow & { headers: string | null }>(
+      'SELECT * FROM events WHERE id = $1',
+      [id],
+    );
     if (rows.length === 0) return undefined;
     const attempts = await this.pool.query<{
       attempt: number;
@@ -170,7 +173,11 @@ export class EventAdmin {
       status: number | null;
       error: string | null;
       duration_ms: number;
-    }>('SELECT attempt, at, status, error, duration_ms FROM attempts WHERE event_id = $1 ORDER BY attempt', [id]);
+      response_snippet: string | null;
+    }>(
+      'SELECT attempt, at, status, error, duration_ms, response_snippet FROM attempts WHERE event_id = $1 ORDER BY attempt',
+      [id],
+    );
     return {
       event: toEvent(rows[0]!),
       attempts: attempts.rows.map((a) => ({
@@ -179,7 +186,9 @@ export class EventAdmin {
         status: a.status,
         error: a.error,
         durationMs: a.duration_ms,
+        responseSnippet: a.response_snippet,
       })),
+      headers: rows[0]!.headers,
     };
   }
 

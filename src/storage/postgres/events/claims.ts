@@ -33,7 +33,9 @@ export const CLAIM_DUE_SQL = `WITH free AS (
    claimed AS (
      UPDATE events e SET lease_until = $1::bigint + $2::bigint, claim_id = gen_random_uuid(), lease_owner = $3
        FROM due WHERE e.id = due.id
-     RETURNING e.*)
+     -- Not e.*: the received headers are the operator's, never the deliverer's.
+     RETURNING e.id, e.endpoint, e.action, e.idempotency_key, e.received_at, e.envelope, e.status, e.attempts, e.round_attempts,
+               e.next_attempt_at, e.last_error, e.delivered_at, e.lease_until, e.claim_id, e.lease_owner)
    SELECT c.*, n.next_look FROM (
      SELECT CASE WHEN (SELECT count(*) FROM due) < $5 THEN least(
        (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND lease_until IS NULL AND action = $4 AND next_attempt_at > $1::bigint),

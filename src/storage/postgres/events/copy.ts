@@ -51,8 +51,8 @@ export async function importEvents(
       if (batch.length === 0) continue;
       const events = batch.map((b) => b.event);
       await client.query(
-        `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, attempts, round_attempts, next_attempt_at, last_error, delivered_at)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bigint[], $11::text[], $12::bigint[])`,
+        `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, attempts, round_attempts, next_attempt_at, last_error, delivered_at, headers)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bigint[], $11::text[], $12::bigint[], $13::text[])`,
         [
           events.map((e) => e.id),
           events.map((e) => e.endpoint),
@@ -66,13 +66,14 @@ export async function importEvents(
           events.map((e) => e.nextAttemptAt),
           events.map((e) => e.lastError),
           events.map((e) => e.deliveredAt),
+          batch.map((b) => b.headers),
         ],
       );
       const attempts = batch.flatMap((b) => b.attempts.map((a) => ({ id: b.event.id, ...a })));
       if (attempts.length > 0) {
         await client.query(
-          `INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms)
-           SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::int[], $5::text[], $6::int[])`,
+          `INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms, response_snippet)
+           SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::int[], $5::text[], $6::int[], $7::text[])`,
           [
             attempts.map((a) => a.id),
             attempts.map((a) => a.attempt),
@@ -80,6 +81,7 @@ export async function importEvents(
             attempts.map((a) => a.status),
             attempts.map((a) => a.error),
             attempts.map((a) => Math.round(a.durationMs)),
+            attempts.map((a) => a.responseSnippet ?? null),
           ],
         );
       }

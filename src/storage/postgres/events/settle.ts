@@ -73,8 +73,8 @@ export class SettleBatcher {
     const rows = [...batch].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
     const { rows: settled } = await this.pool.query<{ event_id: string }>(
       `WITH input AS (
-         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::uuid[], $7::int[], $8::bigint[], $9::int[], $10::text[], $11::int[])
-           AS t(id, status, next_attempt_at, last_error, delivered_at, claim_id, attempt, at, http_status, error, duration_ms)),
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::uuid[], $7::int[], $8::bigint[], $9::int[], $10::text[], $11::int[], $12::text[])
+           AS t(id, status, next_attempt_at, last_error, delivered_at, claim_id, attempt, at, http_status, error, duration_ms, response_snippet)),
        settled AS (
          UPDATE events e
             SET status = i.status, attempts = e.attempts + 1, round_attempts = e.round_attempts + 1, next_attempt_at = i.next_attempt_at,
@@ -82,8 +82,8 @@ export class SettleBatcher {
            FROM input i
           WHERE e.id = i.id AND (i.claim_id IS NULL OR e.claim_id = i.claim_id)
           RETURNING e.id)
-       INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms)
-       SELECT i.id, i.attempt, i.at, i.http_status, i.error, i.duration_ms FROM input i JOIN settled s ON s.id = i.id
+       INSERT INTO attempts (event_id, attempt, at, status, error, duration_ms, response_snippet)
+       SELECT i.id, i.attempt, i.at, i.http_status, i.error, i.duration_ms, i.response_snippet FROM input i JOIN settled s ON s.id = i.id
        RETURNING event_id`,
       [
         rows.map((r) => r.id),
@@ -97,6 +97,7 @@ export class SettleBatcher {
         rows.map((r) => r.attempt.status),
         rows.map((r) => r.attempt.error),
         rows.map((r) => Math.round(r.attempt.durationMs)),
+        rows.map((r) => r.attempt.responseSnippet ?? null),
       ],
     );
     return new Set(settled.map((r) => r.event_id));
