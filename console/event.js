@@ -153,11 +153,15 @@ function attempt(a) {
   );
 }
 
-/** The received headers, as stored: credentials and signatures show as [redacted]. */
+/** The received headers, as stored: values that may be credentials show as [redacted]. */
 function headersTable(headers) {
   if (!headers) return h('p', { class: 'muted' }, 'Not recorded: this event was stored before headers were kept.');
   return [
-    h('p', { class: 'muted' }, 'As received; the values of credentials and signatures are not stored.'),
+    h(
+      'p',
+      { class: 'muted' },
+      'As received; only the values of standard and event headers are kept, the rest show as [redacted].',
+    ),
     h(
       'table',
       { class: 'headers', 'aria-label': 'Received headers' },

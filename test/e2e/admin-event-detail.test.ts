@@ -22,8 +22,11 @@ const CREDENTIALS = {
   'stripe-signature': 't=1,v1=stripe-NEVER-SHOWN',
   'x-telegram-bot-api-secret-token': 'telegram-NEVER-SHOWN',
   'x-api-key': 'apikey-NEVER-SHOWN',
+  // A sender's own credential under a name no list foresaw: hidden as every unknown value is.
+  'ocp-apim-subscription-key': 'azure-NEVER-SHOWN-abcdef',
+  'x-partner-key': 'partner-NEVER-SHOWN-abcdef',
 };
-const PLAIN = { 'x-request-source': 'deploy-bot', 'x-github-event': 'push', 'user-agent': 'Sender/1.0' };
+const PLAIN = { 'x-github-delivery': 'd-deploy-bot', 'x-github-event': 'push', 'user-agent': 'Sender/1.0' };
 const auth = { authorization: `Bearer ${TOKEN}` };
 const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-event-detail-'));
 
