@@ -160,10 +160,10 @@ function get(url: string): Promise<{ status: number; body: string }> {
 }
 
 async function startGatehouse(configFile: string): Promise<{ child: ChildProcess; admin: string }> {
-  const child = spawn(process.execPath, [path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', configFile], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  return new Promise((resolve, reject) => {
+  const started = await new Promise<{ child: ChildProcess; admin: string }>((resolve, reject) => {
+    const child = spawn(process.execPath, [path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', configFile], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
     let buffer = '';
     let found = false;
     child.stdout!.on('data', (d: Buffer) => {
@@ -175,8 +175,19 @@ async function startGatehouse(configFile: string): Promise<{ child: ChildProcess
         resolve({ child, admin: m[1]! });
       }
     });
-    child.once('exit', (code) => !found && reject(new Error(`gatehouse exited ${code}`)));
+    child.once('exit', (code) => !found && reject(new Error(`gatehouse exited ${code}: ${buffer.slice(-2000)}`)));
   });
+  // Answering, not only listening: the first measured request must not be the one that finds out.
+  for (let i = 0; ; i++) {
+    const up = await get(`${started.admin}/healthz`).then(
+      (r) => r.status === 200,
+      () => false,
+    );
+    if (up) return started;
+    if (started.child.exitCode !== null || i >= 100)
+      throw new Error(`gatehouse at ${started.admin} does not answer (exit ${started.child.exitCode})`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }
 
 async function stop(child: ChildProcess): Promise<void> {
