@@ -8,7 +8,8 @@
  *   own there (test/helpers/postgres.ts, postgresDatabases); a file that stops or restarts the server
  *   starts a cluster of its own, from the template;
  * - then `node --import tsx --test --test-concurrency=2 <files>`, its exit code ours; the cluster and
- *   the template are removed after it, also on SIGINT/SIGTERM.
+ *   the template are removed after it, also on SIGINT/SIGTERM. The spec reporter, not TAP (node's default
+ *   when stdout is not a terminal): it repeats every failure at the end, where a CI log's tail shows it.
  *
  * Arguments: options are passed to node before the files (`npm test -- --test-name-pattern=lockout`);
  * file arguments replace the default test/*\/*.test.ts. Without PostgreSQL installed the files skip
@@ -93,10 +94,15 @@ if (findPostgresBin()) {
 if (stopping) {
   await cleanUp();
 } else {
-  child = spawn(process.execPath, ['--import', 'tsx', '--test', '--test-concurrency=2', ...options, ...files], {
-    env,
-    stdio: 'inherit',
-  });
+  const reporter = options.some((o) => o.startsWith('--test-reporter')) ? [] : ['--test-reporter=spec'];
+  child = spawn(
+    process.execPath,
+    ['--import', 'tsx', '--test', '--test-concurrency=2', ...reporter, ...options, ...files],
+    {
+      env,
+      stdio: 'inherit',
+    },
+  );
   const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) =>
     child!.on('exit', (c, s) => resolve([c, s])),
   );

@@ -73,6 +73,24 @@ function hasOneIdempotencyKey(req: IncomingMessage): boolean {
   return count === 1;
 }
 
+/** What http-proxy pipes into the upstream request of a client request without a body: nothing, it ends at once. */
+const NO_BODY = {
+  pipe<T extends { end(): unknown }>(upstreamRequest: T): T {
+    upstreamRequest.end();
+    return upstreamRequest;
+  },
+};
+
+/**
+ * A web pass of our own, first: a request without a body ends its upstream request at once
+ * instead of piping an empty stream into it (http-proxy pipes `options.buffer` when one is given;
+ * the options are a copy per request). The pipe's listeners on both streams were per-request work
+ * for nothing.
+ */
+function endsAtOnce(req: IncomingMessage, _res: ServerResponse, options: { buffer?: unknown }): void {
+  if (!hasBody(req)) options.buffer = NO_BODY;
+}
+
 /** Upstream failure → client status, in one place: timeouts 504, everything else 502. */
 export function upstreamError(err: NodeJS.ErrnoException): HttpError {
   const detail = `upstream ${err.code ?? 'error'}: ${err.message}`;
@@ -116,7 +134,7 @@ export function createUpstreamProxy(
         'http-proxy internals changed: webPasses has no deleteLength pass to remove (src/gateway/proxy.ts)',
       );
     }
-    passes.webPasses = passes.webPasses.filter((pass) => pass.name !== 'deleteLength');
+    passes.webPasses = [endsAtOnce, ...passes.webPasses.filter((pass) => pass.name !== 'deleteLength')];
 
     proxyServer.on('proxyReq', (proxyReq, req, res) => {
       (req as ProxiedRequest)[SENT_AS] = proxyReq;

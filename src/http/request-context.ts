@@ -57,8 +57,9 @@ export type RequestLog = (line: Record<string, unknown>, ctx?: RequestContext) =
  * it skips pino's redaction and generic serialiser (together ~5 % of the /api/ hot path under
  * load) and writes pino's own line format to the logger's destination: the level and time as the
  * logger writes them (`log.format` json: `"level":"info"` and an ISO time; pino's defaults: 30 and
- * epoch milliseconds), then name and msg. One object stringified whole: building the line from
- * pino's own fragments instead measured four times slower (bench/log-line.ts).
+ * epoch milliseconds), then name and msg. The fixed parts are strings made once and the fields one
+ * JSON.stringify: 2 µs a line against 4 for one object spread together and stringified, and 4 times
+ * that when built from pino's own fragments (bench/log-line.ts).
  */
 export function requestLogger(logger: Logger): RequestLog {
   const internals = logger as unknown as Record<symbol, unknown>;
@@ -75,13 +76,29 @@ export function requestLogger(logger: Logger): RequestLog {
     !(isoTime || time === pino.stdTimeFunctions.epochTime)
   )
     return (fields) => logger.info(fields, 'request');
-  const level = formatted!.level;
-  const bindings = logger.bindings(); // name, and the worker number under gateway.workers
+  const head = `{"level":${JSON.stringify(formatted!.level)},"time":`;
+  // name, and the worker number under gateway.workers
+  const bound = JSON.stringify(logger.bindings()).slice(1, -1);
+  const afterTime = bound === '' ? ',' : `,${bound},`;
+  const now = isoTime ? () => `"${isoNow()}"` : () => String(Date.now());
   return function writeRequestLine(fields) {
     if (!logger.isLevelEnabled('info')) return;
-    const now = isoTime ? new Date().toISOString() : Date.now();
-    stream.write(JSON.stringify({ level, time: now, ...bindings, ...fields, msg: 'request' }) + '\n');
+    const own = JSON.stringify(fields);
+    stream.write(head + now() + afterTime + (own.length > 2 ? own.slice(1, -1) + ',' : '') + '"msg":"request"}\n');
   };
+}
+
+let isoSecond = NaN;
+let isoSecondPrefix = '';
+/** `new Date().toISOString()`, with the part up to the second made once a second (it was half a request line's cost). */
+export function isoNow(now = Date.now()): string {
+  const second = Math.floor(now / 1000);
+  if (second !== isoSecond) {
+    isoSecond = second;
+    isoSecondPrefix = new Date(second * 1000).toISOString().slice(0, 20);
+  }
+  const ms = now - second * 1000;
+  return isoSecondPrefix + (ms < 10 ? '00' : ms < 100 ? '0' : '') + ms + 'Z';
 }
 
 /**

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import { describe, it } from 'node:test';
 import pino from 'pino';
-import { requestLogger } from '../../src/http/request-context.js';
+import { isoNow, requestLogger } from '../../src/http/request-context.js';
 import { createLogger } from '../../src/observability/log.js';
 import { startServerProcess } from '../helpers/process.js';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -67,6 +67,38 @@ describe('log lines (log.format "json")', () => {
     assert.equal(line!.level, 30);
     assert.equal(typeof line!.time, 'number');
     assert.equal(line!.msg, 'request');
+  });
+
+  it('the request line is byte for byte the JSON of level, time, bindings, fields and msg (undefined fields left out, any text escaped)', () => {
+    const written: string[] = [];
+    const destination = new Writable({
+      write(chunk, _encoding, done) {
+        written.push(String(chunk));
+        done();
+      },
+    });
+    const logger = createLogger({ level: 'info', destination, bindings: { worker: 1 } });
+    const fields = [
+      { id: 'r"1', method: 'GET', path: '/api/\\x"\u2028', status: 200, ms: 1.5, auth: undefined, detail: 'a\nb' },
+      { status: undefined },
+      {},
+    ];
+    for (const f of fields) requestLogger(logger)(f);
+    assert.equal(written.length, 3);
+    written.forEach((line, i) => {
+      const time = (JSON.parse(line) as { time: string }).time;
+      assert.equal(
+        line,
+        JSON.stringify({ level: 'info', time, name: 'gatehouse', worker: 1, ...fields[i], msg: 'request' }) + '\n',
+      );
+    });
+  });
+
+  it('the request time is what toISOString gives, across second boundaries and a clock that steps back', () => {
+    const instants = [0, 1, 9, 10, 99, 100, 999, 1000, 1001, 59_999, 60_000, 1_764_000_000_000, 1_764_000_000_999];
+    for (let i = 0; i < 2000; i++) instants.push(Math.floor(Math.random() * 4_000_000_000_000));
+    instants.push(1_764_000_000_500, 1_764_000_000_499, 1_763_999_999_999);
+    for (const at of instants) assert.equal(isoNow(at), new Date(at).toISOString(), String(at));
   });
 
   it('a level below log.level writes no request line', () => {
