@@ -1,5 +1,5 @@
 import cluster from 'node:cluster';
-import { unwatchFile, watchFile, type Stats } from 'node:fs';
+import { statSync, unwatchFile, watchFile, type Stats } from 'node:fs';
 import type { Command } from 'commander';
 import type { Logger } from 'pino';
 import { environmentWithFiles } from '../config/env-file.js';
@@ -13,6 +13,9 @@ import { resolveWorkerCount, startGatewayWorkers } from '../runtime/workers/prim
 import { runGatewayWorker } from '../runtime/workers/worker.js';
 import { PREVIOUS_SECRET_KEYS_VARIABLE, SECRET_KEY_VARIABLE } from '../storage/secrets.js';
 import { configFileOption, envFileOption } from './config.js';
+
+/** How long a changed config file must hold still before it is reloaded (see reloadOnceStill). */
+const CONFIG_SETTLE_MS = 500;
 
 /**
  * `gatehouse start`: listen until SIGTERM/SIGINT (drain). SIGHUP, or a change to the config file
@@ -74,10 +77,28 @@ export function registerStartCommand(program: Command): void {
         reload();
       }
       // Polling (not fs.watch): it survives editors and deploy tools that replace the file.
-      const onFileChange = (now: Stats, before: Stats) => {
-        if (now.mtimeMs === before.mtimeMs && now.size === before.size) return;
+      // A file rewritten in place changes in steps (emptied, then written): the reload waits until it
+      // has held still for CONFIG_SETTLE_MS, so it never reads a half-written file (a poll between
+      // the two steps logged a rejected reload, and a SIGHUP right after found its answer taken).
+      let settling: NodeJS.Timeout | undefined;
+      const reloadOnceStill = (seen: Stats) => {
+        let current: Stats;
+        try {
+          current = statSync(file);
+        } catch {
+          return; // gone for now: watchFile reports it again once it is back
+        }
+        if (current.mtimeMs !== seen.mtimeMs || current.size !== seen.size) {
+          settling = setTimeout(reloadOnceStill, CONFIG_SETTLE_MS, current);
+          return;
+        }
         logger.info('config file changed: reloading');
         reload();
+      };
+      const onFileChange = (now: Stats, before: Stats) => {
+        if (now.mtimeMs === before.mtimeMs && now.size === before.size) return;
+        clearTimeout(settling);
+        settling = setTimeout(reloadOnceStill, CONFIG_SETTLE_MS, now);
       };
       if (options.watch) watchFile(file, { interval: 1_000, persistent: false }, onFileChange);
 
@@ -101,6 +122,7 @@ export function registerStartCommand(program: Command): void {
           );
           process.off('SIGHUP', reload);
           unwatchFile(file, onFileChange);
+          clearTimeout(settling);
           void running.close(undefined, { acceptGrace: true, skipGrace: skipGrace.signal }).then(resolve);
         };
         process.on('SIGTERM', stop);

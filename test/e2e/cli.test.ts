@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -201,6 +201,34 @@ describe('gatehouse start', () => {
       await server.waitFor((l) => l.msg === 'configuration reloaded', 10_000);
       assert.equal((await request(url, '/api/s', { headers: { 'x-api-key': key(2) } })).status, 200);
       assert.equal((await request(url, '/api/s', { headers: { 'x-api-key': key(1) } })).status, 401);
+    } finally {
+      await server.stop();
+    }
+  });
+
+  it('a config file written in steps is reloaded once it holds still, never half-written (a poll between the steps rejected a reload)', async () => {
+    const key = (n: number) => `steps-key-${n}-0123456789abcdefghijklmnopqrstuv`;
+    const configFor = (n: number) =>
+      `{ gateway: { listen: { port: 0 }, upstream: { target: "${upstream.url}" }, auth: { apiKey: "${key(n)}" } } }\n`;
+    const watched = writeConfig('steps.json5', configFor(1));
+    const server = startServerProcess(watched);
+    try {
+      const { url } = await server.waitFor((l) => l.msg === 'gateway listening');
+      // Emptied, then written a few bytes every 50 ms for about 2 s: every poll (once a second) sees it half-written.
+      const text = configFor(2);
+      writeFileSync(watched, '');
+      const step = Math.ceil(text.length / 40);
+      for (let at = 0; at < text.length; at += step) {
+        await new Promise((r) => setTimeout(r, 50));
+        appendFileSync(watched, text.slice(at, at + step));
+      }
+      await server.waitFor((l) => l.msg === 'configuration reloaded', 10_000);
+      assert.equal((await request(url, '/api/s', { headers: { 'x-api-key': key(2) } })).status, 200);
+      assert.deepEqual(
+        server.lines.filter((l) => l.msg?.startsWith('reload rejected')),
+        [],
+        'no reload read the file half-written',
+      );
     } finally {
       await server.stop();
     }

@@ -90,9 +90,12 @@ describe('PostgreSQL restarted mid-burst', { skip, timeout: 90_000 }, () => {
           // A post sent before the stop may be answered after it, and the other way round: filed by the phase it was sent in.
           const key = reply.status === 503 ? `503 ${reply.json().error.code}` : String(reply.status);
           counts[sentIn][key] = (counts[sentIn][key] ?? 0) + 1;
-          // Answered while Postgres is stopped: nothing can have committed, so nothing may be 2xx.
-          if (phase === 'down')
-            assert.equal(reply.status, 503, `seq ${n} answered ${reply.status} while Postgres was down`);
+          // Sent after Postgres had stopped and answered before it was started again: nothing can have
+          // committed, so nothing may be 2xx. (One sent before the stop may commit and be answered after
+          // it: on a loaded machine such a 202 arrived once the stop had returned, and a check by the
+          // phase at answer time alone failed on it.)
+          if (sentIn === 'down' && phase === 'down')
+            assert.equal(reply.status, 503, `seq ${n} sent and answered while Postgres was down: ${reply.status}`);
           if (reply.status === 202) accepted.set(n, reply.json().id);
           else assert.equal(reply.status, 503, `seq ${n}: ${reply.status} ${reply.body}`);
           if (reply.status === 503) {
