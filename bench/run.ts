@@ -253,7 +253,8 @@ async function stop(child: ChildProcess) {
   if (child.exitCode !== null) return;
   const exited = new Promise((r) => child.once('exit', r));
   child.kill('SIGTERM');
-  await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
+  // A profiled gatehouse writes its profile only once its drain (shutdown.acceptGrace) is over.
+  await Promise.race([exited, new Promise((r) => setTimeout(r, PROFILE.length > 0 ? 60_000 : 5000))]);
   child.kill('SIGKILL');
 }
 
