@@ -1,0 +1,269 @@
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import https from 'node:https';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import tls from 'node:tls';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, it } from 'node:test';
+import { createTestCa, type TestCa, type TestClientCertificate } from '../helpers/client-certificates.js';
+import { startTestGatehouse, testConfig, TEST_PLAIN_KEY, type TestGatehouse } from '../helpers/gatehouse.js';
+import { startRecordingUpstream, type RecordingServer } from '../helpers/upstream.js';
+
+// gateway.tls.clientCertificates (mTLS) and gateway.auth.clientCertificate: every case is judged by
+// what the upstream received (or that it received nothing).
+
+const fixtures = fileURLToPath(new URL('../fixtures/tls/', import.meta.url));
+const SERVER = { cert: `${fixtures}cert.pem`, key: `${fixtures}key.pem` };
+const SERVER_CA = readFileSync(SERVER.cert);
+const dir = mkdtempSync(path.join(tmpdir(), 'gatehouse-mtls-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
+
+const IDENTITIES = [
+  { uri: 'spiffe://corp/ns/billing/sa/api', subject: 'billing', scopes: ['billing:read'] },
+  { dns: 'orders.internal', subject: 'orders', scopes: ['orders:write'] },
+  { cn: 'reports', subject: 'reports' },
+];
+
+let ca: TestCa;
+let other: TestCa;
+let certs: Record<string, TestClientCertificate>;
+let crlFile: string;
+before(() => {
+  ca = createTestCa(dir, 'clients-ca');
+  other = createTestCa(dir, 'other-ca');
+  certs = {
+    spiffe: ca.issue('spiffe', { cn: 'billing-api', san: ['URI:spiffe://corp/ns/billing/sa/api'] }),
+    dnsMixedCase: ca.issue('dns-mixed-case', { san: ['DNS:ORDERS.Internal'] }),
+    cnOnly: ca.issue('cn-only', { cn: 'reports' }),
+    cnBesideSan: ca.issue('cn-beside-san', { cn: 'reports', san: ['DNS:elsewhere.internal'] }),
+    uriLonger: ca.issue('uri-longer', { san: ['URI:spiffe://corp/ns/billing/sa/api-admin'] }),
+    uriShorter: ca.issue('uri-shorter', { san: ['URI:spiffe://corp/ns/billing/sa/ap'] }),
+    dnsSuffix: ca.issue('dns-suffix', { san: ['DNS:orders.internal.evil.example'] }),
+    dnsWildcard: ca.issue('dns-wildcard', { san: ['DNS:*.internal'] }),
+    posingAsTwo: ca.issue('posing-as-two', { san: ['URI:spiffe://corp/x, DNS:orders.internal'] }),
+    unlisted: ca.issue('unlisted', { cn: 'unlisted', san: ['URI:spiffe://corp/ns/other/sa/x, y'] }),
+    expired: ca.issue('expired', {
+      san: ['URI:spiffe://corp/ns/billing/sa/api'],
+      startDate: '20200101000000Z',
+      endDate: '20200201000000Z',
+    }),
+    revoked: ca.issue('revoked', { san: ['URI:spiffe://corp/ns/billing/sa/api'] }),
+    serverAuthOnly: ca.issue('server-auth-only', {
+      san: ['URI:spiffe://corp/ns/billing/sa/api'],
+      extendedKeyUsage: 'serverAuth',
+    }),
+    foreign: other.issue('foreign', { cn: 'reports', san: ['URI:spiffe://corp/ns/billing/sa/api'] }),
+  };
+  ca.revoke(certs.revoked!);
+  crlFile = ca.crl('crl');
+});
+
+interface Answer {
+  status: number;
+  body: string;
+}
+
+/** One HTTPS request on a new connection, with a client certificate or none; a TLS failure rejects. */
+function call(
+  url: string,
+  target: string,
+  options: { cert?: TestClientCertificate; headers?: Record<string, string>; maxVersion?: tls.SecureVersion } = {},
+): Promise<Answer> {
+  return new Promise((resolve, reject) => {
+    const req = https.request(
+      `${url}${target}`,
+      {
+        agent: false,
+        ca: SERVER_CA,
+        cert: options.cert?.cert,
+        key: options.cert?.key,
+        headers: options.headers,
+        maxVersion: options.maxVersion,
+      },
+      (res) => {
+        let body = '';
+        res.on('data', (d) => (body += d));
+        res.on('end', () => resolve({ status: res.statusCode!, body }));
+      },
+    );
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+/** The gatehouse-set identity headers the upstream got with its last request. */
+function identityHeaders(upstream: RecordingServer) {
+  const headers = upstream.received.at(-1)!.headers;
+  return {
+    auth: headers['x-gatehouse-auth'],
+    subject: headers['x-gatehouse-subject'],
+    scopes: headers['x-gatehouse-scopes'],
+    sha256: headers['x-gatehouse-client-cert-sha256'],
+  };
+}
+
+function mtlsConfig(upstream: RecordingServer, overrides: { tls?: object; auth?: object } = {}) {
+  return testConfig(upstream.url, {
+    gateway: {
+      tls: {
+        ...SERVER,
+        clientCertificates: { ca: ca.certFile, crl: crlFile, mode: 'optional' },
+        ...overrides.tls,
+      },
+      auth: { clientCertificate: { identities: IDENTITIES }, ...overrides.auth },
+    },
+  });
+}
+
+describe('client certificates, mode optional: a certificate is a credential', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    gatehouse = await startTestGatehouse(mtlsConfig(upstream, { auth: { failures: { max: 1000 } } }));
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+
+  it('each identity kind authenticates its certificate: the upstream gets the subject, scopes and SHA-256 exactly', async () => {
+    for (const [cert, subject, scopes] of [
+      [certs.spiffe!, 'billing', 'billing:read'],
+      [certs.dnsMixedCase!, 'orders', 'orders:write'], // DNS names compare in any case (RFC 6125)
+      [certs.cnOnly!, 'reports', undefined],
+    ] as const) {
+      const before = upstream.received.length;
+      assert.equal((await call(gatehouse.url, '/api/who', { cert })).status, 200);
+      assert.equal(upstream.received.length, before + 1);
+      assert.deepEqual(identityHeaders(upstream), { auth: 'client-certificate', subject, scopes, sha256: cert.sha256 });
+      assert.match(cert.sha256, /^[0-9a-f]{64}$/);
+    }
+  });
+
+  it('certificate headers a client sends never reach the upstream; the SHA-256 is the one gatehouse saw', async () => {
+    const forged = {
+      'x-gatehouse-client-cert-sha256': 'f'.repeat(64),
+      'X-Client-Cert': 'forged',
+      'ssl-client-cert': 'forged',
+      'x-ssl-client-verify': 'SUCCESS',
+      'x-client-cert-chain': 'forged',
+      'x-gatehouse-subject': 'admin',
+    };
+    await call(gatehouse.url, '/api/forged', { cert: certs.spiffe!, headers: forged });
+    const got = upstream.received.at(-1)!;
+    assert.equal(got.url, '/api/forged');
+    assert.equal(got.headers['x-gatehouse-client-cert-sha256'], certs.spiffe!.sha256);
+    assert.equal(got.headers['x-gatehouse-subject'], 'billing');
+    for (const name of ['x-client-cert', 'ssl-client-cert', 'x-ssl-client-verify', 'x-client-cert-chain'])
+      assert.equal(got.headers[name], undefined, name);
+    // With an API key and no certificate, no SHA-256 header at all (a forged one is dropped).
+    await call(gatehouse.url, '/api/forged-key', { headers: { ...forged, 'x-api-key': TEST_PLAIN_KEY } });
+    const keyOnly = upstream.received.at(-1)!;
+    assert.equal(keyOnly.url, '/api/forged-key');
+    assert.deepEqual(identityHeaders(upstream), {
+      auth: 'api-key',
+      subject: 'default',
+      scopes: undefined,
+      sha256: undefined,
+    });
+  });
+
+  it('expired, revoked, another CA, serverAuth only, or matching no identity exactly: 401, the upstream gets nothing, the reason is logged only', async () => {
+    const cases: [string, RegExp][] = [
+      ['expired', /certificate refused: CERT_HAS_EXPIRED/],
+      ['revoked', /certificate refused: CERT_REVOKED/],
+      ['foreign', /certificate refused: UNABLE_TO_VERIFY_LEAF_SIGNATURE/],
+      ['serverAuthOnly', /certificate refused: INVALID_PURPOSE/],
+      ['cnBesideSan', /matches no identity/], // a CN is no identity beside SANs (RFC 6125 §6.4.4)
+      ['uriLonger', /matches no identity/],
+      ['uriShorter', /matches no identity/],
+      ['dnsSuffix', /matches no identity/],
+      ['dnsWildcard', /matches no identity/],
+      ['posingAsTwo', /matches no identity .*URI "spiffe:\/\/corp\/x, DNS:orders.internal"/],
+      ['unlisted', /matches no identity/],
+    ];
+    for (const [name, reason] of cases) {
+      const before = upstream.received.length;
+      const answer = await call(gatehouse.url, `/api/bad-${name}`, { cert: certs[name]! });
+      assert.equal(answer.status, 401, name);
+      assert.deepEqual(JSON.parse(answer.body), {
+        error: { code: 'invalid_client_certificate', message: 'The client certificate is not valid.' },
+      });
+      assert.equal(upstream.received.length, before, `${name}: the upstream received nothing`);
+      const line = gatehouse.logs.find((l) => l.msg === 'request' && l.path === `/api/bad-${name}`);
+      assert.match(line?.detail ?? '', reason, name);
+    }
+  });
+
+  it('a valid API key does not carry a refused certificate along (require: any), and no certificate at all is not a failure', async () => {
+    const before = upstream.received.length;
+    const answer = await call(gatehouse.url, '/api/ride-along', {
+      cert: certs.expired!,
+      headers: { 'x-api-key': TEST_PLAIN_KEY },
+    });
+    assert.equal(answer.status, 401);
+    assert.equal(upstream.received.length, before);
+    assert.equal((await call(gatehouse.url, '/api/nothing')).status, 401);
+    const line = gatehouse.logs.find((l) => l.msg === 'request' && l.path === '/api/nothing');
+    assert.equal(line?.error, 'missing_credentials');
+  });
+
+  it('no TLS session is resumed: a new connection is verified in a full handshake', async () => {
+    const { hostname, port } = new URL(gatehouse.url);
+    const connect = (session?: Buffer) =>
+      new Promise<{ socket: tls.TLSSocket; session: Promise<Buffer | undefined> }>((resolve, reject) => {
+        const socket = tls.connect({
+          host: hostname,
+          port: Number(port),
+          ca: SERVER_CA,
+          cert: certs.spiffe!.cert,
+          key: certs.spiffe!.key,
+          session,
+        });
+        const gotSession = new Promise<Buffer | undefined>((r) => {
+          socket.once('session', r);
+          socket.once('close', () => r(undefined));
+        });
+        socket.once('secureConnect', () => resolve({ socket, session: gotSession })).once('error', reject);
+      });
+    const first = await connect();
+    first.socket.write('GET /api/a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+    const session = await first.session;
+    first.socket.destroy();
+    assert.ok(session, 'the client was given a session to offer (TLS 1.3 always sends one)');
+    const second = await connect(session);
+    assert.equal(second.socket.isSessionReused(), false);
+    second.socket.destroy();
+  });
+
+  it('TLS 1.2: a client cannot renegotiate (and so cannot swap its certificate mid-connection)', async () => {
+    const { hostname, port } = new URL(gatehouse.url);
+    const socket = tls.connect({
+      host: hostname,
+      port: Number(port),
+      ca: SERVER_CA,
+      cert: certs.spiffe!.cert,
+      key: certs.spiffe!.key,
+      maxVersion: 'TLSv1.2',
+    });
+    await new Promise<void>((resolve, reject) => socket.once('secureConnect', resolve).once('error', reject));
+    assert.equal(socket.getProtocol(), 'TLSv1.2');
+    const outcome = await new Promise<string>((resolve) => {
+      socket.once('error', (err: NodeJS.ErrnoException) => resolve(`error ${err.code ?? err.message}`));
+      socket.once('close', () => resolve('closed'));
+      const started = socket.renegotiate({ rejectUnauthorized: true }, (err) =>
+        resolve(err ? `error ${(err as NodeJS.ErrnoException).code ?? err.message}` : 'renegotiated'),
+      );
+      if (!started) resolve('not started');
+      // A request after it is answered, if at all, for the certificate of the handshake.
+      socket.write('GET /api/after-renegotiation HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+    });
+    socket.destroy();
+    assert.match(outcome, /^error /); // OpenSSL's no_renegotiation alert: EPROTO
+    assert.notEqual(outcome, 'renegotiated');
+    const after = upstream.received.filter((r) => r.url === '/api/after-renegotiation');
+    for (const r of after) assert.equal(r.headers['x-gatehouse-subject'], 'billing');
+  });
+});
