@@ -267,3 +267,148 @@ describe('client certificates, mode optional: a certificate is a credential', ()
     for (const r of after) assert.equal(r.headers['x-gatehouse-subject'], 'billing');
   });
 });
+
+describe('client certificates with other credentials, rules and the lockout', () => {
+  let upstream: RecordingServer;
+  before(async () => {
+    upstream = await startRecordingUpstream();
+  });
+  after(() => upstream.close());
+
+  it('require: all with an API key and a certificate: both or nothing; the subject is the certificate’s, the scopes both', async () => {
+    const gatehouse = await startTestGatehouse(
+      mtlsConfig(upstream, {
+        auth: {
+          require: 'all',
+          apiKey: undefined,
+          apiKeys: [
+            {
+              id: 'ci',
+              hash: (await import('../../src/gateway/credentials/api-key.js')).hashApiKey(TEST_PLAIN_KEY),
+              scopes: ['ci'],
+            },
+          ],
+        },
+      }),
+    );
+    try {
+      const before = upstream.received.length;
+      assert.equal((await call(gatehouse.url, '/api/cert-only', { cert: certs.spiffe! })).status, 401);
+      assert.equal(
+        (await call(gatehouse.url, '/api/key-only', { headers: { 'x-api-key': TEST_PLAIN_KEY } })).status,
+        401,
+      );
+      assert.equal(upstream.received.length, before, 'neither alone reached the upstream');
+      const both = await call(gatehouse.url, '/api/both', {
+        cert: certs.spiffe!,
+        headers: { 'x-api-key': TEST_PLAIN_KEY },
+      });
+      assert.equal(both.status, 200);
+      assert.deepEqual(identityHeaders(upstream), {
+        auth: 'api-key,client-certificate',
+        subject: 'billing',
+        scopes: 'ci billing:read',
+        sha256: certs.spiffe!.sha256,
+      });
+      assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-key-id'], 'ci');
+    } finally {
+      await gatehouse.close();
+    }
+  });
+
+  it('rules see the identity’s scopes; subjectFrom admits an unlisted certificate with no scopes, its subject made header-safe', async () => {
+    const gatehouse = await startTestGatehouse(
+      mtlsConfig(upstream, {
+        auth: {
+          clientCertificate: { identities: IDENTITIES, subjectFrom: 'uri' },
+          rules: [{ paths: ['/api/billing/**'], scopes: ['billing:read'] }],
+        },
+      }),
+    );
+    try {
+      assert.equal((await call(gatehouse.url, '/api/billing/invoices', { cert: certs.spiffe! })).status, 200);
+      assert.equal(upstream.received.at(-1)!.url, '/api/billing/invoices');
+      const before = upstream.received.length;
+      const refused = await call(gatehouse.url, '/api/billing/invoices', { cert: certs.dnsMixedCase! });
+      assert.equal(refused.status, 403);
+      assert.equal(upstream.received.length, before);
+      // Unlisted: its one SAN URI is the subject; its ", " is percent-encoded (no header list, no second entry).
+      assert.equal((await call(gatehouse.url, '/api/open', { cert: certs.unlisted! })).status, 200);
+      assert.deepEqual(identityHeaders(upstream), {
+        auth: 'client-certificate',
+        subject: 'spiffe://corp/ns/other/sa/x%2C y',
+        scopes: undefined,
+        sha256: certs.unlisted!.sha256,
+      });
+      assert.equal((await call(gatehouse.url, '/api/billing/x', { cert: certs.unlisted! })).status, 403);
+      // Without a SAN URI there is nothing to take the subject from.
+      assert.equal((await call(gatehouse.url, '/api/open', { cert: certs.dnsWildcard! })).status, 401);
+      // subjectFrom never lets a refused certificate in.
+      assert.equal((await call(gatehouse.url, '/api/open', { cert: certs.foreign! })).status, 401);
+    } finally {
+      await gatehouse.close();
+    }
+  });
+
+  it('a presented certificate that fails counts toward the lockout like a bad key: locked after max, then even a good one is refused', async () => {
+    const gatehouse = await startTestGatehouse(mtlsConfig(upstream, { auth: { failures: { max: 3 } } }));
+    try {
+      for (let i = 0; i < 3; i++)
+        assert.equal((await call(gatehouse.url, '/api/x', { cert: certs.revoked! })).status, 401);
+      const before = upstream.received.length;
+      const locked = await call(gatehouse.url, '/api/x', { cert: certs.spiffe! });
+      assert.equal(locked.status, 429);
+      assert.equal(JSON.parse(locked.body).error.code, 'too_many_failures');
+      assert.equal(upstream.received.length, before);
+    } finally {
+      await gatehouse.close();
+    }
+  });
+});
+
+describe('client certificates, mode required: no valid certificate, no TLS connection', () => {
+  let upstream: RecordingServer;
+  let gatehouse: TestGatehouse;
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    gatehouse = await startTestGatehouse(
+      mtlsConfig(upstream, { tls: { clientCertificates: { ca: ca.certFile, crl: crlFile, mode: 'required' } } }),
+    );
+  });
+  after(async () => {
+    await gatehouse.close();
+    await upstream.close();
+  });
+
+  it('without a certificate, or with an expired, revoked or foreign one, the handshake fails (TLS 1.3 and 1.2) and nothing reaches the upstream', async () => {
+    const cases: [string, TestClientCertificate | undefined, RegExp][] = [
+      ['none', undefined, /certificate.required|handshake.failure|ECONNRESET/i],
+      ['expired', certs.expired, /certificate.expired|ECONNRESET/i],
+      ['revoked', certs.revoked, /certificate.revoked|ECONNRESET/i],
+      ['foreign', certs.foreign, /unknown.ca|ECONNRESET/i],
+      ['serverAuthOnly', certs.serverAuthOnly, /unsupported.certificate|bad.certificate|ECONNRESET/i],
+    ];
+    for (const maxVersion of ['TLSv1.3', 'TLSv1.2'] as const)
+      for (const [name, cert, error] of cases) {
+        await assert.rejects(
+          call(gatehouse.url, `/api/required-${name}`, { cert, maxVersion }),
+          (err: NodeJS.ErrnoException) => {
+            assert.match(`${err.code} ${err.message}`, error, `${name} ${maxVersion}: ${err.code} ${err.message}`);
+            return true;
+          },
+        );
+      }
+    assert.equal(upstream.received.filter((r) => r.url.startsWith('/api/required-')).length, 0);
+    assert.equal(gatehouse.logs.filter((l) => l.msg === 'request' && l.path?.startsWith('/api/required-')).length, 0);
+  });
+
+  it('a valid certificate connects and authenticates', async () => {
+    assert.equal((await call(gatehouse.url, '/api/required-ok', { cert: certs.cnOnly! })).status, 200);
+    assert.deepEqual(identityHeaders(upstream), {
+      auth: 'client-certificate',
+      subject: 'reports',
+      scopes: undefined,
+      sha256: certs.cnOnly!.sha256,
+    });
+  });
+});
