@@ -138,7 +138,7 @@ function examine(socket: TLSSocket): PeerCertificate {
   if (x509 === undefined) return NONE;
   // Under `optional` Node completes the handshake whatever the certificate: its verdict is here.
   if (!socket.authorized)
-    return { state: 'refused', reason: `certificate refused: ${String(socket.authorizationError)}` };
+    return { state: 'refused', reason: `refused in the handshake: ${String(socket.authorizationError)}` };
   const names = x509.subjectAltName === undefined ? [] : splitAltNames(x509.subjectAltName);
   return {
     state: 'verified',

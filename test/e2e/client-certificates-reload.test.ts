@@ -120,7 +120,7 @@ describe('client certificates: a reload reads the CA and CRL again', () => {
       assert.equal(upstream.received.length, before, 'the old CA’s certificate reached nothing');
       assert.match(
         (await server.waitFor((l) => l.msg === 'request' && l.path === '/api/a-after')).detail,
-        /certificate refused: UNABLE_TO_VERIFY_LEAF_SIGNATURE/,
+        /client certificate refused in the handshake: UNABLE_TO_VERIFY_LEAF_SIGNATURE/,
       );
       assert.equal(await call(url, '/api/b-after', fromSecond), 200);
       assert.equal(upstream.received.at(-1)!.headers['x-gatehouse-client-cert-sha256'], fromSecond.sha256);
@@ -159,7 +159,7 @@ describe('client certificates: a reload reads the CA and CRL again', () => {
       assert.equal(upstream.received.length, before);
       await server.waitFor(() => workersServing(server, '/api/crl-after').size === 2);
       for (const line of server.lines.filter((l) => l.msg === 'request' && l.path === '/api/crl-after'))
-        assert.match(line.detail, /certificate refused: CERT_REVOKED/);
+        assert.match(line.detail, /client certificate refused in the handshake: CERT_REVOKED/);
       for (let i = 0; i < 4; i++) assert.equal(await call(url, '/api/crl-kept', kept), 200);
       await server.waitFor(() => workersServing(server, '/api/crl-kept').size === 2);
     } finally {

@@ -172,10 +172,10 @@ describe('client certificates, mode optional: a certificate is a credential', ()
 
   it('expired, revoked, another CA, serverAuth only, or matching no identity exactly: 401, the upstream gets nothing, the reason is logged only', async () => {
     const cases: [string, RegExp][] = [
-      ['expired', /certificate refused: CERT_HAS_EXPIRED/],
-      ['revoked', /certificate refused: CERT_REVOKED/],
-      ['foreign', /certificate refused: UNABLE_TO_VERIFY_LEAF_SIGNATURE/],
-      ['serverAuthOnly', /certificate refused: INVALID_PURPOSE/],
+      ['expired', /client certificate refused in the handshake: CERT_HAS_EXPIRED/],
+      ['revoked', /client certificate refused in the handshake: CERT_REVOKED/],
+      ['foreign', /client certificate refused in the handshake: UNABLE_TO_VERIFY_LEAF_SIGNATURE/],
+      ['serverAuthOnly', /client certificate refused in the handshake: INVALID_PURPOSE/],
       ['cnBesideSan', /matches no identity/], // a CN is no identity beside SANs (RFC 6125 §6.4.4)
       ['uriLonger', /matches no identity/],
       ['uriShorter', /matches no identity/],
@@ -410,5 +410,47 @@ describe('client certificates, mode required: no valid certificate, no TLS conne
       scopes: undefined,
       sha256: certs.cnOnly!.sha256,
     });
+  });
+});
+
+describe('client certificates: an in-process reload', () => {
+  it('optional → required at a reload: a connection without a certificate then fails its handshake; a WebSocket opened with a certificate is closed by it', async () => {
+    const { WebSocketServer, default: WebSocket } = await import('ws');
+    const http = await import('node:http');
+    const { parseConfig } = await import('../../src/config/load.js');
+    const wsUpstream = http.createServer();
+    const wss = new WebSocketServer({ server: wsUpstream });
+    wss.on('connection', (ws) => ws.on('message', (data) => ws.send(`echo:${data.toString()}`)));
+    await new Promise<void>((resolve) => wsUpstream.listen(0, '127.0.0.1', resolve));
+    const target = `http://127.0.0.1:${(wsUpstream.address() as import('node:net').AddressInfo).port}`;
+    const upstream = { url: target } as RecordingServer;
+    const gatehouse = await startTestGatehouse(mtlsConfig(upstream));
+    try {
+      const ws = new WebSocket(`${gatehouse.url.replace('https', 'wss')}/api/stream`, {
+        ca: SERVER_CA,
+        cert: certs.spiffe!.cert,
+        key: certs.spiffe!.key,
+      });
+      await new Promise<void>((resolve, reject) => ws.once('open', resolve).once('error', reject));
+      const echoed = new Promise<string>((resolve) => ws.once('message', (d) => resolve(d.toString())));
+      ws.send('hi');
+      assert.equal(await echoed, 'echo:hi');
+      const wsClosed = new Promise<number>((resolve) => ws.once('close', (code) => resolve(code)));
+
+      await gatehouse.reload(
+        parseConfig(
+          mtlsConfig(upstream, { tls: { clientCertificates: { ca: ca.certFile, crl: crlFile, mode: 'required' } } }),
+        ),
+      );
+      assert.ok((await wsClosed) > 0, 'the WebSocket verified under the previous settings is closed');
+      await assert.rejects(call(gatehouse.url, '/api/after', {}), (err: NodeJS.ErrnoException) => {
+        assert.match(`${err.code} ${err.message}`, /certificate.required|handshake.failure|ECONNRESET/i);
+        return true;
+      });
+    } finally {
+      await gatehouse.close();
+      for (const client of wss.clients) client.terminate();
+      await new Promise((resolve) => wsUpstream.close(resolve));
+    }
   });
 });
