@@ -86,6 +86,10 @@ interface Trust {
   retired: boolean;
 }
 const trustOf = new WeakMap<Socket, Trust>();
+/** Each accepted TCP connection's trust, taken as Node wraps it in TLS with the context of that moment. */
+const trustAtAccept = new WeakMap<Socket, Trust>();
+/** For a connection whose trust cannot be told: its certificate never counts (fail closed). */
+const UNKNOWN_TRUST: Trust = { settings: 'unknown', retired: true };
 
 /** What a connection's client certificate says, worked out once per connection (renegotiation is off). */
 const examined = new WeakMap<Socket, PeerCertificate>();
@@ -237,9 +241,19 @@ export function httpsServer(
     server = https.createServer({ ...options, ...secure }, serve);
   });
   verifyClients(first.pem.clientCertificates);
-  // Before the listener's own handlers: a connection's trust is known before its first request.
+  // Node wraps each TCP connection in TLS with the context in force when it is accepted, not when
+  // its handshake ends: one accepted before a reload and shaken hands after was verified with the
+  // old CA and CRL (a client can stall its handshake past a CRL reload). So the trust is taken at
+  // accept, in the same tick as Node's own 'connection' listener, and found again from the TLS
+  // socket's raw one at 'secureConnection' (before the listener's own handlers).
+  server!.on('connection', (raw: Socket) => {
+    if (trust) trustAtAccept.set(raw, trust);
+  });
   server!.prependListener('secureConnection', (socket: TLSSocket) => {
-    if (trust) trustOf.set(socket, trust);
+    const raw = (socket as unknown as { _handle?: { _parentWrap?: Socket } })._handle?._parentWrap;
+    const accepted = raw && trustAtAccept.get(raw);
+    if (accepted) trustOf.set(socket, accepted);
+    else if (trust) trustOf.set(socket, UNKNOWN_TRUST);
   });
   const certificate: ServedCertificate = {
     notAfter: first.notAfter,

@@ -454,3 +454,51 @@ describe('client certificates: an in-process reload', () => {
     }
   });
 });
+
+describe('client certificates: a handshake stalled across a reload', () => {
+  it('a TCP connection accepted before a CRL reload, its handshake finished after, is judged by the CRL of its context: a certificate revoked meanwhile does not authenticate', async () => {
+    const { parseConfig } = await import('../../src/config/load.js');
+    const net = await import('node:net');
+    const upstream = await startRecordingUpstream();
+    const gatehouse = await startTestGatehouse(mtlsConfig(upstream));
+    try {
+      const late = ca.issue('late-revoked', { san: ['URI:spiffe://corp/ns/billing/sa/api'] });
+      assert.equal((await call(gatehouse.url, '/api/before', { cert: late })).status, 200);
+      // Accepted now, with the old CRL's context; the ClientHello waits for the reload.
+      const { hostname, port } = new URL(gatehouse.url);
+      const tcp = net.connect(Number(port), hostname);
+      await new Promise<void>((resolve, reject) => tcp.once('connect', resolve).once('error', reject));
+      await new Promise((resolve) => setTimeout(resolve, 100)); // accepted by the server
+      ca.revoke(late);
+      const newCrl = ca.crl('crl-stalled');
+      await gatehouse.reload(
+        parseConfig(
+          mtlsConfig(upstream, { tls: { clientCertificates: { ca: ca.certFile, crl: newCrl, mode: 'optional' } } }),
+        ),
+      );
+      const socket = tls.connect({
+        socket: tcp,
+        ca: SERVER_CA,
+        cert: late.cert,
+        key: late.key,
+        servername: 'localhost',
+      });
+      await new Promise<void>((resolve, reject) => socket.once('secureConnect', resolve).once('error', reject));
+      const answer = new Promise<string>((resolve) => {
+        let text = '';
+        socket.on('data', (d: Buffer) => (text += d.toString('latin1')));
+        socket.once('close', () => resolve(text));
+      });
+      socket.write('GET /api/stalled HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+      assert.match(await answer, /^HTTP\/1\.1 401 /);
+      assert.equal(upstream.received.filter((r) => r.url === '/api/stalled').length, 0);
+      const line = gatehouse.logs.find((l) => l.msg === 'request' && l.path === '/api/stalled');
+      assert.match(line?.detail ?? '', /before the last reload/);
+      // A new connection now: refused by the new CRL in the handshake's own verdict.
+      assert.equal((await call(gatehouse.url, '/api/after', { cert: late })).status, 401);
+    } finally {
+      await gatehouse.close();
+      await upstream.close();
+    }
+  });
+});
