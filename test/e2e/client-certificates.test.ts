@@ -43,6 +43,7 @@ before(() => {
     dnsWildcard: ca.issue('dns-wildcard', { san: ['DNS:*.internal'] }),
     posingAsTwo: ca.issue('posing-as-two', { san: ['URI:spiffe://corp/x, DNS:orders.internal'] }),
     unlisted: ca.issue('unlisted', { cn: 'unlisted', san: ['URI:spiffe://corp/ns/other/sa/x, y'] }),
+    posingAsSubject: ca.issue('posing-as-subject', { san: ['URI:urn:billing'] }),
     expired: ca.issue('expired', {
       san: ['URI:spiffe://corp/ns/billing/sa/api'],
       startDate: '20200101000000Z',
@@ -320,7 +321,10 @@ describe('client certificates with other credentials, rules and the lockout', ()
     const gatehouse = await startTestGatehouse(
       mtlsConfig(upstream, {
         auth: {
-          clientCertificate: { identities: IDENTITIES, subjectFrom: 'uri' },
+          clientCertificate: {
+            identities: [...IDENTITIES, { dns: 'billing.internal', subject: 'urn:billing' }],
+            subjectFrom: 'uri',
+          },
           rules: [{ paths: ['/api/billing/**'], scopes: ['billing:read'] }],
         },
       }),
@@ -343,6 +347,12 @@ describe('client certificates with other credentials, rules and the lockout', ()
       assert.equal((await call(gatehouse.url, '/api/billing/x', { cert: certs.unlisted! })).status, 403);
       // Without a SAN URI there is nothing to take the subject from.
       assert.equal((await call(gatehouse.url, '/api/open', { cert: certs.dnsWildcard! })).status, 401);
+      // Nor may it pose as a listed identity: an unlisted certificate whose SAN URI is a listed subject.
+      assert.equal((await call(gatehouse.url, '/api/posing', { cert: certs.posingAsSubject! })).status, 401);
+      assert.match(
+        gatehouse.logs.find((l) => l.msg === 'request' && l.path === '/api/posing')?.detail ?? '',
+        /is the subject of one/,
+      );
       // subjectFrom never lets a refused certificate in.
       assert.equal((await call(gatehouse.url, '/api/open', { cert: certs.foreign! })).status, 401);
     } finally {

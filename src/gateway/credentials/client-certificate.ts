@@ -61,9 +61,12 @@ function subjectOf(certificate: VerifiedCertificate, from: 'uri' | 'dns' | 'cn')
  */
 export class ClientCertificateVerifier {
   private readonly identities: CompiledIdentity[];
+  /** The listed subjects: a certificate admitted by `subjectFrom` may not pose as one of them. */
+  private readonly listedSubjects: ReadonlySet<string>;
 
   constructor(private readonly settings: ClientCertificateConfig) {
     this.identities = settings.identities.map(compileIdentity);
+    this.listedSubjects = new Set(settings.identities.map((identity) => identity.subject));
   }
 
   get size(): number {
@@ -85,6 +88,11 @@ export class ClientCertificateVerifier {
       if (identity.matches(certificate)) return grant(identity.subject, identity.scopes);
     const from = this.settings.subjectFrom;
     const subject = from === undefined ? undefined : subjectOf(certificate, from);
+    if (subject !== undefined && this.listedSubjects.has(subject))
+      return {
+        ok: false,
+        reason: `client certificate ${certificate.sha256} matches no identity, and its ${from} ${JSON.stringify(subject)} is the subject of one (${describe(certificate)})`,
+      };
     if (subject !== undefined) return grant(subject, NO_SCOPES);
     return {
       ok: false,
@@ -93,12 +101,20 @@ export class ClientCertificateVerifier {
   }
 }
 
-/** What a certificate is called, for the log: its SANs and CNs, JSON-quoted (a value may hold anything). */
+/** Names shown per certificate in the log, and characters per name: a certificate can carry any number of any length. */
+const SHOWN_NAMES = 8;
+const SHOWN_CHARACTERS = 200;
+
+/** What a certificate is called, for the log: its SANs and CNs, JSON-quoted (a value may hold anything), bounded. */
 function describe(certificate: VerifiedCertificate): string {
+  const quote = (name: string) =>
+    JSON.stringify(name.length > SHOWN_CHARACTERS ? `${name.slice(0, SHOWN_CHARACTERS)}…` : name);
   const parts = [
-    ...certificate.uris.map((u) => `URI ${JSON.stringify(u)}`),
-    ...certificate.dnsNames.map((d) => `DNS ${JSON.stringify(d)}`),
-    ...certificate.commonNames.map((c) => `CN ${JSON.stringify(c)}`),
+    ...certificate.uris.map((u) => `URI ${quote(u)}`),
+    ...certificate.dnsNames.map((d) => `DNS ${quote(d)}`),
+    ...certificate.commonNames.map((c) => `CN ${quote(c)}`),
   ];
-  return parts.join(', ') || 'no SAN URI, DNS or CN';
+  if (parts.length === 0) return 'no SAN URI, DNS or CN';
+  const more = parts.length - SHOWN_NAMES;
+  return parts.slice(0, SHOWN_NAMES).join(', ') + (more > 0 ? `, and ${more} more` : '');
 }
