@@ -23,6 +23,7 @@ import WebSocket from 'ws';
 import { exportJWK, generateKeyPair, SignJWT } from 'jose';
 import pg from 'pg';
 import { generateApiKey, hashApiKey } from '../src/gateway/credentials/api-key.js';
+import { createTestCa } from '../test/helpers/client-certificates.js';
 import { startPostgres, type PostgresCluster } from '../test/helpers/postgres.js';
 import { checkScaleTargets, printScaleTables, runScaleCases, type ScaleResult } from './scale.js';
 import { checkConsoleTargets, printConsoleTables, runConsoleScale, type ConsoleScaleResult } from './console-scale.js';
@@ -319,6 +320,13 @@ async function main() {
     return run;
   };
 
+  // TLS cases: the test fixtures' server pair, a client CA, a client certificate and a CRL (openssl CLI).
+  const fixtures = path.join(ROOT, 'test', 'fixtures', 'tls');
+  const serverTls = { cert: path.join(fixtures, 'cert.pem'), key: path.join(fixtures, 'key.pem') };
+  const benchCa = createTestCa(work, 'bench-clients-ca');
+  const benchClient = benchCa.issue('bench-client', { san: ['URI:spiffe://bench/client'] });
+  const benchCrl = benchCa.crl('bench-crl');
+
   const gatewayCases: [
     string,
     Record<string, unknown>,
@@ -391,6 +399,16 @@ async function main() {
       200,
     ],
     ['gatehouse rejected', {}, { 'x-api-key': generateApiKey() }, 401],
+    // Issue 31: HTTPS, then mTLS with the client certificate as the only credential (mode required, a
+    // CRL): against node-bare's plain HTTP, so the ratio includes TLS (connections are kept alive).
+    ['gatehouse api-key (tls)', {}, { 'x-api-key': key }, 200, { tls: serverTls }],
+    [
+      'gatehouse client-certificate (mtls)',
+      { clientCertificate: { identities: [{ uri: 'spiffe://bench/client', subject: 'bench' }] } },
+      {},
+      200,
+      { tls: { ...serverTls, clientCertificates: { ca: benchCa.certFile, crl: benchCrl, mode: 'required' } } },
+    ],
   ];
   for (const [name, auth, headers, status, gatewayExtra = {}, configExtra = {}] of gatewayCases) {
     if (!want(name)) continue;
@@ -436,7 +454,11 @@ async function main() {
       const pairedBare = bareFirst ? await measureBare(perRound, warmup) : undefined;
       const run = await load(
         name,
-        { url: `http://127.0.0.1:${gatehouse.port}/api/items`, headers },
+        {
+          url: `${gatewayExtra.tls ? 'https' : 'http'}://127.0.0.1:${gatehouse.port}/api/items`,
+          headers,
+          tlsOptions: name.includes('(mtls)') ? { cert: benchClient.cert, key: benchClient.key } : undefined,
+        },
         status,
         perRound,
         warmup,

@@ -32,6 +32,7 @@ export const errorCatalogue = {
   missing_credentials: { status: 401, message: 'Authentication is required.' },
   invalid_api_key: { status: 401, message: 'The API key is not valid.' },
   invalid_token: { status: 401, message: 'The bearer token is not valid.' },
+  invalid_client_certificate: { status: 401, message: 'The client certificate is not valid.' },
   auth_unavailable: { status: 503, message: 'Credentials cannot be checked right now; retry later.' },
   upstream_unreachable: { status: 502, message: 'The upstream service could not be reached.' },
   upstream_timeout: { status: 504, message: 'The upstream service did not answer in time.' },

@@ -1,9 +1,11 @@
 import { createPrivateKey, X509Certificate, type KeyObject } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
+import { createSecureContext } from 'node:tls';
 import JSON5 from 'json5';
 import type { z } from 'zod';
 import { ConfigError } from '../errors.js';
+import { splitCrls } from '../http/tls.js';
 import { formatIssues, formatPath, getAt } from './problems.js';
 
 export { formatPath };
@@ -103,9 +105,15 @@ export function parseConfig(raw: unknown, options: { env?: NodeJS.ProcessEnv; ba
   if (config.storage.driver === 'sqlite')
     config.storage.path = path.resolve(options.baseDir ?? process.cwd(), config.storage.path);
   if (config.gateway.tls) {
-    config.gateway.tls.cert = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.cert);
-    config.gateway.tls.key = path.resolve(options.baseDir ?? process.cwd(), config.gateway.tls.key);
-    const problems = tlsProblems(config.gateway.tls);
+    const tls = config.gateway.tls;
+    const resolve = (file: string) => path.resolve(options.baseDir ?? process.cwd(), file);
+    tls.cert = resolve(tls.cert);
+    tls.key = resolve(tls.key);
+    if (tls.clientCertificates) {
+      tls.clientCertificates.ca = resolve(tls.clientCertificates.ca);
+      if (tls.clientCertificates.crl !== undefined) tls.clientCertificates.crl = resolve(tls.clientCertificates.crl);
+    }
+    const problems = [...tlsProblems(tls), ...clientCertificateProblems(tls.clientCertificates)];
     if (problems.length > 0) throw new ConfigError(problems);
   }
   const frozen = deepFreeze(config);
@@ -149,6 +157,54 @@ function tlsProblems(tls: { cert: string; key: string }): string[] {
   }
   if (cert && key && !cert.checkPrivateKey(key))
     problems.push(`gateway.tls.key: ${tls.key} is not the private key of the certificate in ${tls.cert}`);
+  return problems;
+}
+
+/**
+ * The client-certificate CA and CRL, read and checked as `config check` runs: each readable, the CA
+ * file PEM certificates only, the CRL file PEM CRLs only, and both loadable by OpenSSL together.
+ */
+function clientCertificateProblems(settings: { ca: string; crl?: string } | undefined): string[] {
+  if (!settings) return [];
+  const at = 'gateway.tls.clientCertificates';
+  const problems: string[] = [];
+  const read = (file: string, key: string): string | undefined => {
+    try {
+      return readFileSync(file, 'utf8');
+    } catch (err) {
+      problems.push(`${at}.${key}: ${file} ${describeFileError(err)}`);
+      return undefined;
+    }
+  };
+  const caPem = read(settings.ca, 'ca');
+  const crlPem = settings.crl === undefined ? undefined : read(settings.crl, 'crl');
+  const caBlocks = caPem?.match(/-----BEGIN [A-Z0-9 ]+-----[\s\S]+?-----END [A-Z0-9 ]+-----/g) ?? [];
+  if (caPem !== undefined) {
+    if (caBlocks.length === 0) problems.push(`${at}.ca: ${settings.ca} holds no PEM certificate`);
+    for (const block of caBlocks) {
+      try {
+        if (!block.startsWith('-----BEGIN CERTIFICATE-----'))
+          throw new Error(block.slice(0, block.indexOf('\n')).trim());
+        new X509Certificate(block);
+      } catch (err) {
+        problems.push(
+          `${at}.ca: ${settings.ca} holds something that is not a PEM certificate (${(err as Error).message})`,
+        );
+        break;
+      }
+    }
+  }
+  const crls = crlPem === undefined ? [] : splitCrls(crlPem);
+  if (crlPem !== undefined && crls.length === 0) problems.push(`${at}.crl: ${settings.crl} holds no PEM CRL`);
+  if (problems.length === 0) {
+    try {
+      createSecureContext({ ca: caPem, crl: crls.length > 0 ? crls : undefined });
+    } catch (err) {
+      problems.push(
+        `${at}${crls.length > 0 ? '.crl' : '.ca'}: ${crls.length > 0 ? settings.crl : settings.ca} does not load (${(err as Error).message})`,
+      );
+    }
+  }
   return problems;
 }
 

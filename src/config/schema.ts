@@ -72,13 +72,24 @@ export const configSchema = z
         message: `the webhook receiver and the gateway cannot both listen on ${hooksAt.host}:${hooksAt.port}; give webhooks.listen another port`,
       });
     }
-    const hasCredential = auth.apiKey !== undefined || auth.apiKeys.length > 0 || auth.bearer !== undefined;
+    // A certificate is a credential only once verified: the CA is gateway.tls.clientCertificates.
+    if (auth.clientCertificate && !config.gateway.tls?.clientCertificates)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['gateway', 'auth', 'clientCertificate'],
+        message: `needs ${config.gateway.tls ? 'gateway.tls.clientCertificates' : 'gateway.tls with clientCertificates'} (the CA that verifies client certificates)`,
+      });
+    const hasCredential =
+      auth.apiKey !== undefined ||
+      auth.apiKeys.length > 0 ||
+      auth.bearer !== undefined ||
+      auth.clientCertificate !== undefined;
     // Secure by default: an open edge on a reachable address needs an explicit opt-in.
     if ((!auth.enabled || !hasCredential) && !isLoopbackHost(at.host) && !auth.allowInsecure) {
       ctx.addIssue({
         code: 'custom',
         path: ['gateway', 'auth'],
-        message: `${auth.enabled ? 'no credential is configured' : 'auth is disabled'} while listening on non-loopback ${at.host}; configure apiKey/apiKeys/bearer or set gateway.auth.allowInsecure: true`,
+        message: `${auth.enabled ? 'no credential is configured' : 'auth is disabled'} while listening on non-loopback ${at.host}; configure apiKey/apiKeys/bearer/clientCertificate or set gateway.auth.allowInsecure: true`,
       });
     }
   });
@@ -96,6 +107,7 @@ export type RuleConfig = AuthConfig['rules'][number];
 export type RateLimitConfig = GatewayConfig['rateLimits'][number];
 export type HttpLimits = z.output<ReturnType<typeof httpLimits>>;
 export type JwtConfig = z.output<typeof jwtSettings>;
+export type ClientCertificateConfig = NonNullable<AuthConfig['clientCertificate']>;
 export type WebhooksConfig = Config['webhooks'];
 export type GmailConfig = NonNullable<WebhooksConfig['gmail']>;
 export type ChannelConfig = Config['channels'][string];

@@ -20,10 +20,14 @@ export function configWarnings(config: Config, now: number = Date.now()): string
       "gateway.auth.bearer.jwt.audience: not set, so tokens the identity provider issued for any other client or API are accepted; set it to this API's audience",
     );
   }
-  const hasCredential = auth.apiKey !== undefined || auth.apiKeys.length > 0 || auth.bearer !== undefined;
+  const hasCredential =
+    auth.apiKey !== undefined ||
+    auth.apiKeys.length > 0 ||
+    auth.bearer !== undefined ||
+    auth.clientCertificate !== undefined;
   if (auth.enabled && !hasCredential) {
     warnings.push(
-      `gateway.auth: no credential is configured (apiKey, apiKeys or bearer), so every /api/ request is refused with 401${isLoopbackHost(config.gateway.listen.host) ? '' : ' (allowInsecure is set)'}`,
+      `gateway.auth: no credential is configured (apiKey, apiKeys, bearer or clientCertificate), so every /api/ request is refused with 401${isLoopbackHost(config.gateway.listen.host) ? '' : ' (allowInsecure is set)'}`,
     );
   }
   auth.apiKeys.forEach((key, i) => {

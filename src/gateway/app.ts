@@ -316,6 +316,7 @@ export async function buildGatewayApp(
     const expiries = [
       typeof exp === 'number' ? exp * 1000 + jwtToleranceMs : undefined,
       identity.keyId === undefined ? undefined : keyExpiry.get(identity.keyId),
+      identity.clientCertificate?.notAfter,
     ].filter((at): at is number => at !== undefined);
     relayWebSocket(req, res, head, {
       target,
@@ -331,6 +332,7 @@ export async function buildGatewayApp(
         method: req.method!,
         path: req.gatehouse.path!,
         clientIp: req.gatehouse.clientIp!,
+        socket: req.socket,
       },
       expiresAt: expiries.length > 0 ? Math.min(...expiries) : undefined,
       onError: (err) => refuseUpgrade(req, res, err),
@@ -368,6 +370,7 @@ export async function buildGatewayApp(
     const probe = {
       headers,
       headersDistinct: presented.authorization === undefined ? {} : { authorization: [presented.authorization] },
+      socket: presented.socket,
     } as unknown as IncomingMessage;
     const outcome = await authenticator.authenticate(probe);
     // The identity provider being down is not the connection's fault: it stays.

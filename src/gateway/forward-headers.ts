@@ -179,6 +179,8 @@ export function prepareUpstreamHeaders(req: IncomingMessage, ctx: ForwardContext
   if (ctx.identity.keyId !== undefined) out['x-gatehouse-key-id'] = ctx.identity.keyId;
   // scope-tokens only (schema and scopesOfClaims): header-safe as they are.
   if (ctx.identity.scopes.length > 0) out['x-gatehouse-scopes'] = ctx.identity.scopes.join(' ');
+  // Lowercase hex (nothing to escape): which certificate, for an upstream that pins or logs it.
+  if (ctx.identity.clientCertificate) out['x-gatehouse-client-cert-sha256'] = ctx.identity.clientCertificate.sha256;
   req.headers = out;
 }
 

@@ -25,6 +25,8 @@ export interface ConnectionCredentials {
   /** The decoded path its rules matched. */
   path: string;
   clientIp: string;
+  /** The client's connection: its certificate (mTLS) is checked again, as it stands then. */
+  socket: Socket;
 }
 
 /** One open, proxied WebSocket. */

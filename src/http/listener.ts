@@ -1,11 +1,9 @@
-import { X509Certificate } from 'node:crypto';
-import { readFileSync } from 'node:fs';
 import http from 'node:http';
-import https from 'node:https';
 import net, { type AddressInfo, type Socket } from 'node:net';
 import { acceptGraceOver, currentAcceptGrace } from './accept-grace.js';
 import type { HttpLimits } from '../config/schema.js';
 import { errorCatalogue, HttpError, sendError, UsageError, type ErrorCode } from '../errors.js';
+import { httpsServer, type ServedCertificate, type TlsFiles, type TlsPem } from './tls.js';
 
 export interface Listening {
   server: http.Server;
@@ -13,63 +11,6 @@ export interface Listening {
   url: string;
   /** With TLS: the certificate served to new connections now. */
   certificate?: ServedCertificate;
-}
-
-export interface ServedCertificate {
-  /** When it expires (ms since the epoch): the leaf's notAfter. */
-  notAfter: number;
-  /**
-   * Serves a pair to every new connection from now on (a renewal, a reload): the one now at these
-   * paths, or one already read (the primary reads it once for every gateway worker). Open
-   * connections keep theirs. A pair that does not load changes nothing: a UsageError.
-   */
-  replace(tls: TlsFiles | TlsPem): void;
-}
-
-type TlsFiles = { cert: string; key: string };
-/** A pair's PEM text, read by the caller. */
-export type TlsPem = { certPem: string; keyPem: string };
-
-/** The TLS files as they are now (the config check read them; one can change since): a problem is one line, not a stack. */
-export function readTlsPem(name: string, tls: TlsFiles): TlsPem {
-  try {
-    return { certPem: readFileSync(tls.cert, 'utf8'), keyPem: readFileSync(tls.key, 'utf8') };
-  } catch (err) {
-    throw new UsageError(`${name}: cannot serve TLS with ${tls.cert} and ${tls.key}: ${(err as Error).message}`);
-  }
-}
-
-/** Hands the pair to `use` (a server or a context built from it); returns the leaf's notAfter. */
-function loadTls(name: string, tls: TlsFiles | TlsPem, use: (pair: { cert: string; key: string }) => void): number {
-  const { certPem: cert, keyPem: key } = 'certPem' in tls ? tls : readTlsPem(name, tls);
-  try {
-    const notAfter = Date.parse(new X509Certificate(cert).validTo); // the first certificate of a chain: the leaf
-    use({ cert, key });
-    return notAfter;
-  } catch (err) {
-    const what = 'certPem' in tls ? 'the pair the primary read' : `${tls.cert} and ${tls.key}`;
-    throw new UsageError(`${name}: cannot serve TLS with ${what}: ${(err as Error).message}`);
-  }
-}
-
-function httpsServer(
-  name: string,
-  tls: TlsFiles | TlsPem,
-  options: http.ServerOptions,
-  serve: http.RequestListener,
-): { server: https.Server; certificate: ServedCertificate } {
-  let server: https.Server | undefined;
-  const notAfter = loadTls(name, tls, (pair) => {
-    server = https.createServer({ ...options, ...pair }, serve);
-  });
-  const certificate: ServedCertificate = {
-    notAfter,
-    replace(next) {
-      // setSecureContext builds the whole context before it swaps: a key that is not the cert's throws first.
-      certificate.notAfter = loadTls(name, next, (pair) => server!.setSecureContext(pair));
-    },
-  };
-  return { server: server!, certificate };
 }
 
 /**
@@ -106,11 +47,21 @@ export async function listen(
     if (inAcceptGrace.has(server)) res.shouldKeepAlive = false; // Node then says `Connection: close` and closes after
     handler(req, res);
   });
-  const secure = tls ? httpsServer(name, tls, options, serve) : undefined;
+  const open = new Set<Socket>();
+  // A reload that changed the client-certificate CA, CRL or mode: a connection verified under the
+  // old ones takes no further request (idle: closed now; busy: after its current answer).
+  const closeRetired = (isRetired: (socket: Socket) => boolean) => {
+    for (const socket of open) {
+      if (!isRetired(socket)) continue;
+      const inFlight = answering.get(socket);
+      if (inFlight && !inFlight.writableFinished) closeAfterAnswer(inFlight);
+      else socket.destroy();
+    }
+  };
+  const secure = tls ? httpsServer(name, tls, options, serve, closeRetired) : undefined;
   const server = secure?.server ?? http.createServer(options, serve);
   server.maxHeadersCount = limits.maxHeaderCount + 1;
   server.maxRequestsPerSocket = 0;
-  const open = new Set<Socket>();
   connections.set(server, open);
   server.on(secure ? 'secureConnection' : 'connection', (socket: Socket) => {
     open.add(socket);

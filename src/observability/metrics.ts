@@ -369,6 +369,7 @@ export function countRequests(
 const AUTH_FAILURE_METHOD: Readonly<Record<string, string>> = {
   invalid_api_key: 'api-key',
   invalid_token: 'bearer',
+  invalid_client_certificate: 'client-certificate',
   auth_unavailable: 'bearer',
   missing_credentials: 'none',
   too_many_failures: 'lockout',

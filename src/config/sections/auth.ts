@@ -168,6 +168,90 @@ export const jwtSettings = z
   })
   .transform((jwt) => ({ ...jwt, algorithms: jwt.algorithms ?? (jwt.secret !== undefined ? ['HS256'] : ['RS256']) }));
 
+/** An exact DNS name (RFC 1123 labels): no wildcard, no trailing dot; compared in any case (RFC 6125 §6.4.1). */
+const DNS_NAME =
+  /^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
+/** An absolute URI (a scheme, then no blanks or control characters), compared byte for byte. */
+const ABSOLUTE_URI = /^[A-Za-z][A-Za-z0-9+.-]*:[\x21-\x7e]+$/;
+const certificateIdentity = z
+  .strictObject({
+    uri: z
+      .string()
+      .regex(ABSOLUTE_URI, 'uri must be an absolute URI without blanks, e.g. "spiffe://corp/ns/billing/sa/api"')
+      .optional()
+      .describe(
+        'Matches a certificate with this subjectAltName URI (e.g. a SPIFFE ID), compared exactly, byte for byte. Exactly one of `uri`, `dns` and `cn`.',
+      ),
+    dns: z
+      .string()
+      .regex(DNS_NAME, 'dns must be a DNS name without wildcard or trailing dot, e.g. "orders.internal"')
+      .optional()
+      .describe(
+        'Matches a certificate with this subjectAltName DNS name, whole and in any case (RFC 6125); a wildcard in the certificate matches nothing. Exactly one of `uri`, `dns` and `cn`.',
+      ),
+    cn: z
+      .string()
+      .min(1)
+      .optional()
+      .describe(
+        'Matches a certificate whose subject has exactly this one CN, compared exactly, and no subjectAltName URI or DNS name (RFC 6125 §6.4.4: with those, the CN is not an identity). Exactly one of `uri`, `dns` and `cn`.',
+      ),
+    subject: z
+      .string()
+      .min(1)
+      .max(256)
+      .describe('Who the certificate is: `X-Gatehouse-Subject` upstream, rate limits `by: "subject"`, the log.'),
+    scopes: z
+      .array(scopeToken)
+      .optional()
+      .describe(
+        'What the certificate may do, as `rules` ask for it; sent upstream in `X-Gatehouse-Scopes`. Unset: none.',
+      ),
+  })
+  .superRefine((identity, ctx) => {
+    const given = (['uri', 'dns', 'cn'] as const).filter((k) => identity[k] !== undefined);
+    if (given.length !== 1)
+      ctx.addIssue({
+        code: 'custom',
+        message: `exactly one of uri, dns or cn is required (got ${given.length ? given.join(', ') : 'none'})`,
+      });
+  });
+
+const clientCertificate = z
+  .strictObject({
+    identities: z
+      .array(certificateIdentity)
+      .default([])
+      .superRefine((list, ctx) => {
+        const seen = new Map<string, number>();
+        list.forEach((identity, i) => {
+          const kind = identity.uri !== undefined ? 'uri' : identity.dns !== undefined ? 'dns' : 'cn';
+          const value = kind === 'dns' ? identity.dns!.toLowerCase() : identity[kind]!;
+          const first = seen.get(`${kind} ${value}`);
+          if (first !== undefined)
+            ctx.addIssue({
+              code: 'custom',
+              path: [i, kind],
+              message: `duplicate ${kind} "${identity[kind]}" (also at identities[${first}])`,
+            });
+          else seen.set(`${kind} ${value}`, i);
+        });
+      })
+      .describe(
+        'The certificates that authenticate, each by exactly one of `uri`, `dns` or `cn`, with the `subject` (and `scopes`) it stands for; the first that matches wins.',
+      ),
+    subjectFrom: z
+      .enum(['uri', 'dns', 'cn'])
+      .optional()
+      .describe(
+        'Let a valid certificate that matches no identity authenticate too, with no scopes and the subject taken from its one SAN URI, its one SAN DNS name (lower-cased) or its one CN (only without SAN URI or DNS); a certificate with none or several of them does not. Then every client certificate the CA signs gets in: guard paths with `rules`. Unset: only the `identities` do.',
+      ),
+  })
+  .refine((settings) => settings.identities.length > 0 || settings.subjectFrom !== undefined, {
+    path: ['identities'],
+    message: 'list at least one identity, or set subjectFrom (else no certificate could authenticate)',
+  });
+
 const failures = z.strictObject({
   max: positiveInt
     .default(10)
@@ -250,11 +334,16 @@ export const auth = z.strictObject({
     })
     .optional()
     .describe('Accept JWTs as `Authorization: Bearer <token>`. Unset: no bearer tokens.'),
+  clientCertificate: clientCertificate
+    .optional()
+    .describe(
+      'Accept a client certificate (mTLS, verified by `gateway.tls.clientCertificates`) as a credential: `identities` say which certificates, and who each one is. Unset: certificates are no credential.',
+    ),
   require: z
     .enum(['any', 'all'])
     .default('any')
     .describe(
-      '`"any"`: one valid credential suffices; `"all"`: every configured method (API key, bearer) must be presented and valid.',
+      '`"any"`: one valid credential suffices; `"all"`: every configured method (API key, bearer, client certificate) must be presented and valid.',
     ),
   allowedIPs: z
     .array(addressRange)

@@ -116,6 +116,32 @@ const rateLimits = z
     'Token buckets per API key, subject or client IP, counted after the credentials and rules; a request finding any of its buckets empty gets 429 `rate_limited`.',
   );
 
+/** `gateway.tls.clientCertificates`: ask clients for a certificate and verify it (mTLS; src/http/tls.ts). */
+const clientCertificates = z
+  .strictObject({
+    ca: z
+      .string()
+      .min(1)
+      .describe(
+        "The PEM file of the CA certificates a client certificate must chain to (only these: never the system's roots), relative to the config file's folder.",
+      ),
+    mode: z
+      .enum(['optional', 'required'])
+      .describe(
+        '`"required"`: a handshake without a valid client certificate fails (no HTTP at all); `"optional"`: a client may present one, and a valid one is a credential (`gateway.auth.clientCertificate`).',
+      ),
+    crl: z
+      .string()
+      .min(1)
+      .optional()
+      .describe(
+        "A PEM file of CRLs, relative to the config file's folder: one from every CA of a client's chain (a CA without one, or an out-of-date CRL, fails its certificates). Unset: no revocation check.",
+      ),
+  })
+  .describe(
+    'Client certificates (mTLS): verified in the handshake against `ca` (and `crl`), for clients (`extendedKeyUsage` clientAuth when present). Read again at every reload with the pair; a change closes the connections verified under the old ones. TLS session resumption is off while set. See docs/client-certificates.md.',
+  );
+
 export const gateway = z
   .strictObject({
     listen: listen(8080)
@@ -148,10 +174,11 @@ export const gateway = z
           .string()
           .min(1)
           .describe("The PEM private key file of that certificate, relative to the config file's folder."),
+        clientCertificates: clientCertificates.optional(),
       })
       .optional()
       .describe(
-        'Serve HTTPS on the gateway listener. Both files are read again at every reload; turning TLS on or off needs a restart. Unset: plain HTTP.',
+        'Serve HTTPS on the gateway listener. Its files are read again at every reload; turning TLS on or off needs a restart. Unset: plain HTTP.',
       ),
     // Uploads stream through to the upstream, so the whole-request time is generous.
     limits: httpLimits(300_000)

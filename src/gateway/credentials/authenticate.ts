@@ -3,22 +3,25 @@ import type { AuthConfig } from '../../config/schema.js';
 import { HttpError } from '../../errors.js';
 import type { JWTPayload } from 'jose';
 import { ApiKeyVerifier, hashApiKey, type ApiKeyGrant } from './api-key.js';
+import { ClientCertificateVerifier, type CertificateGrant } from './client-certificate.js';
 import { JwtVerifier } from './jwt.js';
 
-export type AuthMethod = 'api-key' | 'bearer';
+export type AuthMethod = 'api-key' | 'bearer' | 'client-certificate';
 
 /** Who the request is, as gatehouse tells the upstream. */
 export interface Identity {
   methods: AuthMethod[];
-  /** JWT `sub` when a token passed, else the API key id. */
+  /** JWT `sub` when a token passed, else the client certificate's subject, else the API key id. */
   subject: string | undefined;
   keyId: string | undefined;
-  /** What the credentials grant: the API key's `scopes` and the JWT's `scope`/`scp`, together. */
+  /** What the credentials grant: the API key's `scopes`, the JWT's `scope`/`scp` and the certificate's, together. */
   scopes: readonly string[];
   /** The verified JWT's claims (rules' `claims` are checked against them); undefined without a token. */
   claims: Readonly<JWTPayload> | undefined;
   /** The API key's own rate limit (`apiKeys[].rateLimit`), replacing the `by: "key"` limits. */
   keyRateLimit: ApiKeyGrant['rateLimit'];
+  /** The client certificate that authenticated, when one did. */
+  clientCertificate?: { sha256: string; notAfter: number };
 }
 
 const NO_SCOPES: readonly string[] = Object.freeze([]);
@@ -55,17 +58,19 @@ const INVALID_TOKEN_CHALLENGE = 'Bearer realm="gatehouse", error="invalid_token"
 const BEARER = /^bearer +([A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*) *$/i;
 const TIMING_FILLER = 'gth_timing-filler-for-missing-credentials';
 
-/** Checks X-API-Key and Authorization: Bearer under `require: any | all`. */
+/** Checks X-API-Key, Authorization: Bearer and the client certificate under `require: any | all`. */
 export class Authenticator {
   private constructor(
     private readonly auth: AuthConfig,
     private readonly apiKeys: ApiKeyVerifier,
     readonly jwt: JwtVerifier | undefined,
+    private readonly certificates: ClientCertificateVerifier | undefined,
   ) {}
 
   static async create(auth: AuthConfig): Promise<Authenticator> {
     const jwt = auth.bearer ? await JwtVerifier.create(auth.bearer.jwt) : undefined;
-    return new Authenticator(auth, new ApiKeyVerifier(auth), jwt);
+    const certificates = auth.clientCertificate ? new ClientCertificateVerifier(auth.clientCertificate) : undefined;
+    return new Authenticator(auth, new ApiKeyVerifier(auth), jwt, certificates);
   }
 
   /** The methods a request can use; for the start-up log. */
@@ -73,6 +78,13 @@ export class Authenticator {
     const methods: string[] = [];
     if (this.apiKeys.size > 0) methods.push(`api-key (${this.apiKeys.size} key${this.apiKeys.size === 1 ? '' : 's'})`);
     if (this.jwt) methods.push(`bearer (jwt via ${this.jwt.source})`);
+    if (this.certificates) {
+      const { size } = this.certificates;
+      const from = this.auth.clientCertificate?.subjectFrom;
+      methods.push(
+        `client-certificate (${size} identit${size === 1 ? 'y' : 'ies'}${from ? `, others by ${from}` : ''})`,
+      );
+    }
     return methods;
   }
 
@@ -92,6 +104,7 @@ export class Authenticator {
 
     const wantKey = this.apiKeys.size > 0;
     const wantBearer = this.jwt !== undefined;
+    const wantCertificate = this.certificates !== undefined;
     const rawKey = wantKey ? req.headers['x-api-key'] : undefined;
     const token = wantBearer ? bearerToken(req) : undefined;
 
@@ -133,7 +146,17 @@ export class Authenticator {
       }
     }
 
+    // The handshake verified it (or, under `optional`, said why not); here it is matched to an identity.
+    const certificate = this.certificates?.verify(req.socket);
+    const certificateGrant: CertificateGrant | undefined = certificate?.ok ? certificate.grant : undefined;
+
     // Any credential offered and wrong fails the request, also under `any`: no riding along.
+    if (certificate && !certificate.ok)
+      return {
+        ok: false,
+        error: new HttpError('invalid_client_certificate', certificate.reason, { 'www-authenticate': CHALLENGE }),
+        presentedBadCredential: true,
+      };
     if (keyFailure)
       return {
         ok: false,
@@ -157,9 +180,13 @@ export class Authenticator {
     const methods: AuthMethod[] = [];
     if (keyId !== undefined) methods.push('api-key');
     if (tokenOk) methods.push('bearer');
+    if (certificateGrant) methods.push('client-certificate');
     const complete =
       this.auth.require === 'all'
-        ? (!wantKey || keyId !== undefined) && (!wantBearer || tokenOk) && methods.length > 0
+        ? (!wantKey || keyId !== undefined) &&
+          (!wantBearer || tokenOk) &&
+          (!wantCertificate || certificateGrant !== undefined) &&
+          methods.length > 0
         : methods.length > 0;
     if (!complete) {
       return {
@@ -174,15 +201,25 @@ export class Authenticator {
     }
     const tokenScopes = claims ? scopesOfClaims(claims) : NO_SCOPES;
     const keyScopes = grant?.scopes ?? NO_SCOPES;
-    const scopes =
+    let scopes =
       tokenScopes.length === 0
         ? keyScopes
         : keyScopes.length === 0
           ? tokenScopes
           : [...new Set([...keyScopes, ...tokenScopes])];
+    if (certificateGrant && certificateGrant.scopes.length > 0)
+      scopes = scopes.length === 0 ? certificateGrant.scopes : [...new Set([...scopes, ...certificateGrant.scopes])];
     return {
       ok: true,
-      identity: { methods, subject: subject ?? keyId, keyId, scopes, claims, keyRateLimit: grant?.rateLimit },
+      identity: {
+        methods,
+        subject: subject ?? certificateGrant?.subject ?? keyId,
+        keyId,
+        scopes,
+        claims,
+        keyRateLimit: grant?.rateLimit,
+        clientCertificate: certificateGrant && { sha256: certificateGrant.sha256, notAfter: certificateGrant.notAfter },
+      },
     };
   }
 }

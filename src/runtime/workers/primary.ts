@@ -4,7 +4,7 @@ import type { Logger } from 'pino';
 import type { Config } from '../../config/schema.js';
 import { UsageError } from '../../errors.js';
 import { currentAcceptGrace, graceLeftMs } from '../../http/accept-grace.js';
-import { readTlsPem, type TlsPem } from '../../http/listener.js';
+import { readTlsPem, type TlsPem } from '../../http/tls.js';
 import { latestLocks, type LockoutStore } from '../../http/lockout.js';
 import type { RunningGateway } from '../server.js';
 import { send, type ToPrimary, type ToWorker } from './protocol.js';

@@ -1,6 +1,6 @@
 import type { Worker } from 'node:cluster';
 import type { Config } from '../../config/schema.js';
-import type { TlsPem } from '../../http/listener.js';
+import type { TlsPem } from '../../http/tls.js';
 import type { LockoutSettings } from '../../http/lockout.js';
 import type { MetricsSnapshot } from '../../observability/metrics.js';
 
