@@ -143,7 +143,12 @@ function examine(socket: TLSSocket): PeerCertificate {
   // Under `optional` Node completes the handshake whatever the certificate: its verdict is here.
   if (!socket.authorized)
     return { state: 'refused', reason: `refused in the handshake: ${String(socket.authorizationError)}` };
-  const names = x509.subjectAltName === undefined ? [] : splitAltNames(x509.subjectAltName);
+  let names: string[];
+  try {
+    names = x509.subjectAltName === undefined ? [] : splitAltNames(x509.subjectAltName);
+  } catch {
+    return { state: 'refused', reason: 'subjectAltName unreadable' }; // Node's own text: never expected
+  }
   return {
     state: 'verified',
     certificate: {
