@@ -30,6 +30,13 @@ export function configWarnings(config: Config, now: number = Date.now()): string
       `gateway.auth: no credential is configured (apiKey, apiKeys, bearer or clientCertificate), so every /api/ request is refused with 401${isLoopbackHost(config.gateway.listen.host) ? '' : ' (allowInsecure is set)'}`,
     );
   }
+  // gatehouse ends TLS itself: what stands in front can only pass TCP through and cannot set
+  // X-Forwarded-For, so a trusted address's X-Forwarded-For is the client's own claim.
+  if (config.gateway.tls?.clientCertificates !== undefined && config.gateway.trustProxy.length > 0) {
+    warnings.push(
+      "gateway.trustProxy: set beside gateway.tls.clientCertificates, but gatehouse ends TLS itself, so a proxy in front can only pass TCP through: X-Forwarded-For from a trusted address is the client's own claim (the lockout and allowedIPs then follow it); leave trustProxy empty",
+    );
+  }
   auth.apiKeys.forEach((key, i) => {
     if (key.expiresAt === undefined) return;
     const left = Date.parse(key.expiresAt) - now;

@@ -11,6 +11,7 @@ import { Authenticator, type AuthOutcome } from './credentials/authenticate.js';
 import { prepareUpstreamHeaders } from './forward-headers.js';
 import { compileAddressMatcher, parseAddress } from '../http/ip-ranges.js';
 import type { FailureLockout, LockoutSlot } from '../http/lockout.js';
+import { connectionRetired } from '../http/tls.js';
 import { API_PREFIX, checkApiPath } from './path-gate.js';
 import { matchablePath } from './path-pattern.js';
 import { compileRateLimiter, type RateLimitState } from './rate-limit.js';
@@ -363,6 +364,8 @@ export async function buildGatewayApp(
   /** An open WebSocket against this config: its address, its credentials (not their lockout), its rules. */
   async function stillAllowed(presented: ConnectionCredentials): Promise<boolean> {
     if (!gateway.websocket.enabled) return false;
+    // Its TLS connection was judged by client-certificate settings a reload replaced (an optional → required reload left key-opened WebSockets open).
+    if (connectionRetired(presented.socket)) return false;
     if (allowed && !allowed.matches(parseAddress(presented.clientIp)!)) return false;
     const headers: Record<string, string> = {};
     if (presented.apiKey !== undefined) headers['x-api-key'] = presented.apiKey;

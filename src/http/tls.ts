@@ -80,7 +80,10 @@ function secureOptions(pem: TlsPem): https.ServerOptions {
   };
 }
 
-/** The client-certificate settings a connection was verified under; `retired` once a reload replaced them. */
+/**
+ * The client-certificate settings a TLS connection was accepted under (`none` without client
+ * certificates); `retired` once a reload replaced them.
+ */
 interface Trust {
   readonly settings: string;
   retired: boolean;
@@ -88,6 +91,8 @@ interface Trust {
 const trustOf = new WeakMap<Socket, Trust>();
 /** Each accepted TCP connection's trust, taken as Node wraps it in TLS with the context of that moment. */
 const trustAtAccept = new WeakMap<Socket, Trust>();
+/** The settings of a listener that asks for no client certificate. */
+const NO_CLIENT_CERTIFICATES = 'none';
 /** For a connection whose trust cannot be told: its certificate never counts (fail closed). */
 const UNKNOWN_TRUST: Trust = { settings: 'unknown', retired: true };
 
@@ -121,20 +126,30 @@ const NONE: PeerCertificate = { state: 'none' };
  */
 export function peerCertificate(socket: Socket): PeerCertificate {
   const trust = trustOf.get(socket);
-  if (trust === undefined) return NONE; // plain HTTP, or no client certificates asked for
+  if (trust === undefined) return NONE; // plain HTTP
+  // Retired: whatever it presented (or did not) was judged by settings no longer in force.
+  if (trust.retired)
+    return { state: 'refused', reason: 'connection verified under client-certificate settings a reload replaced' };
+  if (trust.settings === NO_CLIENT_CERTIFICATES) return NONE;
   let peer = examined.get(socket);
   if (peer === undefined) {
     peer = examine(socket as TLSSocket);
     examined.set(socket, peer);
   }
   if (peer.state !== 'verified') return peer;
-  if (trust.retired)
-    return { state: 'refused', reason: 'verified under the CA/CRL in force before the last reload (reconnect)' };
   const now = Date.now();
   const { notBefore, notAfter } = peer.certificate;
   if (now >= notAfter) return { state: 'refused', reason: `expired at ${new Date(notAfter).toISOString()}` };
   if (now < notBefore) return { state: 'refused', reason: `not valid before ${new Date(notBefore).toISOString()}` };
   return peer;
+}
+
+/**
+ * Whether a connection was accepted under client-certificate settings a reload has replaced: it
+ * takes no further request, and a WebSocket on it closes (whatever credential opened it).
+ */
+export function connectionRetired(socket: Socket): boolean {
+  return trustOf.get(socket)?.retired === true;
 }
 
 function examine(socket: TLSSocket): PeerCertificate {
@@ -236,11 +251,11 @@ export function httpsServer(
   onTrustRetired: (isRetired: (socket: Socket) => boolean) => void,
 ): { server: https.Server; certificate: ServedCertificate } {
   let server: https.Server | undefined;
-  let trust: Trust | undefined;
+  let trust: Trust = { settings: NO_CLIENT_CERTIFICATES, retired: false };
   const verifyClients = (settings: TlsPem['clientCertificates']) => {
     // Node reads these two for each new connection (tlsConnectionListener), so a reload can change them.
     Object.assign(server!, { requestCert: settings !== undefined, rejectUnauthorized: settings?.mode === 'required' });
-    trust = settings ? { settings: JSON.stringify(settings), retired: false } : undefined;
+    trust = { settings: settings ? JSON.stringify(settings) : NO_CLIENT_CERTIFICATES, retired: false };
   };
   const first = loadTls(name, tls, (secure) => {
     server = https.createServer({ ...options, ...secure }, serve);
@@ -251,14 +266,17 @@ export function httpsServer(
   // old CA and CRL (a client can stall its handshake past a CRL reload). So the trust is taken at
   // accept, in the same tick as Node's own 'connection' listener, and found again from the TLS
   // socket's raw one at 'secureConnection' (before the listener's own handlers).
+  // A handshake that ends after a reload replaced the settings it was accepted under is closed at
+  // once: it was judged by the old ones (a connection stalled across an optional → required reload
+  // got through without a certificate, found by an outside attack).
   server!.on('connection', (raw: Socket) => {
-    if (trust) trustAtAccept.set(raw, trust);
+    trustAtAccept.set(raw, trust);
   });
   server!.prependListener('secureConnection', (socket: TLSSocket) => {
     const raw = (socket as unknown as { _handle?: { _parentWrap?: Socket } })._handle?._parentWrap;
-    const accepted = raw && trustAtAccept.get(raw);
-    if (accepted) trustOf.set(socket, accepted);
-    else if (trust) trustOf.set(socket, UNKNOWN_TRUST);
+    const accepted = (raw && trustAtAccept.get(raw)) || UNKNOWN_TRUST;
+    trustOf.set(socket, accepted);
+    if (accepted.retired && accepted !== UNKNOWN_TRUST) socket.destroy();
   });
   const certificate: ServedCertificate = {
     notAfter: first.notAfter,
@@ -267,13 +285,11 @@ export function httpsServer(
       const loaded = loadTls(name, next, (secure) => server!.setSecureContext(secure));
       certificate.notAfter = loaded.notAfter;
       const settings = loaded.pem.clientCertificates;
-      if ((trust?.settings ?? 'none') === (settings ? JSON.stringify(settings) : 'none')) return;
+      if (trust.settings === (settings ? JSON.stringify(settings) : NO_CLIENT_CERTIFICATES)) return;
       const previous = trust;
       verifyClients(settings);
-      if (previous) previous.retired = true;
-      onTrustRetired(
-        (socket) => trustOf.get(socket)?.retired === true || (trust !== undefined && !trustOf.has(socket)),
-      );
+      previous.retired = true;
+      onTrustRetired((socket) => trustOf.get(socket)?.retired ?? true);
     },
   };
   return { server: server!, certificate };

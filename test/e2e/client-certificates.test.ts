@@ -44,6 +44,8 @@ before(() => {
     posingAsTwo: ca.issue('posing-as-two', { san: ['URI:spiffe://corp/x, DNS:orders.internal'] }),
     unlisted: ca.issue('unlisted', { cn: 'unlisted', san: ['URI:spiffe://corp/ns/other/sa/x, y'] }),
     posingAsSubject: ca.issue('posing-as-subject', { san: ['URI:urn:billing'] }),
+    posingAsKey: ca.issue('posing-as-key', { san: ['URI:default'] }),
+    uriTooLong: ca.issue('uri-too-long', { san: [`URI:spiffe://corp/${'x'.repeat(300)}`] }),
     expired: ca.issue('expired', {
       san: ['URI:spiffe://corp/ns/billing/sa/api'],
       startDate: '20200101000000Z',
@@ -351,12 +353,27 @@ describe('client certificates with other credentials, rules and the lockout', ()
       assert.equal((await call(gatehouse.url, '/api/posing', { cert: certs.posingAsSubject! })).status, 401);
       assert.match(
         gatehouse.logs.find((l) => l.msg === 'request' && l.path === '/api/posing')?.detail ?? '',
-        /is the subject of one/,
+        /is the subject of an identity or an API key/,
       );
+      // Nor as an API key (the plain apiKey's id is `default`), which would share its per-subject limits.
+      assert.equal((await call(gatehouse.url, '/api/posing-key', { cert: certs.posingAsKey! })).status, 401);
+      // A name too long for a header and a log line is no subject.
+      assert.equal((await call(gatehouse.url, '/api/long', { cert: certs.uriTooLong! })).status, 401);
       // subjectFrom never lets a refused certificate in.
       assert.equal((await call(gatehouse.url, '/api/open', { cert: certs.foreign! })).status, 401);
     } finally {
       await gatehouse.close();
+    }
+    // subjectFrom: dns: a wildcard names no client (found by an outside attack: `*.internal` was a subject).
+    const byDns = await startTestGatehouse(
+      mtlsConfig(upstream, { auth: { clientCertificate: { identities: IDENTITIES, subjectFrom: 'dns' } } }),
+    );
+    try {
+      assert.equal((await call(byDns.url, '/api/wildcard', { cert: certs.dnsWildcard! })).status, 401);
+      assert.equal((await call(byDns.url, '/api/suffix', { cert: certs.dnsSuffix! })).status, 200);
+      assert.equal(identityHeaders(upstream).subject, 'orders.internal.evil.example');
+    } finally {
+      await byDns.close();
     }
   });
 
@@ -424,7 +441,7 @@ describe('client certificates, mode required: no valid certificate, no TLS conne
 });
 
 describe('client certificates: an in-process reload', () => {
-  it('optional → required at a reload: a connection without a certificate then fails its handshake; a WebSocket opened with a certificate is closed by it', async () => {
+  it('optional → required at a reload: a connection without a certificate then fails its handshake; WebSockets opened with a certificate or with a key alone are closed by it', async () => {
     const { WebSocketServer, default: WebSocket } = await import('ws');
     const http = await import('node:http');
     const { parseConfig } = await import('../../src/config/load.js');
@@ -446,6 +463,13 @@ describe('client certificates: an in-process reload', () => {
       ws.send('hi');
       assert.equal(await echoed, 'echo:hi');
       const wsClosed = new Promise<number>((resolve) => ws.once('close', (code) => resolve(code)));
+      // Opened with the API key and no certificate (an outside attack found it left open by the reload).
+      const keyed = new WebSocket(`${gatehouse.url.replace('https', 'wss')}/api/stream`, {
+        ca: SERVER_CA,
+        headers: { 'x-api-key': TEST_PLAIN_KEY },
+      });
+      await new Promise<void>((resolve, reject) => keyed.once('open', resolve).once('error', reject));
+      const keyedClosed = new Promise<number>((resolve) => keyed.once('close', (code) => resolve(code)));
 
       await gatehouse.reload(
         parseConfig(
@@ -453,6 +477,7 @@ describe('client certificates: an in-process reload', () => {
         ),
       );
       assert.ok((await wsClosed) > 0, 'the WebSocket verified under the previous settings is closed');
+      assert.ok((await keyedClosed) > 0, 'the WebSocket opened with a key under the previous settings is closed');
       await assert.rejects(call(gatehouse.url, '/api/after', {}), (err: NodeJS.ErrnoException) => {
         assert.match(`${err.code} ${err.message}`, /certificate.required|handshake.failure|ECONNRESET/i);
         return true;
@@ -465,20 +490,44 @@ describe('client certificates: an in-process reload', () => {
   });
 });
 
+/** A TCP connection to gatehouse, accepted now; its TLS handshake is made later, by `finish`. */
+async function acceptedConnection(url: string) {
+  const net = await import('node:net');
+  const { hostname, port } = new URL(url);
+  const tcp = net.connect(Number(port), hostname);
+  await new Promise<void>((resolve, reject) => tcp.once('connect', resolve).once('error', reject));
+  await new Promise((resolve) => setTimeout(resolve, 100)); // accepted by the server
+  return {
+    /** Shakes hands (with `cert`, or none), sends `request`; resolves with every byte that came back before the close. */
+    finish(request: string, cert?: TestClientCertificate): Promise<string> {
+      const socket = tls.connect({
+        socket: tcp,
+        ca: SERVER_CA,
+        cert: cert?.cert,
+        key: cert?.key,
+        servername: 'localhost',
+      });
+      return new Promise((resolve) => {
+        let text = '';
+        socket.on('error', () => {}); // a reset after the close: the bytes (none) are the answer
+        socket.on('data', (d: Buffer) => (text += d.toString('latin1')));
+        socket.once('secureConnect', () => socket.write(request));
+        socket.once('close', () => resolve(text));
+      });
+    },
+  };
+}
+
 describe('client certificates: a handshake stalled across a reload', () => {
-  it('a TCP connection accepted before a CRL reload, its handshake finished after, is judged by the CRL of its context: a certificate revoked meanwhile does not authenticate', async () => {
+  it('a TCP connection accepted before a CRL reload, its handshake finished after, is closed unanswered: a certificate revoked meanwhile never authenticates', async () => {
     const { parseConfig } = await import('../../src/config/load.js');
-    const net = await import('node:net');
     const upstream = await startRecordingUpstream();
     const gatehouse = await startTestGatehouse(mtlsConfig(upstream));
     try {
       const late = ca.issue('late-revoked', { san: ['URI:spiffe://corp/ns/billing/sa/api'] });
       assert.equal((await call(gatehouse.url, '/api/before', { cert: late })).status, 200);
       // Accepted now, with the old CRL's context; the ClientHello waits for the reload.
-      const { hostname, port } = new URL(gatehouse.url);
-      const tcp = net.connect(Number(port), hostname);
-      await new Promise<void>((resolve, reject) => tcp.once('connect', resolve).once('error', reject));
-      await new Promise((resolve) => setTimeout(resolve, 100)); // accepted by the server
+      const stalled = await acceptedConnection(gatehouse.url);
       ca.revoke(late);
       const newCrl = ca.crl('crl-stalled');
       await gatehouse.reload(
@@ -486,26 +535,33 @@ describe('client certificates: a handshake stalled across a reload', () => {
           mtlsConfig(upstream, { tls: { clientCertificates: { ca: ca.certFile, crl: newCrl, mode: 'optional' } } }),
         ),
       );
-      const socket = tls.connect({
-        socket: tcp,
-        ca: SERVER_CA,
-        cert: late.cert,
-        key: late.key,
-        servername: 'localhost',
-      });
-      await new Promise<void>((resolve, reject) => socket.once('secureConnect', resolve).once('error', reject));
-      const answer = new Promise<string>((resolve) => {
-        let text = '';
-        socket.on('data', (d: Buffer) => (text += d.toString('latin1')));
-        socket.once('close', () => resolve(text));
-      });
-      socket.write('GET /api/stalled HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
-      assert.match(await answer, /^HTTP\/1\.1 401 /);
+      const answer = await stalled.finish('GET /api/stalled HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n', late);
+      assert.equal(answer, '', 'closed without an answer');
       assert.equal(upstream.received.filter((r) => r.url === '/api/stalled').length, 0);
-      const line = gatehouse.logs.find((l) => l.msg === 'request' && l.path === '/api/stalled');
-      assert.match(line?.detail ?? '', /before the last reload/);
       // A new connection now: refused by the new CRL in the handshake's own verdict.
       assert.equal((await call(gatehouse.url, '/api/after', { cert: late })).status, 401);
+    } finally {
+      await gatehouse.close();
+      await upstream.close();
+    }
+  });
+
+  it('optional → required: a connection accepted before, its handshake made after with no certificate, gets nothing through with a valid key (found by an outside attack: it was served)', async () => {
+    const { parseConfig } = await import('../../src/config/load.js');
+    const upstream = await startRecordingUpstream();
+    const gatehouse = await startTestGatehouse(mtlsConfig(upstream));
+    try {
+      const stalled = await acceptedConnection(gatehouse.url);
+      await gatehouse.reload(
+        parseConfig(
+          mtlsConfig(upstream, { tls: { clientCertificates: { ca: ca.certFile, crl: crlFile, mode: 'required' } } }),
+        ),
+      );
+      const answer = await stalled.finish(
+        `GET /api/stalled-keyed HTTP/1.1\r\nHost: x\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\n\r\nGET /api/stalled-keyed HTTP/1.1\r\nHost: x\r\nX-API-Key: ${TEST_PLAIN_KEY}\r\nConnection: close\r\n\r\n`,
+      );
+      assert.equal(answer, '', 'closed without an answer');
+      assert.equal(upstream.received.filter((r) => r.url === '/api/stalled-keyed').length, 0);
     } finally {
       await gatehouse.close();
       await upstream.close();

@@ -2,7 +2,7 @@ import type { IncomingMessage } from 'node:http';
 import type { AuthConfig } from '../../config/schema.js';
 import { HttpError } from '../../errors.js';
 import type { JWTPayload } from 'jose';
-import { ApiKeyVerifier, hashApiKey, type ApiKeyGrant } from './api-key.js';
+import { ApiKeyVerifier, hashApiKey, PLAIN_API_KEY_ID, type ApiKeyGrant } from './api-key.js';
 import { ClientCertificateVerifier, type CertificateGrant } from './client-certificate.js';
 import { JwtVerifier } from './jwt.js';
 
@@ -69,7 +69,10 @@ export class Authenticator {
 
   static async create(auth: AuthConfig): Promise<Authenticator> {
     const jwt = auth.bearer ? await JwtVerifier.create(auth.bearer.jwt) : undefined;
-    const certificates = auth.clientCertificate ? new ClientCertificateVerifier(auth.clientCertificate) : undefined;
+    const keyIds = [...(auth.apiKey !== undefined ? [PLAIN_API_KEY_ID] : []), ...auth.apiKeys.map((key) => key.id)];
+    const certificates = auth.clientCertificate
+      ? new ClientCertificateVerifier(auth.clientCertificate, keyIds)
+      : undefined;
     return new Authenticator(auth, new ApiKeyVerifier(auth), jwt, certificates);
   }
 

@@ -47,11 +47,24 @@ function compileIdentity(identity: ClientCertificateConfig['identities'][number]
   return { subject, scopes, matches: (c) => soleCommonName(c) === cn };
 }
 
-/** The subject `subjectFrom` takes from a certificate no identity matched, when it has exactly one such name. */
+/** The longest name `subjectFrom` takes as a subject: it goes upstream in a header, and into every log line. */
+export const MAX_TAKEN_SUBJECT = 256;
+
+/**
+ * The subject `subjectFrom` takes from a certificate no identity matched, when it has exactly one
+ * such name, of at most MAX_TAKEN_SUBJECT characters; a wildcard DNS name names no client.
+ */
 function subjectOf(certificate: VerifiedCertificate, from: 'uri' | 'dns' | 'cn'): string | undefined {
-  if (from === 'cn') return soleCommonName(certificate);
-  const names = from === 'uri' ? certificate.uris : certificate.dnsNames.map(asciiLower);
-  return names.length === 1 ? names[0] : undefined;
+  const names =
+    from === 'cn'
+      ? [soleCommonName(certificate)].filter((name) => name !== undefined)
+      : from === 'uri'
+        ? certificate.uris
+        : certificate.dnsNames.map(asciiLower);
+  if (names.length !== 1) return undefined;
+  const name = names[0]!;
+  if (name.length > MAX_TAKEN_SUBJECT || (from === 'dns' && name.includes('*'))) return undefined;
+  return name;
 }
 
 /**
@@ -61,12 +74,18 @@ function subjectOf(certificate: VerifiedCertificate, from: 'uri' | 'dns' | 'cn')
  */
 export class ClientCertificateVerifier {
   private readonly identities: CompiledIdentity[];
-  /** The listed subjects: a certificate admitted by `subjectFrom` may not pose as one of them. */
+  /**
+   * The subjects of the listed identities and the API keys' ids (a key's subject): a certificate
+   * admitted by `subjectFrom` may not pose as one of them upstream, nor share their per-subject limits.
+   */
   private readonly listedSubjects: ReadonlySet<string>;
 
-  constructor(private readonly settings: ClientCertificateConfig) {
+  constructor(
+    private readonly settings: ClientCertificateConfig,
+    keyIds: Iterable<string> = [],
+  ) {
     this.identities = settings.identities.map(compileIdentity);
-    this.listedSubjects = new Set(settings.identities.map((identity) => identity.subject));
+    this.listedSubjects = new Set([...settings.identities.map((identity) => identity.subject), ...keyIds]);
   }
 
   get size(): number {
@@ -91,12 +110,12 @@ export class ClientCertificateVerifier {
     if (subject !== undefined && this.listedSubjects.has(subject))
       return {
         ok: false,
-        reason: `client certificate ${certificate.sha256} matches no identity, and its ${from} ${JSON.stringify(subject)} is the subject of one (${describe(certificate)})`,
+        reason: `client certificate ${certificate.sha256} matches no identity, and its ${from} ${JSON.stringify(subject)} is the subject of an identity or an API key (${describe(certificate)})`,
       };
     if (subject !== undefined) return grant(subject, NO_SCOPES);
     return {
       ok: false,
-      reason: `client certificate ${certificate.sha256} matches no identity${from ? ` and has no single ${from} to take the subject from` : ''} (${describe(certificate)})`,
+      reason: `client certificate ${certificate.sha256} matches no identity${from ? ` and has no single ${from} to take the subject from (none, several, a wildcard, or over ${MAX_TAKEN_SUBJECT} characters)` : ''} (${describe(certificate)})`,
     };
   }
 }
