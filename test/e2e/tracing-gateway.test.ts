@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -17,6 +19,7 @@ import { startRecordingUpstream, type RecordingServer } from '../helpers/upstrea
 import { waitFor } from '../helpers/wait.js';
 
 const KEY = generateApiKey();
+const TOKEN = 'tracing-admin-token-0123456789';
 const CLIENT_TRACE = '0af7651916cd43dd8448eb211c80319c';
 const CLIENT_SPAN = 'b7ad6b7169203331';
 const CLIENT_TRACEPARENT = `00-${CLIENT_TRACE}-${CLIENT_SPAN}-01`;
@@ -48,9 +51,14 @@ async function startGatehouse(
     }),
   );
   const proc = startServerProcess(file, { env: FAST_EXPORT });
-  const listening = await proc.waitFor((l) => l.msg === 'gateway listening');
-  const admin = extra.admin ? await proc.waitFor((l) => l.msg === 'admin listening') : undefined;
-  return { process: proc, url: listening.url as string, adminUrl: admin?.url as string | undefined };
+  try {
+    const listening = await proc.waitFor((l) => l.msg === 'gateway listening');
+    const admin = extra.admin ? await proc.waitFor((l) => String(l.msg).startsWith('admin listener')) : undefined;
+    return { process: proc, url: listening.url as string, adminUrl: admin?.url as string | undefined };
+  } catch (err) {
+    await proc.stop('SIGKILL');
+    throw err;
+  }
 }
 
 /** The spans of one trace, once `count` of them have arrived. */
@@ -175,5 +183,124 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
     assert.equal(auth.attributes['error.type'], 'invalid_api_key');
     assert.equal(spans.filter((s) => s.kind === SPAN_KIND.client).length, 0);
     assert.equal(upstream.received.length, before);
+  });
+});
+
+describe('tracing /api/: sampling', () => {
+  let collector: FakeCollector;
+  let upstream: RecordingServer;
+  let none: Awaited<ReturnType<typeof startGatehouse>>;
+
+  before(async () => {
+    collector = await startFakeCollector();
+    upstream = await startRecordingUpstream();
+    none = await startGatehouse('ratio-0', upstream.url, { endpoint: collector.url, sampleRatio: 0 });
+  });
+
+  after(async () => {
+    await none?.process.stop('SIGKILL');
+    await Promise.all([collector?.close(), upstream?.close()]);
+  });
+
+  it('sampleRatio 0: the upstream still gets a fresh traceparent, flagged not sampled (00), and nothing is exported, even at the flush of a stop', async () => {
+    for (let i = 0; i < 20; i++) {
+      const reply = await request(none.url, '/api/items', {
+        headers: { 'x-api-key': KEY, traceparent: CLIENT_TRACEPARENT, 'x-request-id': `unsampled-${i}` },
+      });
+      assert.equal(reply.status, 200);
+    }
+    const sent = upstream.received.map((r) => parseTraceparent(r.headers.traceparent as string));
+    assert.equal(sent.length, 20);
+    for (const { traceId, flags } of sent) {
+      assert.equal(flags, '00');
+      assert.notEqual(traceId, CLIENT_TRACE);
+    }
+    assert.equal(new Set(sent.map((s) => s.traceId)).size, 20, 'a trace per request');
+    // The stop flushes whatever is queued (SHUTDOWN_FLUSH_MS): the explicit signal that nothing was.
+    assert.equal(await none.process.stop(), 0);
+    assert.equal(collector.requests, 0);
+  });
+});
+
+describe('tracing /api/: a collector that does not answer, or is not there', () => {
+  let upstream: RecordingServer;
+  let stuck: FakeCollector;
+  const auth = { authorization: `Bearer ${TOKEN}` };
+
+  before(async () => {
+    upstream = await startRecordingUpstream();
+    stuck = await startFakeCollector({ hang: true });
+  });
+
+  after(async () => {
+    await Promise.all([upstream?.close(), stuck?.close()]);
+  });
+
+  async function dropped(adminUrl: string, reason: string): Promise<number> {
+    const metrics = await request(adminUrl, '/metrics', { headers: auth });
+    const line = metrics.body
+      .split('\n')
+      .find((l) => l.startsWith(`gatehouse_trace_spans_dropped_total{reason="${reason}"}`));
+    return Number(line?.split(' ')[1] ?? NaN);
+  }
+
+  it('an export that hangs: requests go on answering at once, spans past maxQueueSize are dropped and counted', async () => {
+    const edge = await startGatehouse(
+      'stuck',
+      upstream.url,
+      { endpoint: stuck.url, maxQueueSize: 8 },
+      { admin: { listen: { host: '127.0.0.1', port: 0 }, token: TOKEN } },
+    );
+    try {
+      assert.equal(await dropped(edge.adminUrl!, 'queue_full'), 0, 'born at 0');
+      const first = await request(edge.url, '/api/items', { headers: { 'x-api-key': KEY } });
+      assert.equal(first.status, 200);
+      // The exporter has sent its batch and waits for an answer that never comes (10 s timeout).
+      await waitFor(() => stuck.requests >= 1, { what: 'an export to the stuck collector' });
+      const started = performance.now();
+      for (let i = 0; i < 60; i++) {
+        const reply = await request(edge.url, '/api/items', { headers: { 'x-api-key': KEY } });
+        assert.equal(reply.status, 200);
+      }
+      const elapsed = performance.now() - started;
+      // 60 requests while the export hangs: they do not wait for it (each would take its 10 s timeout).
+      assert.ok(elapsed < 5_000, `60 requests took ${Math.round(elapsed)} ms`);
+      const queueFull = await dropped(edge.adminUrl!, 'queue_full');
+      // 3 spans a request, at most 8 held: at least 61 × 3 − 8 dropped.
+      assert.ok(queueFull >= 61 * 3 - 8, `dropped ${queueFull}`);
+    } finally {
+      await edge.process.stop('SIGKILL');
+    }
+  });
+
+  it('a collector whose port is closed: requests answer, failed exports are counted, and logged once, not per batch', async () => {
+    const closedPort = await new Promise<number>((resolve) => {
+      const probe = http.createServer().listen(0, '127.0.0.1', () => {
+        const { port } = probe.address() as AddressInfo;
+        probe.close(() => resolve(port));
+      });
+    });
+    const edge = await startGatehouse(
+      'no-collector',
+      upstream.url,
+      { endpoint: `http://127.0.0.1:${closedPort}` },
+      { admin: { listen: { host: '127.0.0.1', port: 0 }, token: TOKEN } },
+    );
+    try {
+      // Batches of spans, each export refused, until two have failed.
+      await waitFor(
+        async () => {
+          const reply = await request(edge.url, '/api/items', { headers: { 'x-api-key': KEY } });
+          assert.equal(reply.status, 200);
+          return (await dropped(edge.adminUrl!, 'export_failed')) >= 6;
+        },
+        { timeoutMs: 45_000, intervalMs: 200, what: 'two failed exports counted' },
+      );
+      const warnings = edge.process.lines.filter((l) => String(l.msg).startsWith('trace export failed'));
+      assert.equal(warnings.length, 1, JSON.stringify(warnings));
+      assert.match(warnings[0]!.problem, /ECONNREFUSED/);
+    } finally {
+      await edge.process.stop('SIGKILL');
+    }
   });
 });
