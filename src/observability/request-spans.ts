@@ -95,7 +95,8 @@ export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
       );
       const spans: ApiTrace = { server };
       traces.set(req, spans);
-      res.once('close', () => finish(req, res, spans));
+      // An unsampled span records nothing: no attributes to set at the end, nothing to end.
+      if (server.isRecording()) res.once('close', () => finish(req, res, spans));
     },
     beginAuthentication(req) {
       const spans = traces.get(req);
