@@ -327,6 +327,20 @@ async function main() {
   const benchClient = benchCa.issue('bench-client', { san: ['URI:spiffe://bench/client'] });
   const benchCrl = benchCa.crl('bench-crl');
 
+  // Issue 31: an OTLP/HTTP sink for the tracing cases, in this process (its CPU is not gatehouse's):
+  // it reads each export and answers 200, as a collector does; what gatehouse spends making,
+  // batching and sending spans is in gatehouse's CPU per request.
+  let otlpExports = 0; // export requests received
+  const otlpSink = http.createServer((req, res) => {
+    req.on('data', () => {});
+    req.on('end', () => {
+      otlpExports++;
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+    });
+  });
+  await new Promise<void>((resolve) => otlpSink.listen(0, '127.0.0.1', resolve));
+  const otlpSinkUrl = `http://127.0.0.1:${(otlpSink.address() as AddressInfo).port}`;
+
   const gatewayCases: [
     string,
     Record<string, unknown>,
@@ -359,6 +373,23 @@ async function main() {
       200,
       {},
       { admin: { listen: { host: '127.0.0.1', port: 0 } } },
+    ],
+    // Issue 31: OpenTelemetry tracing, every request recorded (3 spans) and exported, or none (ratio 0: a traceparent still goes up).
+    [
+      'gatehouse api-key (tracing 1.0)',
+      {},
+      { 'x-api-key': key },
+      200,
+      {},
+      { observability: { tracing: { endpoint: otlpSinkUrl, sampleRatio: 1 } } },
+    ],
+    [
+      'gatehouse api-key (tracing 0)',
+      {},
+      { 'x-api-key': key },
+      200,
+      {},
+      { observability: { tracing: { endpoint: otlpSinkUrl, sampleRatio: 0 } } },
     ],
     // gateway.workers: 2 on the same machine (which also runs the load generator and the upstream).
     ['gatehouse api-key 2 workers', {}, { 'x-api-key': key }, 200, { workers: 2 }],
@@ -439,6 +470,7 @@ async function main() {
     };
     const file = path.join(work, 'gateway.json5');
     writeFileSync(file, JSON.stringify(config));
+    const exportsAtStart = otlpExports;
     const ready = gatewayExtra.workers ? 'gateway workers listening' : 'gateway listening';
     const gatehouse = await startProcess(
       [...PROFILE, path.join(ROOT, 'bin/gatehouse.js'), 'start', '--config', file],
@@ -489,7 +521,10 @@ async function main() {
     if (name.includes('rs256')) result.extra.jwksFetchesDuringLoad = jwksFetches - before;
     results.push(result);
     await stop(gatehouse.child);
+    // The exports the sink got, the stop's final flush included: ratio 1.0 must have some, ratio 0 none.
+    if (name.includes('(tracing')) result.extra.otlpExports = otlpExports - exportsAtStart;
   }
+  otlpSink.close();
   if (bareRuns.length === 0 && want('node-bare')) await measureBare();
   await stop(bare.child);
   if (bareRuns.length > 0) {
@@ -849,6 +884,20 @@ function checkTargets(results: CaseResult[]) {
       target: 'metrics cost < 5 % of api-key req/s (ratios to node-bare)',
       measured: `${(cost * 100).toFixed(1)} % (${metrics.ratio} vs ${apiKey.ratio}; cpu ${metrics.cpuMicrosPerRequest} vs ${apiKey.cpuMicrosPerRequest} µs/req)`,
       met: cost < 0.05,
+    });
+  }
+  // Issue 31: tracing's cost, as gatehouse's own CPU per request against api-key's (the req/s ratio beside it).
+  for (const [name, limit] of [
+    ['gatehouse api-key (tracing 1.0)', 0.1],
+    ['gatehouse api-key (tracing 0)', 0.02],
+  ] as const) {
+    const traced = r(name);
+    if (!apiKey || !traced) continue;
+    const cost = traced.cpuMicrosPerRequest! / apiKey.cpuMicrosPerRequest! - 1;
+    out.push({
+      target: `${name.slice('gatehouse api-key '.length)} costs < ${limit * 100} % of api-key's CPU per request`,
+      measured: `${(cost * 100).toFixed(1)} % (cpu ${traced.cpuMicrosPerRequest} vs ${apiKey.cpuMicrosPerRequest} µs/req; req/s ratios ${traced.ratio} vs ${apiKey.ratio})`,
+      met: cost < limit,
     });
   }
   const onPostgres = r('gatehouse api-key (postgres)');

@@ -92,18 +92,19 @@ function asProblem(line: string): { path: string; message: string } {
 const SECRET_KEY = /secret|token|password|passphrase|api_?key$|private_?key/i;
 
 /**
- * A copy of the config with every credential replaced: values under secret-looking keys, and
- * the password of any URL (a postgres:// URL carries one). Works from the names, so sections
+ * A copy of the config with every credential replaced: values under secret-looking keys, every
+ * value of a `headers` map, and the password of any URL (a postgres:// URL carries one). Works from the names, so sections
  * added later are covered without a list to keep up to date.
  */
-export function redactSecrets(value: unknown, key = ''): unknown {
+export function redactSecrets(value: unknown, key = '', inHeaders = false): unknown {
   if (typeof value === 'string') {
-    if (SECRET_KEY.test(key)) return REDACTED;
+    // Every value of a `headers` map (observability.tracing.headers): `authorization`, `x-honeycomb-team`…
+    if (inHeaders || SECRET_KEY.test(key)) return REDACTED;
     return /^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(value) ? redactUrlCredentials(value) : value;
   }
   if (Array.isArray(value)) return value.map((item) => redactSecrets(item, key));
   if (value !== null && typeof value === 'object') {
-    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redactSecrets(v, k)]));
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, redactSecrets(v, k, key === 'headers')]));
   }
   return value;
 }

@@ -5,6 +5,7 @@ import { channels } from './sections/channels.js';
 import type { httpLimits } from './sections/common.js';
 import { gateway } from './sections/gateway.js';
 import { log } from './sections/log.js';
+import { observability } from './sections/observability.js';
 import { shutdown } from './sections/shutdown.js';
 import { storage } from './sections/storage.js';
 import { webhooks } from './sections/webhooks.js';
@@ -33,6 +34,7 @@ export const configSchema = z
     webhooks,
     channels,
     admin,
+    observability,
     shutdown,
   })
   .superRefine((config, ctx) => {
@@ -113,4 +115,5 @@ export type GmailConfig = NonNullable<WebhooksConfig['gmail']>;
 export type ChannelConfig = Config['channels'][string];
 export type StorageConfig = Config['storage'];
 export type AdminConfig = NonNullable<Config['admin']>;
+export type TracingConfig = NonNullable<Config['observability']['tracing']>;
 export type PostgresStorageConfig = Extract<StorageConfig, { driver: 'postgres' }>;

@@ -31,6 +31,8 @@ import {
   metricsEnabled,
   observeUpstream,
 } from '../observability/metrics.js';
+import { activeTracing } from '../observability/tracing.js';
+import { traceApiRequests } from '../observability/request-spans.js';
 import {
   admitRequest,
   answerHealthy,
@@ -83,6 +85,9 @@ export async function buildGatewayApp(
   const authenticator = await Authenticator.create(gateway.auth);
   const encrypted = gateway.tls !== undefined;
   const requestLog = countRequests('gateway', requestLogger(logger));
+  // Undefined while tracing is off: every call below is skipped by one test of a constant.
+  const tracing = activeTracing();
+  const spans = tracing ? traceApiRequests(tracing) : undefined;
   // Once per request: the answer's headers or the error, whichever comes first.
   const timeUpstream = metricsEnabled()
     ? (req: IncomingMessage) => {
@@ -128,7 +133,7 @@ export async function buildGatewayApp(
   // The /api/ pipeline: each step returns the error to answer with, or undefined to go on.
 
   function clientAddress(req: Req): HttpError | undefined {
-    const origin = resolveClientIp(req);
+    const origin = req.gatehouse.origin ?? resolveClientIp(req);
     if (origin.ip === undefined)
       return new HttpError('invalid_client_ip', `unusable address in ${origin.chain.join(', ') || 'socket'}`);
     req.gatehouse.origin = origin;
@@ -153,8 +158,9 @@ export async function buildGatewayApp(
   // that always follows it: concurrent requests cannot all pass the check before one fails.
   const lockoutSlots = new WeakMap<Req, LockoutSlot>();
 
-  function refuseAuth(error: HttpError): HttpError {
+  function refuseAuth(req: Req, error: HttpError): HttpError {
     countAuthFailure(error.code);
+    spans?.endAuthentication(req, error.code);
     return error;
   }
 
@@ -163,6 +169,7 @@ export async function buildGatewayApp(
     if (admission instanceof Promise) admission = await admission;
     if (typeof admission === 'number')
       return refuseAuth(
+        req,
         new HttpError('too_many_failures', `locked out for ${admission}s more`, { 'retry-after': String(admission) }),
       );
     lockoutSlots.set(req, admission);
@@ -189,10 +196,11 @@ export async function buildGatewayApp(
       } else {
         slot.succeeded();
       }
-      return refuseAuth(outcome.error);
+      return refuseAuth(req, outcome.error);
     }
     slot.succeeded();
     req.gatehouse.identity = outcome.identity;
+    spans?.endAuthentication(req);
     prepareUpstreamHeaders(req, {
       requestId: req.gatehouse.id,
       origin: req.gatehouse.origin!,
@@ -229,6 +237,7 @@ export async function buildGatewayApp(
    * cost gatehouse added on top of proxying. Everything that is not /api/ still goes to Express.
    */
   async function apiPipeline(req: Req, res: ServerResponse): Promise<void> {
+    if (spans) spans.begin(req, res, (req.gatehouse.origin = resolveClientIp(req)), encrypted);
     const error =
       cors?.decorate(req, res) ??
       checkApiPath(req) ??
@@ -236,6 +245,7 @@ export async function buildGatewayApp(
       clientAddress(req) ??
       ipAllowlist(req) ??
       cors?.preflight(req, res) ??
+      spans?.beginAuthentication(req) ??
       (await failureLockout(req)) ??
       (await credentials(req)) ??
       authorization(req) ??
@@ -248,6 +258,7 @@ export async function buildGatewayApp(
     req.gatehouse.route = route.prefix;
     req.gatehouse.url = req.url;
     routes.aim(req, route);
+    spans?.beginUpstream(req, route.upstream.target);
     req.gatehouse.upstreamStartedAt = performance.now();
     await route.proxy.handler(req, res, (err?: unknown) => respondWithError(req, res, err, logger));
   }
@@ -289,6 +300,7 @@ export async function buildGatewayApp(
    */
   async function websocketPipeline(req: Req, res: ServerResponse, head: Buffer): Promise<void> {
     // No CORS here: browsers do not apply it to WebSockets (RFC 6455 §10.2 leaves Origin to the server; credentials are explicit).
+    if (spans) spans.begin(req, res, (req.gatehouse.origin = resolveClientIp(req)), encrypted);
     const before =
       checkApiPath(req) ??
       (gateway.websocket.enabled
@@ -297,6 +309,7 @@ export async function buildGatewayApp(
       readBrowserCredential?.(req, true) ??
       clientAddress(req) ??
       ipAllowlist(req) ??
+      spans?.beginAuthentication(req) ??
       (await failureLockout(req));
     if (before) return refuseUpgrade(req, res, before);
     // Kept to check again at each reload (credentials() strips them from the headers).
@@ -311,6 +324,7 @@ export async function buildGatewayApp(
     if (limited) return refuseUpgrade(req, res, limited);
     req.gatehouse.url = req.url;
     routes.aim(req, route);
+    spans?.beginUpstream(req, route.upstream.target);
     const identity = req.gatehouse.identity!;
     const target = new URL(route.upstream.target);
     const exp = identity.claims?.exp;

@@ -228,6 +228,13 @@ const configReloads = new Counter({
   registers: [registry],
 });
 
+const traceSpansDropped = new Counter({
+  name: 'gatehouse_trace_spans_dropped_total',
+  help: 'Finished spans that never reached the trace collector, by reason: queue_full (observability.tracing.maxQueueSize spans were already waiting or being exported), export_failed (the collector refused them, did not answer in time, or could not be reached).',
+  labelNames: ['reason'] as const,
+  registers: [registry],
+});
+
 const buildInfo = new Gauge({
   name: 'gatehouse_build_info',
   help: 'Always 1: the gatehouse version, the Node.js version, the storage driver configured and the storage schema version this gatehouse uses.',
@@ -425,6 +432,11 @@ export function countJwksFetch(outcome: 'ok' | 'http_error' | 'unreachable'): vo
 
 export function countConfigReload(outcome: 'ok' | 'rejected'): void {
   if (enabled) configReloads.labels(outcome).inc();
+}
+
+/** Spans tracing let go of without exporting them (src/observability/otel.ts). */
+export function countDroppedSpans(reason: 'queue_full' | 'export_failed', spans: number): void {
+  if (enabled) traceSpansDropped.labels(reason).inc(spans);
 }
 
 /** One process's metrics as prom-client's JSON. */

@@ -20,6 +20,7 @@ import { lockoutControl } from './lockouts.js';
 import { withAcceptGrace } from '../http/accept-grace.js';
 import { WebSocketConnections } from '../gateway/websocket.js';
 import { enableMetrics } from '../observability/metrics.js';
+import { startTracing, stopTracing } from '../observability/tracing.js';
 import { gmailPushVerifier, startGmail, type GmailPushRoute, type RunningGmail } from '../integrations/gmail/run.js';
 import { HttpError } from '../errors.js';
 import { secretKeysFromEnv } from '../storage/secrets.js';
@@ -71,6 +72,9 @@ export async function startGatehouse(
   if (config.admin) enableMetrics();
   const resources = new ResourceStack();
   const { gateway, webhooks, admin } = await resources.open(async () => {
+    // Before any app is built (they ask for it once), and closed last: the final spans are flushed.
+    await startTracing(config.observability.tracing, logger);
+    resources.defer(() => stopTracing());
     // On postgres every instance shares the lockout (counted there, checked here in memory).
     const sharedLockout =
       options.lockoutStore === undefined ? await openSharedLockoutStore(config.storage, { logger }) : undefined;
@@ -153,6 +157,7 @@ export function warnAboutRestartOnlyChanges(logger: Logger, config: Config, next
     ['webhooks.listen', config.webhooks.listen, next.webhooks.listen],
     ['webhooks.gmail', config.webhooks.gmail, next.webhooks.gmail],
     ['storage', config.storage, next.storage],
+    ['observability', config.observability, next.observability],
     // Channel settings reload; the first channel added (or the last removed) needs a restart.
     [
       'channels (whether any are configured)',

@@ -8,6 +8,8 @@ import { createClientIpResolver } from '../http/client-ip.js';
 import type { FailureLockout, LockoutSlot } from '../http/lockout.js';
 import { admitRequest, answerHealthy, requestLogger, respondWithError } from '../http/request-context.js';
 import { countRequests } from '../observability/metrics.js';
+import { traceWebhookRequests } from '../observability/request-spans.js';
+import { activeTracing } from '../observability/tracing.js';
 import { readBody } from '../http/read-body.js';
 import type { EventStore } from './store.js';
 import { jsonNestsDeeperThan } from './json-depth.js';
@@ -27,7 +29,7 @@ interface Endpoint {
   failureCode: ErrorCode;
   template?: CompiledTemplate;
   /** An integration's route (Gmail push): it processes the verified body itself instead of queueing it. */
-  consume?: (body: Record<string, unknown>) => Promise<DirectAnswer>;
+  consume?: (body: Record<string, unknown>, traceContext?: string) => Promise<DirectAnswer>;
   /** Fields an integration adds to the envelope (a channel's `channel`, `from`, `text`). */
   envelopeExtra?: (body: Record<string, unknown>, headers: IncomingHttpHeaders) => Record<string, unknown>;
   /** Called after an event of this route is stored (a channel's "last event"). */
@@ -127,6 +129,9 @@ export function buildWebhookApp(
   const prefixRoutes = deps.prefixRoutes ?? [];
   // Endpoint labels are the configured paths (the keys here), never a path a client made up.
   const requestLog = countRequests('webhooks', requestLogger(logger), new Set(endpoints.keys()));
+  // Undefined while tracing is off: no tracing call is made then.
+  const tracing = activeTracing();
+  const spans = tracing ? traceWebhookRequests(tracing) : undefined;
 
   /** A sender's own answer (a handshake, an integration's reply); an accepted event's outcome stays as set. */
   function answer(req: IncomingMessage, res: ServerResponse, direct: DirectAnswer) {
@@ -226,7 +231,7 @@ export function buildWebhookApp(
       );
     }
 
-    const origin = resolveClientIp(req);
+    const origin = req.gatehouse!.origin ?? resolveClientIp(req);
     if (origin.ip === undefined) return next(new HttpError('invalid_client_ip', 'unusable client address'));
     req.gatehouse!.clientIp = origin.ip;
     let slot: LockoutSlot | undefined;
@@ -264,7 +269,7 @@ export function buildWebhookApp(
     if (endpoint.consume) {
       let reply: DirectAnswer;
       try {
-        reply = await endpoint.consume(fields);
+        reply = await endpoint.consume(fields, spans?.traceparentOf(req));
       } catch (err) {
         logger.error(
           { err: (err as Error).message, endpoint: endpoint.path },
@@ -310,6 +315,7 @@ export function buildWebhookApp(
         receivedAt,
         envelope,
         headers: recordedHeaders(req.headers),
+        traceContext: spans?.traceparentOf(req),
       });
     } catch (err) {
       logger.error({ err: (err as Error).message, endpoint: endpoint.path }, 'event store refused a webhook');
@@ -389,6 +395,7 @@ export function buildWebhookApp(
     const endpoint = endpoints.get(queryAt === -1 ? url : url.slice(0, queryAt));
     const fail = (err?: unknown) => respondWithError(req, res, err, logger);
     if (endpoint) {
+      if (spans) spans.begin(req, res, endpoint.path, (req.gatehouse!.origin = resolveClientIp(req)));
       receiveWebhook(req, res, endpoint, queryAt === -1 ? '' : url.slice(queryAt + 1), fail).catch(fail);
       return;
     }

@@ -22,6 +22,16 @@ const recorderEnv = (file: string) => ({
 /** The libraries only Gmail and channel logins use, with what they alone pull in. */
 const HEAVY = ['@googleapis/gmail', 'google-auth-library', 'googleapis-common', 'gaxios', 'gtoken', 'qrcode', 'pngjs'];
 
+/** What observability.tracing loads (src/observability/otel.ts), and only then. */
+const TRACING_SDK = [
+  '@opentelemetry/sdk-trace-base',
+  '@opentelemetry/sdk-trace',
+  '@opentelemetry/exporter-trace-otlp-http',
+  '@opentelemetry/otlp-transformer',
+  '@opentelemetry/resources',
+  '@opentelemetry/core',
+];
+
 /** The packages under node_modules that a recorded process loaded. */
 function loadedPackages(file: string): Set<string> {
   const packages = new Set<string>();
@@ -100,6 +110,12 @@ describe('a start without Gmail or channels does not load their libraries', () =
       HEAVY.filter((name) => loaded.has(name)),
       [],
       'none of the Gmail and QR code libraries was loaded',
+    );
+    // Tracing's SDK too, without observability.tracing (prom-client itself may load @opentelemetry/api).
+    assert.deepEqual(
+      TRACING_SDK.filter((name) => loaded.has(name)),
+      [],
+      'no OpenTelemetry SDK package was loaded',
     );
   });
 

@@ -277,8 +277,8 @@ function schemaOf(db: Database.Database): { type: string; name: string; sql: str
     .all();
 }
 
-/** Columns later migrations add (version 3): null in a row from before, so left out of rowsOf where null. */
-const ADDED_LATER = ['headers', 'response_snippet'];
+/** Columns later migrations add (versions 3 and 4): null in a row from before, so left out of rowsOf where null. */
+const ADDED_LATER = ['headers', 'response_snippet', 'trace_context'];
 
 /** Every row of every table, by table (columns added later left out where they are null). */
 function rowsOf(db: Database.Database): Record<string, unknown[]> {
@@ -350,9 +350,9 @@ describe('SQLite schema migrations', () => {
   });
   after(() => rmSync(dir, { recursive: true, force: true }));
 
-  it("numbers the SQLite schema from 1, the baseline being version 1 and today's version 3", () => {
+  it("numbers the SQLite schema from 1, the baseline being version 1 and today's version 4", () => {
     assert.equal(SQLITE_SCHEMA_VERSION, SQLITE_MIGRATIONS.length);
-    assert.equal(SQLITE_SCHEMA_VERSION, 3);
+    assert.equal(SQLITE_SCHEMA_VERSION, 4);
     assert.throws(
       () =>
         latestVersion([
@@ -368,7 +368,7 @@ describe('SQLite schema migrations', () => {
     assert.deepEqual(withFile(before, schemaOf), baseline);
   });
 
-  it('a file of the baseline build, every part in it, at user_version 1, opens with every row, gaining only versions 2 and 3', async () => {
+  it('a file of the baseline build, every part in it, at user_version 1, opens with every row, gaining only versions 2, 3 and 4', async () => {
     const file = fileMadeWith([EVENTS_BEFORE, CHANNELS_BEFORE, GMAIL_BEFORE], 1);
     const [schema, rows] = withFile(file, (db) => [schemaOf(db), rowsOf(db)] as const);
     const found = await openAsServer(file);
@@ -385,7 +385,7 @@ describe('SQLite schema migrations', () => {
     });
   });
 
-  it('a file at version 2 opens at version 3: its events and attempts as they were, headers and response snippets null', async () => {
+  it('a file at version 2 opens at the latest version: its events and attempts as they were, headers and response snippets null', async () => {
     const file = newFile();
     withFile(file, (db) => {
       db.pragma('journal_mode = WAL');
@@ -395,7 +395,7 @@ describe('SQLite schema migrations', () => {
     const rows = withFile(file, rowsOf);
     const events = new SqliteEventStore(file, { singleWriter: true });
     try {
-      assert.equal(await events.schemaVersion(), 3);
+      assert.equal(await events.schemaVersion(), SQLITE_SCHEMA_VERSION);
       const old = await events.get('e1');
       assert.equal(old?.event.envelope, '{"n":1}');
       assert.equal(old?.headers, null);
@@ -521,21 +521,21 @@ describe('SQLite schema migrations', () => {
     const rows = withFile(file, rowsOf);
     const failing: SqliteMigration[] = [
       ...SQLITE_MIGRATIONS,
-      { version: 4, name: 'fails half way', up: 'CREATE TABLE half (x); INSERT INTO nowhere VALUES (1);' },
+      { version: 5, name: 'fails half way', up: 'CREATE TABLE half (x); INSERT INTO nowhere VALUES (1);' },
     ];
     withFile(file, (db) => {
       assert.throws(() => migrateSqlite(db, failing), /no such table: nowhere/);
-      assert.equal(db.pragma('user_version', { simple: true }), 3);
+      assert.equal(db.pragma('user_version', { simple: true }), 4);
       assert.ok(!tables(db).includes('half'));
     });
     const next: SqliteMigration[] = [
       ...SQLITE_MIGRATIONS,
-      { version: 4, name: 'a column', up: 'ALTER TABLE events ADD COLUMN note TEXT' },
+      { version: 5, name: 'a column', up: 'ALTER TABLE events ADD COLUMN note TEXT' },
     ];
     withFile(file, (db) => {
-      assert.deepEqual(migrateSqlite(db, next), { from: 3, to: 4, applied: [4] });
-      assert.deepEqual(migrateSqlite(db, next), { from: 4, to: 4, applied: [] });
-      assert.equal(db.pragma('user_version', { simple: true }), 4);
+      assert.deepEqual(migrateSqlite(db, next), { from: 4, to: 5, applied: [5] });
+      assert.deepEqual(migrateSqlite(db, next), { from: 5, to: 5, applied: [] });
+      assert.equal(db.pragma('user_version', { simple: true }), 5);
       assert.deepEqual(
         (rowsOf(db).events as object[]).map((r) => ({ ...r, note: undefined })),
         (rows.events as object[]).map((r) => ({ ...r, note: undefined })),

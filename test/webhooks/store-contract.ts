@@ -4,6 +4,7 @@ import type { WebhookAction } from '../../src/config/schema.js';
 import {
   DELIVERED_RECOUNT_MS,
   IDEMPOTENCY_WINDOW_MS,
+  type ClaimedEvent,
   type EventStore,
   type NewEvent,
 } from '../../src/storage/contracts/events.js';
@@ -124,6 +125,20 @@ export function eventStoreContract(harness: StoreHarness): void {
       const claimed = await store.claimDue(T0, 10, LEASE, 'message');
       assert.equal(claimed.length, 2);
       for (const e of claimed) assert.equal('headers' in e, false);
+    });
+
+    it('keeps the trace context an event was received in for its deliverer: handed over from memory, and read back after a release (null where none)', async () => {
+      const traceparent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+      const [traced, untraced] = await Promise.all([
+        store.accept(event({ traceContext: traceparent, idempotencyKey: 't-1' })),
+        store.accept(event({ idempotencyKey: 't-2' })),
+      ]);
+      const contexts = (claimed: ClaimedEvent[]) => new Map(claimed.map((e) => [e.id, e.traceContext ?? null]));
+      const fresh = contexts(await store.claimDue(T0, 10, LEASE, 'message'));
+      assert.deepEqual([fresh.get(traced.id), fresh.get(untraced.id)], [traceparent, null]);
+      assert.equal(await store.releaseLeases(), 2);
+      const stored = contexts(await store.claimDue(T0, 10, LEASE, 'message'));
+      assert.deepEqual([stored.get(traced.id), stored.get(untraced.id)], [traceparent, null]);
     });
 
     it('stores every one of many accepts made in the same tick (group commit), with distinct ids', async () => {

@@ -25,6 +25,8 @@ export interface EmailPayload {
 export interface MailboxNotification {
   emailAddress: string;
   historyId: string;
+  /** The traceparent of the push that brought it (tracing on): the emails' events join that trace. */
+  traceContext?: string;
 }
 
 /** A resync after a lost cursor looks back from the last cursor move, with this margin. */
@@ -104,7 +106,7 @@ export class Mailbox {
     for (const { id } of found.ids) {
       if (seen.has(id)) continue;
       const payload = await this.readEmail(id);
-      if (payload) emails.push({ messageId: id, event: this.toEvent(payload, now()) });
+      if (payload) emails.push({ messageId: id, event: this.toEvent(payload, now(), notification.traceContext) });
     }
     const enqueued = await this.deps.state.commitEmails(account, emails, found.cursor, now());
     if (enqueued > 0) this.deps.onAccepted();
@@ -203,7 +205,7 @@ export class Mailbox {
     return payload;
   }
 
-  private toEvent(payload: EmailPayload, receivedAt: number): NewEvent {
+  private toEvent(payload: EmailPayload, receivedAt: number, traceContext: string | undefined): NewEvent {
     const { action } = this.config;
     const text = JSON.stringify(payload);
     return {
@@ -211,6 +213,7 @@ export class Mailbox {
       action,
       idempotencyKey: payload.id,
       receivedAt,
+      traceContext,
       envelope: (id) =>
         buildEnvelope(
           id,

@@ -31,7 +31,8 @@ export interface GmailPushRoute {
   path: string;
   verify: Extract<VerifyConfig, { type: 'pubsub-oidc' }>;
   /** Resolves with the answer once the emails are committed; throws when Pub/Sub must redeliver. */
-  consume(body: Record<string, unknown>): Promise<DirectAnswer>;
+  /** `traceContext`: the push's receive span (tracing on), which the emails' events continue. */
+  consume(body: Record<string, unknown>, traceContext?: string): Promise<DirectAnswer>;
 }
 
 export interface RunningGmail {
@@ -124,7 +125,10 @@ export async function startGmail(
   );
 
   /** Handles one Pub/Sub message; resolves when it may be acknowledged. */
-  async function handleMessage(data: string | undefined): Promise<'handled' | 'other-account' | 'malformed'> {
+  async function handleMessage(
+    data: string | undefined,
+    traceContext?: string,
+  ): Promise<'handled' | 'other-account' | 'malformed'> {
     const notification = decodeNotification(data);
     if (!notification) {
       logger.warn('gmail notification without a usable {emailAddress, historyId}: acknowledged and dropped');
@@ -132,7 +136,7 @@ export async function startGmail(
     }
     if (notification.emailAddress.toLowerCase() !== account.toLowerCase()) return 'other-account';
     try {
-      await mailbox.handle(notification);
+      await mailbox.handle({ ...notification, traceContext });
       return 'handled';
     } catch (err) {
       const problem = explain(err);
@@ -191,9 +195,10 @@ export async function startGmail(
       ? {
           path: config.push.path,
           verify: gmailPushVerifier(config, config.push),
-          async consume(body) {
+          async consume(body, traceContext) {
             const message = body.message as { data?: unknown } | undefined;
-            const outcome = await handleMessage(typeof message?.data === 'string' ? message.data : undefined);
+            const data = typeof message?.data === 'string' ? message.data : undefined;
+            const outcome = await handleMessage(data, traceContext);
             // Any 2xx acknowledges the push; 204 for what was not for this mailbox (or unusable).
             return outcome === 'handled'
               ? { status: 200, contentType: 'application/json; charset=utf-8', body: '{"status":"processed"}' }

@@ -4,6 +4,7 @@ import { withAcceptGrace } from '../../http/accept-grace.js';
 import { MemoryLockoutStore, type LockoutSettings, type LockoutStore } from '../../http/lockout.js';
 import { createLogger } from '../../observability/log.js';
 import { enableMetrics, metricsSnapshot } from '../../observability/metrics.js';
+import { startTracing, stopTracing } from '../../observability/tracing.js';
 import { startGateway, type RunningGateway } from '../server.js';
 import type { ToPrimary, ToWorker } from './protocol.js';
 
@@ -51,6 +52,7 @@ export async function runGatewayWorker(): Promise<void> {
       stopped = true;
       // The listener keeps accepting through the primary's accept grace, then drains (src/http/accept-grace.ts).
       await withAcceptGrace({ ms: acceptGraceMs, skip: skipAcceptGrace.signal }, async () => running?.close(graceMs));
+      await stopTracing();
       logger?.flush();
       resolve();
     };
@@ -70,6 +72,7 @@ export async function runGatewayWorker(): Promise<void> {
                   format: message.config.log.format,
                   bindings: { worker: cluster.worker!.id },
                 });
+                await startTracing(message.config.observability.tracing, logger);
                 running = await startGateway(message.config, {
                   logger,
                   lockoutStore,

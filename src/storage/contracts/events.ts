@@ -31,6 +31,11 @@ export interface NewEvent {
    * already redacted and its size capped (src/webhooks/received-headers.ts). None: stored as null.
    */
   headers?: string;
+  /**
+   * The W3C `traceparent` of the span that received the event (src/observability/tracing.ts): each
+   * delivery attempt is its child, wherever and whenever it runs. None (tracing off): stored as null.
+   */
+  traceContext?: string;
 }
 
 export interface StoredEvent {
@@ -58,6 +63,8 @@ export interface StoredEvent {
 export interface ClaimedEvent extends StoredEvent {
   claimId: string;
   leaseUntil: number;
+  /** The receive span's traceparent (NewEvent.traceContext); absent or null when none was stored. */
+  traceContext?: string | null;
 }
 
 export interface AttemptRecord {
@@ -204,6 +211,8 @@ export interface ExportedEvent {
   event: StoredEvent;
   /** The received headers as stored (see EventDetail). */
   headers: string | null;
+  /** The receive span's traceparent as stored (NewEvent.traceContext). */
+  traceContext?: string | null;
   attempts: AttemptRecord[];
   /** Replay keys (see NewEvent.replayKey) that point at this event, with the endpoint each is under. */
   replayKeys: { endpoint: string; replayKey: string }[];

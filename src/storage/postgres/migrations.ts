@@ -218,6 +218,12 @@ ALTER TABLE events ADD COLUMN headers text;
 ALTER TABLE attempts ADD COLUMN response_snippet text;
 `,
   },
+  {
+    version: 9,
+    name: 'the trace context each event was received in',
+    // Nullable, no default, as version 8: a catalog change only; events from before have none.
+    sql: 'ALTER TABLE events ADD COLUMN trace_context text;',
+  },
 ];
 
 export const POSTGRES_SCHEMA_VERSION = latestVersion(MIGRATIONS);

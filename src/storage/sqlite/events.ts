@@ -6,7 +6,7 @@ import { openDatabase } from './database.js';
 import { acquireWriterLock, type WriterLock } from './writer-lock.js';
 import { HandOverQueue } from '../hand-over-queue.js';
 import { exportEvents } from './export.js';
-import { inChunks, prepareStatements, toAttempt, type Statements } from './statements.js';
+import { inChunks, prepareStatements, toAttempt, type Deliverable, type Statements } from './statements.js';
 import { SqliteEventQueries } from './event-queries.js';
 import {
   DeliveredCounts,
@@ -34,7 +34,6 @@ import {
   type StoreStatus,
   type StoredEvent,
 } from '../contracts/events.js';
-
 /** The SQLite driver's tuning, in one place. */
 export interface SqliteTuning {
   /** The hand-over queue's bounds: events this process accepted, waiting in memory for its deliverer (beyond them, for a scan). */
@@ -92,7 +91,7 @@ export class SqliteEventStore implements EventStore {
    * Events this process accepted and no deliverer has claimed yet, per action: handed out
    * without reading them back from the file. Bounded; beyond it, events wait for a scan.
    */
-  private readonly fresh: HandOverQueue<StoredEvent>;
+  private readonly fresh: HandOverQueue<Deliverable>;
   private readonly tuning: Readonly<SqliteTuning>;
   private readonly statements: Statements;
   private readonly queries: SqliteEventQueries;
@@ -222,7 +221,7 @@ export class SqliteEventStore implements EventStore {
     });
   }
 
-  private insertOne(event: NewEvent): AcceptResult & { stored?: StoredEvent } {
+  private insertOne(event: NewEvent): AcceptResult & { stored?: Deliverable } {
     const seen =
       event.idempotencyKey !== undefined
         ? this.statements.findByKey.get(event.endpoint, event.idempotencyKey)
@@ -244,9 +243,11 @@ export class SqliteEventStore implements EventStore {
       envelope,
       event.receivedAt,
       event.headers ?? null,
+      event.traceContext ?? null,
     );
     if (event.replayKey !== undefined) this.statements.insertReplayKey.run(event.endpoint, event.replayKey, id);
-    const stored: StoredEvent = {
+    const stored: Deliverable = {
+      traceContext: event.traceContext,
       id,
       endpoint: event.endpoint,
       action: event.action,
@@ -264,7 +265,7 @@ export class SqliteEventStore implements EventStore {
   }
 
   async claimDue(now: number, limit: number, leaseMs: number, action: WebhookAction): Promise<ClaimedEvent[]> {
-    let claimed: StoredEvent[] = [];
+    let claimed: Deliverable[] = [];
     if (this.fresh.lane(action)?.length) {
       // Just accepted by this process: handed out from memory, not read back from the file (one
       // settled some other way meanwhile was forgotten, and is dropped).
@@ -278,9 +279,9 @@ export class SqliteEventStore implements EventStore {
       limit + this.leases.size + this.fresh.size + fromMemory.size,
     )) {
       if ((this.leases.get(id)?.until ?? 0) > now || this.fresh.has(id) || fromMemory.has(id)) continue;
-      const row = this.statements.get.get(id);
+      const row = this.statements.claimed.get(id);
       if (!row) continue;
-      claimed.push(toEvent(row));
+      claimed.push({ ...toEvent(row), traceContext: row.trace_context });
       if (claimed.length === limit) break;
     }
     // Leased only once every row is read: a read that throws leaves no orphaned leases.
@@ -288,7 +289,7 @@ export class SqliteEventStore implements EventStore {
   }
 
   /** Each claim gets a fresh token (see ClaimedEvent). */
-  private lease(events: StoredEvent[], until: number): ClaimedEvent[] {
+  private lease(events: Deliverable[], until: number): ClaimedEvent[] {
     return events.map((event) => {
       const claimId = randomUUID();
       this.leases.set(event.id, { until, claimId });

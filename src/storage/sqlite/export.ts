@@ -14,7 +14,7 @@ export async function* exportEvents(
   limits: { exportBatchEvents: number; exportBatchBytes: number },
 ): AsyncGenerator<ExportedEvent[]> {
   // Pages in id order, and the attempts and replay keys of a page's id range (both indexed by event_id).
-  const page = db.prepare<[string, number], EventRow & { headers: string | null }>(
+  const page = db.prepare<[string, number], EventRow & { headers: string | null; trace_context: string | null }>(
     'SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?',
   );
   const attempts = db.prepare<[string, string], AttemptRow & { event_id: string }>(
@@ -31,7 +31,10 @@ export async function* exportEvents(
       if (rows.length === 0) return;
       const last = rows[rows.length - 1]!.id;
       const byId = new Map<string, ExportedEvent>(
-        rows.map((row) => [row.id, { event: toEvent(row), headers: row.headers, attempts: [], replayKeys: [] }]),
+        rows.map((row) => [
+          row.id,
+          { event: toEvent(row), headers: row.headers, traceContext: row.trace_context, attempts: [], replayKeys: [] },
+        ]),
       );
       for (const a of attempts.all(after, last)) {
         byId.get(a.event_id)?.attempts.push(toAttempt(a));

@@ -52,6 +52,12 @@ ALTER TABLE events ADD COLUMN headers TEXT;
 ALTER TABLE attempts ADD COLUMN response_snippet TEXT;
 `,
   },
+  {
+    version: 4,
+    name: 'the trace context each event was received in',
+    // Nullable, no default, as version 3: nothing rewritten; events from before have none.
+    up: 'ALTER TABLE events ADD COLUMN trace_context TEXT;',
+  },
 ];
 
 /** The user_version a file has once every migration is in (what `gatehouse storage status` reports). */

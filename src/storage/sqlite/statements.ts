@@ -1,6 +1,6 @@
 import type Database from 'better-sqlite3';
 import type { WebhookAction } from '../../config/schema.js';
-import type { AttemptRecord, DeliveryStatus, EventRow } from '../contracts/events.js';
+import type { AttemptRecord, ClaimedEvent, DeliveryStatus, EventRow, StoredEvent } from '../contracts/events.js';
 
 /**
  * One chunk of purgeDelivered: its own short transaction, found through events_delivered (INDEXED
@@ -40,6 +40,9 @@ export async function inChunks(chunk: () => number): Promise<number> {
 export const EVENT_COLUMNS =
   'id, endpoint, action, idempotency_key, received_at, envelope, status, attempts, round_attempts, next_attempt_at, last_error, delivered_at';
 
+/** An event as the deliverer gets it: the row, and the trace context it was received in. */
+export type Deliverable = StoredEvent & Pick<ClaimedEvent, 'traceContext'>;
+
 /** An `attempts` row. */
 export interface AttemptRow {
   attempt: number;
@@ -76,7 +79,7 @@ export function prepareStatements(db: Database.Database) {
       'INSERT INTO event_replay_keys (endpoint, replay_key, event_id) VALUES (?, ?, ?)',
     ),
     insert: db.prepare(
-      "INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at, headers) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
+      "INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at, headers, trace_context) VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)",
     ),
     // Ids only (a covering index): leased rows are skipped without reading their envelopes.
     due: db.prepare<[string, number, number], { id: string }>(
@@ -91,8 +94,12 @@ export function prepareStatements(db: Database.Database) {
     nextDue: db.prepare<[number], { id: string; next_attempt_at: number }>(
       "SELECT id, next_attempt_at FROM events WHERE status = 'queued' ORDER BY next_attempt_at LIMIT ?",
     ),
-    // The row a deliverer claims: without the received headers, which only the operator reads.
+    // Without the received headers, which only the operator reads (apart, below).
     get: db.prepare<[string], EventRow>(`SELECT ${EVENT_COLUMNS} FROM events WHERE id = ?`),
+    // The row a deliverer claims, with the trace context its attempts continue.
+    claimed: db.prepare<[string], EventRow & { trace_context: string | null }>(
+      `SELECT ${EVENT_COLUMNS}, trace_context FROM events WHERE id = ?`,
+    ),
     headers: db.prepare<[string], { headers: string | null }>('SELECT headers FROM events WHERE id = ?'),
     attempts: db.prepare<[string], AttemptRow>('SELECT * FROM attempts WHERE event_id = ? ORDER BY attempt'),
     // A queued event waiting for a retry (next attempt later) is in no one's hands: the server leases only due ones.

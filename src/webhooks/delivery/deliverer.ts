@@ -4,7 +4,10 @@ import https from 'node:https';
 import { StringDecoder } from 'node:string_decoder';
 import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction, type WebhooksConfig } from '../../config/schema.js';
+import type { Span } from '@opentelemetry/api';
 import { countDelivery } from '../../observability/metrics.js';
+import { activeTracing } from '../../observability/tracing.js';
+import { traceDeliveries } from '../../observability/delivery-spans.js';
 import { VERSION } from '../../version.js';
 import type { AttemptOutcome, ClaimedEvent, EventStore, StoredEvent } from '../../storage/contracts/events.js';
 import { standardWebhooksKey } from '../verifiers/standard-webhooks.js';
@@ -186,6 +189,8 @@ export class Deliverer {
   private targets = new Map<WebhookAction, PreparedTarget>();
   /** Attempt lines hold ids, statuses and error texts, never a secret: no redaction pass needed. */
   private readonly attemptLog: Logger;
+  /** Undefined while tracing is off: then no attempt makes a tracing call. */
+  private readonly spans = traceDeliveries(activeTracing());
 
   constructor(
     private readonly store: EventStore,
@@ -349,9 +354,16 @@ export class Deliverer {
     const stopRenewing = this.renewWhileRunning(event);
     const startedAt = this.now();
     const started = performance.now();
+    const span = this.spans?.start({
+      traceContext: event.traceContext,
+      eventId: event.id,
+      action,
+      attempt: event.attempts + 1,
+      target: this.targets.get(action)!.url,
+    });
     let result: AttemptResult;
     try {
-      result = await this.post(event);
+      result = await this.post(event, span);
     } catch (err) {
       result = { status: null, error: (err as Error).message };
     }
@@ -360,6 +372,7 @@ export class Deliverer {
     const outcome: AttemptOutcome = delivered
       ? { status: 'delivered' }
       : afterFailure(event, result, this.now(), this.config.delivery);
+    if (span) this.spans!.end(span, { status: result.status, error: result.error, outcome: outcome.status });
 
     try {
       const recorded = await this.store.recordAttempt(
@@ -433,7 +446,7 @@ export class Deliverer {
     return () => clearInterval(timer);
   }
 
-  private post(event: ClaimedEvent): Promise<AttemptResult> {
+  private post(event: ClaimedEvent, span?: Span): Promise<AttemptResult> {
     const { url, client, agent, timeoutMs, signingKey: key } = this.targets.get(event.action)!;
     const headers: Record<string, string | number> = {
       'content-type': 'application/json',
@@ -442,6 +455,7 @@ export class Deliverer {
       'x-gatehouse-action': event.action,
       'user-agent': `gatehouse/${VERSION}`,
     };
+    if (span) Object.assign(headers, this.spans!.headersFor(span));
     if (key !== undefined) {
       const timestamp = Math.floor(this.now() / 1000);
       headers['webhook-id'] = event.id;

@@ -228,10 +228,10 @@ export class AcceptBatcher {
     const inserted = new Set<string>();
     if (inserts.length > 0) {
       const { rows } = await client.query<{ id: string }>(
-        `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at, lease_until, claim_id, lease_owner, headers)
-         SELECT id, endpoint, action, key, received_at, envelope, 'queued', received_at, lease_until, claim_id, CASE WHEN claim_id IS NULL THEN NULL ELSE $9 END, headers
-           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[], $8::uuid[], $10::text[])
-             AS t(id, endpoint, action, key, received_at, envelope, lease_until, claim_id, headers)
+        `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, next_attempt_at, lease_until, claim_id, lease_owner, headers, trace_context)
+         SELECT id, endpoint, action, key, received_at, envelope, 'queued', received_at, lease_until, claim_id, CASE WHEN claim_id IS NULL THEN NULL ELSE $9 END, headers, trace_context
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[], $8::uuid[], $10::text[], $11::text[])
+             AS t(id, endpoint, action, key, received_at, envelope, lease_until, claim_id, headers, trace_context)
          ON CONFLICT (endpoint, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
          RETURNING id`,
         [
@@ -245,6 +245,7 @@ export class AcceptBatcher {
           inserts.map(({ p }) => p.lease?.claimId ?? null),
           this.owner,
           inserts.map(({ p }) => p.event.headers ?? null),
+          inserts.map(({ p }) => p.event.traceContext ?? null),
         ],
       );
       for (const row of rows) inserted.add(row.id);

@@ -35,7 +35,7 @@ export const CLAIM_DUE_SQL = `WITH free AS (
        FROM due WHERE e.id = due.id
      -- Not e.*: the received headers are the operator's, never the deliverer's.
      RETURNING e.id, e.endpoint, e.action, e.idempotency_key, e.received_at, e.envelope, e.status, e.attempts, e.round_attempts,
-               e.next_attempt_at, e.last_error, e.delivered_at, e.lease_until, e.claim_id, e.lease_owner)
+               e.next_attempt_at, e.last_error, e.delivered_at, e.lease_until, e.claim_id, e.lease_owner, e.trace_context)
    SELECT c.*, n.next_look FROM (
      SELECT CASE WHEN (SELECT count(*) FROM due) < $5 THEN least(
        (SELECT min(next_attempt_at) FROM events WHERE status = 'queued' AND lease_until IS NULL AND action = $4 AND next_attempt_at > $1::bigint),
@@ -50,6 +50,7 @@ export const oldestUnleasedSql = (actions: string) => `(SELECT min(f.at) FROM un
 export interface EventRow extends SharedEventRow {
   lease_until: number | null;
   claim_id: string | null;
+  trace_context?: string | null;
 }
 
 /** An accept on its way into the database, as the claims see it. */
@@ -189,6 +190,7 @@ export class Claims {
       deliveredAt: null,
       claimId: lease.claimId,
       leaseUntil: lease.until,
+      traceContext: event.traceContext,
     });
   }
 
@@ -277,7 +279,12 @@ export class Claims {
       else this.nextDbLookAt.set(action, nextLook);
     }
     for (const row of fromDb)
-      this.fresh.insertInDueOrder({ ...toEvent(row), claimId: row.claim_id!, leaseUntil: row.lease_until! });
+      this.fresh.insertInDueOrder({
+        ...toEvent(row),
+        claimId: row.claim_id!,
+        leaseUntil: row.lease_until!,
+        traceContext: row.trace_context,
+      });
   }
 
   /**

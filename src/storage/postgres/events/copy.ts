@@ -51,8 +51,8 @@ export async function importEvents(
       if (batch.length === 0) continue;
       const events = batch.map((b) => b.event);
       await client.query(
-        `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, attempts, round_attempts, next_attempt_at, last_error, delivered_at, headers)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bigint[], $11::text[], $12::bigint[], $13::text[])`,
+        `INSERT INTO events (id, endpoint, action, idempotency_key, received_at, envelope, status, attempts, round_attempts, next_attempt_at, last_error, delivered_at, headers, trace_context)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::int[], $9::int[], $10::bigint[], $11::text[], $12::bigint[], $13::text[], $14::text[])`,
         [
           events.map((e) => e.id),
           events.map((e) => e.endpoint),
@@ -67,6 +67,7 @@ export async function importEvents(
           events.map((e) => e.lastError),
           events.map((e) => e.deliveredAt),
           batch.map((b) => b.headers),
+          batch.map((b) => b.traceContext ?? null),
         ],
       );
       const attempts = batch.flatMap((b) => b.attempts.map((a) => ({ id: b.event.id, ...a })));

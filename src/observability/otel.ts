@@ -1,0 +1,238 @@
+import {
+  defaultTextMapGetter,
+  defaultTextMapSetter,
+  diag,
+  DiagLogLevel,
+  isSpanContextValid,
+  ROOT_CONTEXT,
+  SpanKind,
+  SpanStatusCode,
+  trace,
+  TraceFlags,
+  type Context,
+  type Span,
+} from '@opentelemetry/api';
+import {
+  ExportResultCode,
+  setGlobalErrorHandler,
+  W3CTraceContextPropagator,
+  type ExportResult,
+} from '@opentelemetry/core';
+import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
+import { defaultResource, resourceFromAttributes } from '@opentelemetry/resources';
+import {
+  BasicTracerProvider,
+  BatchSpanProcessor,
+  ParentBasedSampler,
+  TraceIdRatioBasedSampler,
+  type ReadableSpan,
+  type SpanExporter,
+  type SpanProcessor,
+} from '@opentelemetry/sdk-trace-base';
+import { ATTR_ERROR_TYPE, ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from '@opentelemetry/semantic-conventions';
+import type { Logger } from 'pino';
+import type { TracingConfig } from '../config/schema.js';
+import { VERSION } from '../version.js';
+import { countDroppedSpans } from './metrics.js';
+import type { RunningTracing, SpanAttributes, Tracing } from './tracing.js';
+
+/** How long one export may take before it counts as failed (below the batch processor's own 30 s). */
+const EXPORT_TIMEOUT_MS = 10_000;
+/** At most one log line about failing exports this often; the lines in between are counted in the next. */
+const EXPORT_PROBLEM_LOG_MS = 60_000;
+
+/** The OTLP/HTTP traces URL for a configured base (`OTEL_EXPORTER_OTLP_ENDPOINT`'s rule: `/v1/traces` appended). */
+export function tracesUrl(endpoint: string): string {
+  const url = new URL(endpoint);
+  if (!url.pathname.endsWith('/v1/traces')) url.pathname = `${url.pathname.replace(/\/+$/, '')}/v1/traces`;
+  return url.toString();
+}
+
+/**
+ * One warning line per EXPORT_PROBLEM_LOG_MS at most, however often the collector fails: a
+ * collector that is down must not turn into a log line per batch (or per span).
+ */
+class ExportProblems {
+  private lastAt = -Infinity;
+  private unreported = 0;
+  constructor(private readonly logger: Logger) {}
+
+  report(problem: string): void {
+    const now = performance.now();
+    if (now - this.lastAt < EXPORT_PROBLEM_LOG_MS) {
+      this.unreported++;
+      return;
+    }
+    this.logger.warn(
+      { problem: problem.slice(0, 500), alsoFailedSinceLastLine: this.unreported },
+      'trace export failed: spans are dropped (gatehouse_trace_spans_dropped_total); requests are not affected',
+    );
+    this.lastAt = now;
+    this.unreported = 0;
+  }
+}
+
+/**
+ * The bound on spans held for export: finished spans waiting in the batch processor and those in
+ * an export still running, together at most `maxQueueSize`; past it a span is dropped and counted.
+ * (The batch processor bounds only its waiting queue, and reports its drops through an
+ * experimental self-observability meter: counting here, around it, uses only stable interfaces.)
+ */
+class BoundedSpanProcessor implements SpanProcessor {
+  private held = 0;
+  constructor(
+    private readonly inner: SpanProcessor,
+    private readonly maxQueueSize: number,
+  ) {}
+
+  onStart(): void {}
+
+  onEnd(span: ReadableSpan): void {
+    if ((span.spanContext().traceFlags & TraceFlags.SAMPLED) === 0) return;
+    if (this.held >= this.maxQueueSize) {
+      countDroppedSpans('queue_full', 1);
+      return;
+    }
+    this.held++;
+    this.inner.onEnd(span);
+  }
+
+  /** An export finished (either way): its spans are no longer held. */
+  released(spans: number): void {
+    this.held = Math.max(0, this.held - spans);
+  }
+
+  forceFlush(): Promise<void> {
+    return this.inner.forceFlush();
+  }
+
+  shutdown(): Promise<void> {
+    return this.inner.shutdown();
+  }
+}
+
+/** The OTLP exporter, with every outcome released from the bound and every failure counted and reported. */
+class AccountedExporter implements SpanExporter {
+  processor: BoundedSpanProcessor | undefined;
+  constructor(
+    private readonly inner: SpanExporter,
+    private readonly problems: ExportProblems,
+  ) {}
+
+  export(spans: ReadableSpan[], done: (result: ExportResult) => void): void {
+    this.inner.export(spans, (result) => {
+      this.processor?.released(spans.length);
+      if (result.code !== ExportResultCode.SUCCESS) {
+        countDroppedSpans('export_failed', spans.length);
+        this.problems.report(result.error?.message ?? 'export failed');
+      }
+      done(result);
+    });
+  }
+
+  shutdown(): Promise<void> {
+    return this.inner.shutdown();
+  }
+
+  forceFlush(): Promise<void> {
+    return this.inner.forceFlush?.() ?? Promise.resolve();
+  }
+}
+
+const KINDS = { client: SpanKind.CLIENT, internal: SpanKind.INTERNAL } as const;
+
+/** Starts the SDK: a tracer provider with no global registration (nothing else in the process is traced) and a bounded batch export over OTLP/HTTP JSON. */
+export function startOtel(config: TracingConfig, logger: Logger): RunningTracing {
+  const problems = new ExportProblems(logger);
+  // The SDK's own complaints (an export error, a dropped batch) go through the same rate limit.
+  diag.setLogger(
+    {
+      error: (message) => problems.report(message),
+      warn: (message) => problems.report(message),
+      info: () => {},
+      debug: () => {},
+      verbose: () => {},
+    },
+    DiagLogLevel.WARN,
+  );
+  setGlobalErrorHandler((err) => problems.report(err instanceof Error ? err.message : String(err)));
+
+  const exporter = new AccountedExporter(
+    new OTLPTraceExporter({
+      url: tracesUrl(config.endpoint),
+      headers: config.headers,
+      timeoutMillis: EXPORT_TIMEOUT_MS,
+    }),
+    problems,
+  );
+  const batch = new BatchSpanProcessor(exporter, {
+    maxQueueSize: config.maxQueueSize,
+    maxExportBatchSize: Math.min(512, config.maxQueueSize),
+    exportTimeoutMillis: EXPORT_TIMEOUT_MS * 2,
+  });
+  const processor = new BoundedSpanProcessor(batch, config.maxQueueSize);
+  exporter.processor = processor;
+  const provider = new BasicTracerProvider({
+    resource: defaultResource().merge(
+      resourceFromAttributes({ [ATTR_SERVICE_NAME]: config.serviceName, [ATTR_SERVICE_VERSION]: VERSION }),
+    ),
+    sampler: new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(config.sampleRatio) }),
+    spanProcessors: [processor],
+  });
+  const tracer = provider.getTracer('gatehouse', VERSION);
+  const propagator = new W3CTraceContextPropagator();
+  countDroppedSpans('queue_full', 0);
+  countDroppedSpans('export_failed', 0);
+
+  const childOf = (parent: Context, name: string, kind: 'client' | 'internal', attributes?: SpanAttributes) =>
+    tracer.startSpan(name, { kind: KINDS[kind], attributes }, parent);
+
+  const tracing: Tracing = {
+    startServerSpan(name, headers, trusted, startTime, attributes) {
+      const options = { kind: SpanKind.SERVER, startTime, attributes };
+      if (headers.traceparent === undefined) return tracer.startSpan(name, { ...options, root: true }, ROOT_CONTEXT);
+      const given = propagator.extract(ROOT_CONTEXT, headers, defaultTextMapGetter);
+      if (trusted) return tracer.startSpan(name, options, given);
+      const client = trace.getSpanContext(given);
+      const links = client && isSpanContextValid(client) ? [{ context: client }] : undefined;
+      return tracer.startSpan(name, { ...options, root: true, links }, ROOT_CONTEXT);
+    },
+    startChildSpan(parent, name, kind, attributes) {
+      return childOf(trace.setSpan(ROOT_CONTEXT, parent), name, kind, attributes);
+    },
+    startStoredChildSpan(traceparent, name, kind, attributes) {
+      const parent =
+        traceparent == null ? ROOT_CONTEXT : propagator.extract(ROOT_CONTEXT, { traceparent }, defaultTextMapGetter);
+      return childOf(parent, name, kind, attributes);
+    },
+    headersFor(span: Span) {
+      const carrier: { traceparent?: string; tracestate?: string } = {};
+      propagator.inject(trace.setSpan(ROOT_CONTEXT, span), carrier, defaultTextMapSetter);
+      return carrier as { traceparent: string; tracestate?: string };
+    },
+    end(span, error) {
+      if (error !== undefined) {
+        span.setAttribute(ATTR_ERROR_TYPE, error);
+        span.setStatus({ code: SpanStatusCode.ERROR });
+      }
+      span.end();
+    },
+  };
+
+  return {
+    tracing,
+    async shutdown(waitMs) {
+      let timer: NodeJS.Timeout | undefined;
+      const gaveUp = new Promise<void>((resolve) => {
+        timer = setTimeout(resolve, waitMs);
+        timer.unref();
+      });
+      try {
+        await Promise.race([provider.shutdown().catch((err: unknown) => problems.report(String(err))), gaveUp]);
+      } finally {
+        clearTimeout(timer);
+        diag.disable();
+      }
+    },
+  };
+}

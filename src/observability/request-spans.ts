@@ -1,0 +1,181 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Span } from '@opentelemetry/api';
+import type { ClientOrigin } from '../http/client-ip.js';
+import type { Tracing } from './tracing.js';
+
+/**
+ * The spans of one request on a listener, and what they are named and carry. Built only while
+ * tracing is on (the apps hold `undefined` otherwise and skip every call). Attribute names follow
+ * OpenTelemetry's HTTP semantic conventions; gatehouse's own are `gatehouse.*`. Never recorded:
+ * a credential, a key id, the query string (clients put credentials there), a header value.
+ */
+
+/** The spans of one /api/ request: the server span, and its children while they are open. */
+interface ApiTrace {
+  server: Span;
+  auth?: Span;
+  upstream?: Span;
+}
+
+/** Upstream failures gatehouse answers for itself: the upstream span failed with them. */
+const UPSTREAM_FAILURES = new Set(['upstream_timeout', 'upstream_unreachable']);
+
+/** The status a request ended with, as the request log has it (499: the client left first). */
+function finalStatus(res: ServerResponse, req: IncomingMessage): number {
+  return res.writableFinished ? res.statusCode : (req.gatehouse?.rawStatus ?? 499);
+}
+
+function pathOf(url: string | undefined): string {
+  const path = url ?? '';
+  const queryAt = path.indexOf('?');
+  return queryAt === -1 ? path : path.slice(0, queryAt);
+}
+
+export interface ApiRequestTracing {
+  /** Starts the request's server span (it ends, with any child still open, when the answer does). */
+  begin(req: IncomingMessage, res: ServerResponse, origin: ClientOrigin, encrypted: boolean): void;
+  /** Starts the authentication child span (the lockout check and the credentials). */
+  beginAuthentication(req: IncomingMessage): undefined;
+  /** Ends it: `refused` is the catalogue code of a refusal. */
+  endAuthentication(req: IncomingMessage, refused?: string): void;
+  /**
+   * Starts the upstream child span and sets the request's `traceparent` (and `tracestate`) to it,
+   * replacing what the client sent: the upstream sees gatehouse's span as its parent.
+   */
+  beginUpstream(req: IncomingMessage, target: string): void;
+}
+
+/** The spans of /api/ requests (src/gateway/app.ts). */
+export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
+  const traces = new WeakMap<IncomingMessage, ApiTrace>();
+
+  function finish(req: IncomingMessage, res: ServerResponse, spans: ApiTrace): void {
+    const ctx = req.gatehouse!;
+    const status = finalStatus(res, req);
+    const code = ctx.errorCode;
+    if (spans.auth) tracing.end(spans.auth, code ?? 'unfinished');
+    if (spans.upstream) {
+      if (code !== undefined && UPSTREAM_FAILURES.has(code)) tracing.end(spans.upstream, code);
+      else {
+        spans.upstream.setAttribute('http.response.status_code', status);
+        tracing.end(spans.upstream, status >= 500 ? String(status) : undefined);
+      }
+    }
+    const { server } = spans;
+    if (ctx.route !== undefined) {
+      server.updateName(`${req.method!} ${ctx.route}`);
+      server.setAttribute('http.route', ctx.route);
+    }
+    server.setAttribute('http.response.status_code', status);
+    const identity = ctx.identity;
+    if (identity) {
+      server.setAttribute('gatehouse.auth', identity.methods.join(','));
+      if (identity.subject !== undefined) server.setAttribute('enduser.id', identity.subject);
+    }
+    if (code !== undefined) server.setAttribute('gatehouse.error.code', code);
+    // OpenTelemetry's HTTP conventions: a server span fails on 5xx only (a 4xx is the client's).
+    tracing.end(server, status >= 500 ? (code ?? String(status)) : undefined);
+  }
+
+  return {
+    begin(req, res, origin, encrypted) {
+      const ctx = req.gatehouse!;
+      const server = tracing.startServerSpan(
+        req.method!,
+        req.headers,
+        origin.viaTrustedProxy,
+        performance.timeOrigin + ctx.startedAt,
+        {
+          'http.request.method': req.method,
+          'url.path': pathOf(req.url),
+          'url.scheme': encrypted ? 'https' : 'http',
+          'client.address': origin.ip,
+          'gatehouse.request.id': ctx.id,
+        },
+      );
+      const spans: ApiTrace = { server };
+      traces.set(req, spans);
+      // An unsampled span records nothing: no attributes to set at the end, nothing to end.
+      if (server.isRecording()) res.once('close', () => finish(req, res, spans));
+    },
+    beginAuthentication(req) {
+      const spans = traces.get(req);
+      // An unsampled trace records nothing: no child spans to make.
+      if (spans?.server.isRecording()) spans.auth = tracing.startChildSpan(spans.server, 'authenticate', 'internal');
+      return undefined;
+    },
+    endAuthentication(req, refused) {
+      const spans = traces.get(req);
+      if (spans?.auth === undefined) return;
+      const identity = req.gatehouse?.identity;
+      if (identity) spans.auth.setAttribute('gatehouse.auth', identity.methods.join(','));
+      if (refused !== undefined) spans.auth.setAttribute('gatehouse.error.code', refused);
+      tracing.end(spans.auth, refused);
+      spans.auth = undefined;
+    },
+    beginUpstream(req, target) {
+      const spans = traces.get(req);
+      if (spans === undefined) return;
+      let parent = spans.server;
+      if (spans.server.isRecording()) {
+        const url = new URL(target);
+        spans.upstream = tracing.startChildSpan(spans.server, req.method!, 'client', {
+          'http.request.method': req.method,
+          'server.address': url.hostname,
+          'server.port': Number(url.port) || (url.protocol === 'https:' ? 443 : 80),
+          'url.full': `${url.origin}${url.pathname.replace(/\/+$/, '')}${pathOf(req.url)}`,
+        });
+        parent = spans.upstream;
+      }
+      // An unsampled trace still sends its traceparent (flag 00): the upstream follows the decision.
+      const headers = tracing.headersFor(parent);
+      req.headers.traceparent = headers.traceparent;
+      if (headers.tracestate === undefined) delete req.headers.tracestate;
+      else req.headers.tracestate = headers.tracestate;
+    },
+  };
+}
+
+/** The receive span of one webhook request (src/webhooks/receiver.ts): `traceparent` is what the event stores. */
+export interface WebhookRequestTracing {
+  begin(req: IncomingMessage, res: ServerResponse, endpoint: string, origin: ClientOrigin): void;
+  /** The traceparent a stored event keeps: its deliveries are children of the receive span. */
+  traceparentOf(req: IncomingMessage): string | undefined;
+}
+
+/** The receive spans of webhook requests (configured endpoints, Gmail push and channel routes). */
+export function traceWebhookRequests(tracing: Tracing): WebhookRequestTracing {
+  const traces = new WeakMap<IncomingMessage, Span>();
+  return {
+    begin(req, res, endpoint, origin) {
+      const ctx = req.gatehouse!;
+      const span = tracing.startServerSpan(
+        `${req.method!} ${endpoint}`,
+        req.headers,
+        origin.viaTrustedProxy,
+        performance.timeOrigin + ctx.startedAt,
+        {
+          'http.request.method': req.method,
+          'http.route': endpoint,
+          'url.path': endpoint,
+          'client.address': origin.ip,
+          'gatehouse.request.id': ctx.id,
+        },
+      );
+      traces.set(req, span);
+      res.once('close', () => {
+        const status = finalStatus(res, req);
+        span.setAttribute('http.response.status_code', status);
+        if (ctx.outcome !== undefined) span.setAttribute('gatehouse.webhook.outcome', ctx.outcome);
+        if (ctx.errorCode !== undefined) span.setAttribute('gatehouse.error.code', ctx.errorCode);
+        const eventId = res.getHeader('x-gatehouse-event-id');
+        if (typeof eventId === 'string') span.setAttribute('gatehouse.event.id', eventId);
+        tracing.end(span, status >= 500 ? (ctx.errorCode ?? String(status)) : undefined);
+      });
+    },
+    traceparentOf(req) {
+      const span = traces.get(req);
+      return span === undefined ? undefined : tracing.headersFor(span).traceparent;
+    },
+  };
+}

@@ -1,0 +1,80 @@
+import type { IncomingHttpHeaders } from 'node:http';
+import type { Span } from '@opentelemetry/api';
+import type { Logger } from 'pino';
+import type { TracingConfig } from '../config/schema.js';
+
+/**
+ * OpenTelemetry tracing, as the request paths see it. Nothing here loads the OpenTelemetry SDK:
+ * `startTracing` imports it (./otel.ts) only when `observability.tracing` is configured, and an
+ * app asks `activeTracing()` once, when it is built, so with tracing off no request makes any
+ * tracing call (as `metricsEnabled()` does for metrics). Spans are made explicitly, never by
+ * auto-instrumentation (its require hooks and context manager cost CPU on every request), and
+ * their parents are passed by hand: no AsyncLocalStorage.
+ */
+export interface Tracing {
+  /**
+   * A SERVER span for a request that just came in (started at `startTime`, epoch ms). `trusted`:
+   * the request came through a trusted proxy (gateway.trustProxy), so its W3C `traceparent` /
+   * `tracestate` are continued; otherwise the span starts a new trace and the client's context,
+   * if any, is only a link (a client must not choose the trace, or the sampling, of our spans).
+   */
+  startServerSpan(
+    name: string,
+    headers: IncomingHttpHeaders,
+    trusted: boolean,
+    startTime: number,
+    attributes: SpanAttributes,
+  ): Span;
+  /** A child of `parent` (a CLIENT span for a call that leaves gatehouse, else INTERNAL). */
+  startChildSpan(parent: Span, name: string, kind: 'client' | 'internal', attributes?: SpanAttributes): Span;
+  /**
+   * A span whose parent is a stored `traceparent` (a webhook event's receive span, perhaps hours
+   * ago and on another instance); a new trace when none was stored or it does not parse.
+   */
+  startStoredChildSpan(
+    traceparent: string | null | undefined,
+    name: string,
+    kind: 'client' | 'internal',
+    attributes?: SpanAttributes,
+  ): Span;
+  /** The W3C headers (`traceparent`, and `tracestate` when there is one) that make a receiver's span a child of `span`. */
+  headersFor(span: Span): { traceparent: string; tracestate?: string };
+  /** Ends `span`; with `error` (a catalogue code or a reason), its status is ERROR and `error.type` says why. */
+  end(span: Span, error?: string): void;
+}
+
+export type SpanAttributes = Record<string, string | number | boolean | undefined>;
+
+/** What ./otel.ts gives back once started. */
+export interface RunningTracing {
+  tracing: Tracing;
+  /** Exports what is queued, waiting at most `waitMs`, then stops exporting. */
+  shutdown(waitMs: number): Promise<void>;
+}
+
+let running: RunningTracing | undefined;
+
+/** The tracing in force in this process, or undefined (off): ask once, when an app is built. */
+export function activeTracing(): Tracing | undefined {
+  return running?.tracing;
+}
+
+/**
+ * Starts tracing in this process when configured (idempotent: a gateway worker and its primary
+ * each start their own exporter). Must come before the apps are built.
+ */
+export async function startTracing(config: TracingConfig | undefined, logger: Logger): Promise<void> {
+  if (config === undefined || running !== undefined) return;
+  const { startOtel } = await import('./otel.js');
+  running = startOtel(config, logger);
+}
+
+/** Flushes and stops tracing (a no-op when off): queued spans get at most `waitMs` to be exported. */
+export async function stopTracing(waitMs = SHUTDOWN_FLUSH_MS): Promise<void> {
+  const stopping = running;
+  running = undefined;
+  await stopping?.shutdown(waitMs);
+}
+
+/** How long a shutdown waits for the last spans to be exported: a collector that is down does not hold a stop. */
+export const SHUTDOWN_FLUSH_MS = 2_000;
