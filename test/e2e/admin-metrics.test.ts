@@ -185,8 +185,13 @@ describe('admin listener, one process', () => {
   });
 
   it('/readyz is 200 when ready, then 503 naming "draining" once SIGTERM starts the drain; in-flight requests still finish', async () => {
-    const ready = await request(s.admin, '/readyz');
-    assert.equal(ready.status, 200);
+    // Ready once its first store probe has committed: on a loaded machine (load 9) that took longer than
+    // the probe's 2 s just after start, and a first /readyz asked at once was 503.
+    let ready = await request(s.admin, '/readyz');
+    await waitFor(async () => (ready = await request(s.admin, '/readyz')).status === 200, {
+      timeoutMs: 30_000,
+      what: () => `ready: ${ready.body}`,
+    });
     assert.deepEqual(ready.json(), {
       status: 'ready',
       failing: [],
