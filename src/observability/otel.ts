@@ -36,6 +36,11 @@ import { VERSION } from '../version.js';
 import { countDroppedSpans } from './metrics.js';
 import type { RunningTracing, SpanAttributes, Tracing } from './tracing.js';
 
+/**
+ * The longest attribute value a span keeps: a path is the client's to choose (12 KB ones were
+ * exported whole, found by an outside attack), and maxQueueSize spans of them sit in memory.
+ */
+const ATTRIBUTE_VALUE_LIMIT = 1024;
 /** How long one export may take before it counts as failed (below the batch processor's own 30 s). */
 const EXPORT_TIMEOUT_MS = 10_000;
 /** At most one log line about failing exports this often; the lines in between are counted in the next. */
@@ -177,6 +182,7 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
       resourceFromAttributes({ [ATTR_SERVICE_NAME]: config.serviceName, [ATTR_SERVICE_VERSION]: VERSION }),
     ),
     sampler: new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(config.sampleRatio) }),
+    spanLimits: { attributeValueLengthLimit: ATTRIBUTE_VALUE_LIMIT },
     spanProcessors: [processor],
   });
   const tracer = provider.getTracer('gatehouse', VERSION);

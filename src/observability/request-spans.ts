@@ -13,6 +13,8 @@ import type { Tracing } from './tracing.js';
 /** The spans of one /api/ request: the server span, and its children while they are open. */
 interface ApiTrace {
   server: Span;
+  /** The client came through a trusted proxy: its trace context, baggage included, is continued. */
+  trusted: boolean;
   auth?: Span;
   upstream?: Span;
 }
@@ -93,7 +95,7 @@ export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
           'gatehouse.request.id': ctx.id,
         },
       );
-      const spans: ApiTrace = { server };
+      const spans: ApiTrace = { server, trusted: origin.viaTrustedProxy };
       traces.set(req, spans);
       // An unsampled span records nothing: no attributes to set at the end, nothing to end.
       if (server.isRecording()) res.once('close', () => finish(req, res, spans));
@@ -132,6 +134,8 @@ export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
       req.headers.traceparent = headers.traceparent;
       if (headers.tracestate === undefined) delete req.headers.tracestate;
       else req.headers.tracestate = headers.tracestate;
+      // W3C Baggage travels with the trace context: an untrusted client's is not passed on as if the trace carried it.
+      if (!spans.trusted) delete req.headers.baggage;
     },
   };
 }

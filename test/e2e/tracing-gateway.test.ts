@@ -100,6 +100,7 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
         'x-api-key': KEY,
         traceparent: CLIENT_TRACEPARENT,
         tracestate: 'client=1',
+        baggage: 'user.id=evil',
         'x-request-id': 'untrusted-1',
       },
     });
@@ -133,6 +134,11 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
     assert.equal(sent.parentId, call.spanId);
     assert.equal(sent.flags, '01');
     assert.equal(got.headers.tracestate, undefined, "the client's tracestate belongs to its own trace");
+    assert.equal(
+      got.headers.baggage,
+      undefined,
+      "nor is an untrusted client's baggage passed on (found by an outside attack)",
+    );
     // What spans never carry: the key, and the query string.
     const exported = JSON.stringify(collector.spans);
     assert.ok(!exported.includes(KEY));
@@ -145,6 +151,7 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
         'x-api-key': KEY,
         traceparent: CLIENT_TRACEPARENT,
         tracestate: 'proxy=1',
+        baggage: 'tenant=acme',
         'x-request-id': 'trusted-1',
       },
     });
@@ -163,6 +170,7 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
     assert.equal(sent.traceId, CLIENT_TRACE);
     assert.equal(sent.parentId, call.spanId);
     assert.equal(got.headers.tracestate, 'proxy=1');
+    assert.equal(got.headers.baggage, 'tenant=acme');
   });
 
   it('a refused request: the server span says why (4xx is not a span error), the authenticate span failed, nothing reached the upstream', async () => {
@@ -183,6 +191,16 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
     assert.equal(auth.attributes['error.type'], 'invalid_api_key');
     assert.equal(spans.filter((s) => s.kind === SPAN_KIND.client).length, 0);
     assert.equal(upstream.received.length, before);
+
+    // A path is the client's to choose: its attribute is cut to 1,024 characters (12 KB ones were exported whole).
+    const long = `/api/${'x'.repeat(12_000)}`;
+    assert.equal((await request(untrusted.url, long, { headers: { 'x-request-id': 'long-path-1' } })).status, 401);
+    const { root: longOne } = await traceOf(
+      collector,
+      (s) => s.kind === SPAN_KIND.server && s.attributes['gatehouse.request.id'] === 'long-path-1',
+      1,
+    );
+    assert.equal(longOne.attributes['url.path'], long.slice(0, 1024));
   });
 });
 

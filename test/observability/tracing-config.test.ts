@@ -51,6 +51,11 @@ describe('observability.tracing: the config', () => {
       'observability.tracing.endpoint: endpoint must use http or https, got "ftp:"',
       'observability.tracing.sampleRatio: sampleRatio must be from 0 to 1',
     ]);
+    // The exporter drops a URL's user and password without a word (found by an outside attack): refused.
+    assert.deepEqual(problemsOf({ endpoint: 'http://user:secret@collector:4318' }), [
+      "observability.tracing.endpoint: endpoint must not carry a user or password (the exporter would not send them): put the collector's credentials in headers",
+    ]);
+    assert.deepEqual(problemsOf({ endpoint: 'not a url' }).length, 1);
     assert.equal(problemsOf({ sampleRatio: 0 }).length, 1);
     assert.match(problemsOf({ sampleRatio: 0 })[0]!, /^observability\.tracing\.endpoint: /);
   });

@@ -13,9 +13,14 @@ const tracing = z
       .describe(
         'How spans leave: `"otlp"`, OTLP/HTTP with JSON bodies (`@opentelemetry/exporter-trace-otlp-http`), the only one.',
       ),
-    endpoint: httpUrl('endpoint').describe(
-      'The collector\'s OTLP/HTTP base URL, e.g. `"http://collector:4318"`: spans are POSTed to `<endpoint>/v1/traces` (a URL already ending in `/v1/traces` is used as it is), as `OTEL_EXPORTER_OTLP_ENDPOINT` works.',
-    ),
+    endpoint: httpUrl('endpoint')
+      .refine((url) => !URL.canParse(url) || (new URL(url).username === '' && new URL(url).password === ''), {
+        error:
+          "endpoint must not carry a user or password (the exporter would not send them): put the collector's credentials in headers",
+      })
+      .describe(
+        'The collector\'s OTLP/HTTP base URL, e.g. `"http://collector:4318"`: spans are POSTed to `<endpoint>/v1/traces` (a URL already ending in `/v1/traces` is used as it is), as `OTEL_EXPORTER_OTLP_ENDPOINT` works.',
+      ),
     sampleRatio: z
       .number({ error: 'sampleRatio must be a number from 0 to 1' })
       .min(0, 'sampleRatio must be from 0 to 1')
