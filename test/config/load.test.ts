@@ -156,6 +156,28 @@ describe('config: each problem names its exact path', () => {
     assert.equal(problems.length, 1);
   });
 
+  it('an apiKeys id "default" beside the plain apiKey (its id) is refused: two keys would share one identity', () => {
+    const hash = `sha256:${'a'.repeat(64)}`;
+    const problems = problemsOf(
+      withGateway({
+        auth: {
+          apiKey: GOOD_KEY,
+          apiKeys: [
+            { id: 'ci', hash },
+            { id: 'default', hash: `sha256:${'b'.repeat(64)}` },
+          ],
+        },
+      }),
+    );
+    assert.match(assertProblemAt(problems, 'gateway.auth.apiKeys[1].id'), /the plain apiKey's/);
+    assert.equal(problems.length, 1);
+    // Without a plain key the id is free.
+    assert.equal(
+      parseConfig(withGateway({ auth: { apiKeys: [{ id: 'default', hash }] } })).gateway.auth.apiKeys[0]!.id,
+      'default',
+    );
+  });
+
   it('an api key entry with a bad hash or expiresAt', () => {
     assertProblemAt(
       problemsOf(withGateway({ auth: { apiKeys: [{ id: 'ci', hash: 'a'.repeat(64) }] } })),

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { API_KEY_PREFIX, hasValidKeyChecksum } from '../../gateway/credentials/api-key.js';
+import { API_KEY_PREFIX, hasValidKeyChecksum, PLAIN_API_KEY_ID } from '../../gateway/credentials/api-key.js';
 import {
   addressRange,
   httpUrl,
@@ -264,160 +264,172 @@ const failures = z.strictObject({
     .describe('Seconds a lockout lasts: the client gets 429 `too_many_failures` with `Retry-After`.'),
 });
 
-export const auth = z.strictObject({
-  enabled: z
-    .boolean()
-    .default(true)
-    .describe(
-      '`false` skips the credential check (`allowedIPs` still applies); on a non-loopback address that needs `allowInsecure`.',
-    ),
-  allowInsecure: z
-    .boolean()
-    .default(false)
-    .describe(
-      'Allow a start with no credential check (auth disabled, or no credential configured) on a non-loopback address; logs a loud warning.',
-    ),
-  apiKey: z
-    .string()
-    .min(32, 'apiKey must be at least 32 characters')
-    .regex(/^[^\s,]+$/, 'apiKey must not contain blanks or commas')
-    // Presented gth_ keys are checksum-checked before lookup, so a hand-made one could never match.
-    .refine(
-      (key) => !key.startsWith(API_KEY_PREFIX) || hasValidKeyChecksum(key),
-      `an apiKey starting with "${API_KEY_PREFIX}" must be a generated key (its checksum does not match)`,
-    )
-    .optional()
-    .describe(
-      'One plain key, sent as `X-API-Key` (32 or more characters, no blanks or commas) and reported as key id `default`; usually `"${GATEHOUSE_API_KEY}"` or `{ file }`.',
-    ),
-  apiKeys: z
-    .array(apiKeyItem)
-    .default([])
-    .transform((entries, ctx) => {
-      const keys: ApiKeyEntry[] = [];
-      const seen = new Map<string, number>();
-      entries.forEach((entry, i) => {
-        // Scale (100,000 keys): a well-formed entry is checked by hand and kept as it is; zod's
-        // per-object parse cost 160 ms and 33 MB of short-lived garbage that stayed in the RSS.
-        // Anything else goes through the schema for its exact error.
-        let key: ApiKeyEntry;
-        if (isPlainApiKeyEntry(entry)) key = entry;
-        else {
-          const parsed = apiKeyEntry.safeParse(entry);
-          if (!parsed.success) {
-            for (const issue of parsed.error.issues)
-              ctx.addIssue({ ...issue, path: [i, ...issue.path] } as z.core.$ZodRawIssue);
-            return;
-          }
-          key = parsed.data;
-        }
-        const first = seen.get(key.id);
-        if (first !== undefined)
-          ctx.addIssue({
-            code: 'custom',
-            path: [i, 'id'],
-            message: `duplicate key id "${key.id}" (also at apiKeys[${first}])`,
-          });
-        else seen.set(key.id, i);
-        keys.push(key);
-      });
-      return keys;
-    })
-    .describe(
-      'Hashed API keys, sent as `X-API-Key`, each with its own id and optional expiry, scopes and rate limit; ids are unique.',
-    ),
-  bearer: z
-    .strictObject({
-      jwt: jwtSettings.describe(
-        'How tokens are verified: one key source (`jwksUri`, `secret` or `publicKey`) and the claims checked.',
+export const auth = z
+  .strictObject({
+    enabled: z
+      .boolean()
+      .default(true)
+      .describe(
+        '`false` skips the credential check (`allowedIPs` still applies); on a non-loopback address that needs `allowInsecure`.',
       ),
-    })
-    .optional()
-    .describe('Accept JWTs as `Authorization: Bearer <token>`. Unset: no bearer tokens.'),
-  clientCertificate: clientCertificate
-    .optional()
-    .describe(
-      'Accept a client certificate (mTLS, verified by `gateway.tls.clientCertificates`) as a credential: `identities` say which certificates, and who each one is. Unset: certificates are no credential.',
-    ),
-  require: z
-    .enum(['any', 'all'])
-    .default('any')
-    .describe(
-      '`"any"`: one valid credential suffices; `"all"`: every configured method (API key, bearer, client certificate) must be presented and valid.',
-    ),
-  allowedIPs: z
-    .array(addressRange)
-    .optional()
-    .meta({ docsType: 'list of IPs or CIDRs' })
-    .describe(
-      'Client addresses (IPs or CIDRs, IPv4 or IPv6) allowed to call `/api/`, checked whenever set, also with `enabled: false`. Unset: any address.',
-    ),
-  failures: failures
-    .prefault({})
-    .describe(
-      'The lockout: bad credentials are counted per client IP, on this listener and for guessable secrets on the webhook one.',
-    ),
-  forwardCredentials: z
-    .boolean()
-    .default(false)
-    .describe('Send `X-API-Key` and the bearer `Authorization` header on to the upstream; `false` strips them.'),
-  // Compiled and checked in src/gateway/authorize.ts.
-  rules: z
-    .array(
-      z
-        .strictObject({
-          paths: pathPatterns.describe(
-            'Path patterns under `/api/` (or `/_gatehouse/`): `*` is one segment, `**` (last only) any rest; ASCII case and a trailing slash do not matter.',
+    allowInsecure: z
+      .boolean()
+      .default(false)
+      .describe(
+        'Allow a start with no credential check (auth disabled, or no credential configured) on a non-loopback address; logs a loud warning.',
+      ),
+    apiKey: z
+      .string()
+      .min(32, 'apiKey must be at least 32 characters')
+      .regex(/^[^\s,]+$/, 'apiKey must not contain blanks or commas')
+      // Presented gth_ keys are checksum-checked before lookup, so a hand-made one could never match.
+      .refine(
+        (key) => !key.startsWith(API_KEY_PREFIX) || hasValidKeyChecksum(key),
+        `an apiKey starting with "${API_KEY_PREFIX}" must be a generated key (its checksum does not match)`,
+      )
+      .optional()
+      .describe(
+        'One plain key, sent as `X-API-Key` (32 or more characters, no blanks or commas) and reported as key id `default` (which no `apiKeys` entry may then use); usually `"${GATEHOUSE_API_KEY}"` or `{ file }`.',
+      ),
+    apiKeys: z
+      .array(apiKeyItem)
+      .default([])
+      .transform((entries, ctx) => {
+        const keys: ApiKeyEntry[] = [];
+        const seen = new Map<string, number>();
+        entries.forEach((entry, i) => {
+          // Scale (100,000 keys): a well-formed entry is checked by hand and kept as it is; zod's
+          // per-object parse cost 160 ms and 33 MB of short-lived garbage that stayed in the RSS.
+          // Anything else goes through the schema for its exact error.
+          let key: ApiKeyEntry;
+          if (isPlainApiKeyEntry(entry)) key = entry;
+          else {
+            const parsed = apiKeyEntry.safeParse(entry);
+            if (!parsed.success) {
+              for (const issue of parsed.error.issues)
+                ctx.addIssue({ ...issue, path: [i, ...issue.path] } as z.core.$ZodRawIssue);
+              return;
+            }
+            key = parsed.data;
+          }
+          const first = seen.get(key.id);
+          if (first !== undefined)
+            ctx.addIssue({
+              code: 'custom',
+              path: [i, 'id'],
+              message: `duplicate key id "${key.id}" (also at apiKeys[${first}])`,
+            });
+          else seen.set(key.id, i);
+          keys.push(key);
+        });
+        return keys;
+      })
+      .describe(
+        'Hashed API keys, sent as `X-API-Key`, each with its own id and optional expiry, scopes and rate limit; ids are unique.',
+      ),
+    bearer: z
+      .strictObject({
+        jwt: jwtSettings.describe(
+          'How tokens are verified: one key source (`jwksUri`, `secret` or `publicKey`) and the claims checked.',
+        ),
+      })
+      .optional()
+      .describe('Accept JWTs as `Authorization: Bearer <token>`. Unset: no bearer tokens.'),
+    clientCertificate: clientCertificate
+      .optional()
+      .describe(
+        'Accept a client certificate (mTLS, verified by `gateway.tls.clientCertificates`) as a credential: `identities` say which certificates, and who each one is. Unset: certificates are no credential.',
+      ),
+    require: z
+      .enum(['any', 'all'])
+      .default('any')
+      .describe(
+        '`"any"`: one valid credential suffices; `"all"`: every configured method (API key, bearer, client certificate) must be presented and valid.',
+      ),
+    allowedIPs: z
+      .array(addressRange)
+      .optional()
+      .meta({ docsType: 'list of IPs or CIDRs' })
+      .describe(
+        'Client addresses (IPs or CIDRs, IPv4 or IPv6) allowed to call `/api/`, checked whenever set, also with `enabled: false`. Unset: any address.',
+      ),
+    failures: failures
+      .prefault({})
+      .describe(
+        'The lockout: bad credentials are counted per client IP, on this listener and for guessable secrets on the webhook one.',
+      ),
+    forwardCredentials: z
+      .boolean()
+      .default(false)
+      .describe('Send `X-API-Key` and the bearer `Authorization` header on to the upstream; `false` strips them.'),
+    // Compiled and checked in src/gateway/authorize.ts.
+    rules: z
+      .array(
+        z
+          .strictObject({
+            paths: pathPatterns.describe(
+              'Path patterns under `/api/` (or `/_gatehouse/`): `*` is one segment, `**` (last only) any rest; ASCII case and a trailing slash do not matter.',
+            ),
+            methods: methods
+              .optional()
+              .describe('Methods the rule applies to (upper case; `GET` brings `HEAD`). Unset: every method.'),
+            scopes: z
+              .array(scopeToken)
+              .min(1)
+              .optional()
+              .describe(
+                "Scopes the request must hold, all of them (from its API key, or its token's `scope` and `scp`). A rule needs `scopes`, `claims` or both.",
+              ),
+            claims: z
+              .record(z.string().min(1), z.string())
+              .optional()
+              .describe(
+                'Top-level JWT claims the token must have: equal to the value, or, for an array claim, containing it. A request with only an API key fails such a rule.',
+              ),
+          })
+          .refine(
+            (rule) => rule.scopes !== undefined || (rule.claims !== undefined && Object.keys(rule.claims).length > 0),
+            'a rule needs scopes or claims (what it requires)',
           ),
-          methods: methods
-            .optional()
-            .describe('Methods the rule applies to (upper case; `GET` brings `HEAD`). Unset: every method.'),
-          scopes: z
-            .array(scopeToken)
-            .min(1)
-            .optional()
-            .describe(
-              "Scopes the request must hold, all of them (from its API key, or its token's `scope` and `scp`). A rule needs `scopes`, `claims` or both.",
-            ),
-          claims: z
-            .record(z.string().min(1), z.string())
-            .optional()
-            .describe(
-              'Top-level JWT claims the token must have: equal to the value, or, for an array claim, containing it. A request with only an API key fails such a rule.',
-            ),
-        })
-        .refine(
-          (rule) => rule.scopes !== undefined || (rule.claims !== undefined && Object.keys(rule.claims).length > 0),
-          'a rule needs scopes or claims (what it requires)',
-        ),
-    )
-    .default([])
-    .describe(
-      'What a request must hold: every rule whose paths and methods match must be satisfied, else 403 `insufficient_scope`.',
-    ),
-  defaultAllow: z
-    .boolean()
-    .default(true)
-    .describe('A request no rule matches: allowed (`true`), or refused with 403 `insufficient_scope` (`false`).'),
-  // Browsers cannot set headers on `new WebSocket()` or `new EventSource()` (src/gateway/browser-credentials.ts).
-  browser: z
-    .strictObject({
-      websocketProtocol: z
-        .boolean()
-        .default(false)
-        .describe(
-          "Read a credential offered in a WebSocket upgrade's `Sec-WebSocket-Protocol` as `gatehouse, gatehouse.bearer.<JWT>` or `gatehouse, gatehouse.api-key.<key>`; both `gatehouse` entries are removed before the upstream.",
-        ),
-      queryParameter: z
-        .string()
-        .regex(/^[A-Za-z0-9_.~-]{1,64}$/, 'queryParameter: 1-64 characters of A-Z a-z 0-9 _ . ~ -')
-        .optional()
-        .describe(
-          'A query parameter (e.g. `"access_token"`) that carries a credential on `GET` requests only (EventSource, WebSocket): a JWT or an API key, removed from the URL the upstream sees and never logged. Unset: none.',
-        ),
-    })
-    .prefault({})
-    .describe(
-      'Credential forms a browser can send where it cannot set headers; both off by default. They are checked exactly like `X-API-Key` and `Authorization: Bearer`.',
-    ),
-});
+      )
+      .default([])
+      .describe(
+        'What a request must hold: every rule whose paths and methods match must be satisfied, else 403 `insufficient_scope`.',
+      ),
+    defaultAllow: z
+      .boolean()
+      .default(true)
+      .describe('A request no rule matches: allowed (`true`), or refused with 403 `insufficient_scope` (`false`).'),
+    // Browsers cannot set headers on `new WebSocket()` or `new EventSource()` (src/gateway/browser-credentials.ts).
+    browser: z
+      .strictObject({
+        websocketProtocol: z
+          .boolean()
+          .default(false)
+          .describe(
+            "Read a credential offered in a WebSocket upgrade's `Sec-WebSocket-Protocol` as `gatehouse, gatehouse.bearer.<JWT>` or `gatehouse, gatehouse.api-key.<key>`; both `gatehouse` entries are removed before the upstream.",
+          ),
+        queryParameter: z
+          .string()
+          .regex(/^[A-Za-z0-9_.~-]{1,64}$/, 'queryParameter: 1-64 characters of A-Z a-z 0-9 _ . ~ -')
+          .optional()
+          .describe(
+            'A query parameter (e.g. `"access_token"`) that carries a credential on `GET` requests only (EventSource, WebSocket): a JWT or an API key, removed from the URL the upstream sees and never logged. Unset: none.',
+          ),
+      })
+      .prefault({})
+      .describe(
+        'Credential forms a browser can send where it cannot set headers; both off by default. They are checked exactly like `X-API-Key` and `Authorization: Bearer`.',
+      ),
+  })
+  // Two keys under one id would share its rules, rate limit and upstream identity.
+  .superRefine((settings, ctx) => {
+    if (settings.apiKey === undefined) return;
+    const i = settings.apiKeys.findIndex((key) => key.id === PLAIN_API_KEY_ID);
+    if (i !== -1)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['apiKeys', i, 'id'],
+        message: `key id "${PLAIN_API_KEY_ID}" is the plain apiKey's: rename this one, or move the plain key into apiKeys`,
+      });
+  });
