@@ -5,7 +5,8 @@ import { configJsonSchema } from '../config/json-schema.js';
 import { DEFAULT_CONFIG_FILE as FALLBACK_CONFIG_FILE, loadConfig, resolveConfigFile } from '../config/load.js';
 import type { Config } from '../config/schema.js';
 import { configWarnings } from '../config/warnings.js';
-import { ConfigError } from '../errors.js';
+import { ConfigError, UsageError } from '../errors.js';
+import { needsSecretKey, secretKeysFromEnv } from '../storage/secrets.js';
 import { REDACTED, redactUrlCredentials } from '../config/redact.js';
 
 /** Every command's `--config` default: GATEHOUSE_CONFIG when set, else ./gateway.json5. */
@@ -48,19 +49,23 @@ export function registerConfigCommands(program: Command): void {
         const file = path.resolve(options.config);
         try {
           const { config } = loadConfig(options.config, env);
+          checkSecretKey(config, env);
           process.stdout.write(
             JSON.stringify({ ok: true, file, problems: [], warnings: configWarnings(config).map(asProblem) }) + '\n',
           );
         } catch (err) {
-          if (!(err instanceof ConfigError)) throw err;
-          process.stdout.write(
-            JSON.stringify({ ok: false, file, problems: err.problems.map(asProblem), warnings: [] }) + '\n',
-          );
+          if (!(err instanceof ConfigError) && !(err instanceof UsageError)) throw err;
+          const problems =
+            err instanceof ConfigError
+              ? err.problems.map(asProblem)
+              : [{ path: '(environment)', message: err.message }];
+          process.stdout.write(JSON.stringify({ ok: false, file, problems, warnings: [] }) + '\n');
           process.exitCode = 1;
         }
         return;
       }
       const { config, file } = loadConfig(options.config, env);
+      checkSecretKey(config, env);
       for (const warning of configWarnings(config)) process.stderr.write(`warning: ${warning}\n`);
       process.stdout.write(`ok: ${file}: ${summarizeConfig(config)}\n`);
       for (const line of summarizeSections(config)) process.stdout.write(`  ${line}\n`);
@@ -80,6 +85,11 @@ export function registerConfigCommands(program: Command): void {
     .action(() => {
       process.stdout.write(JSON.stringify(configJsonSchema(), null, 2) + '\n');
     });
+}
+
+/** What `start` would refuse for the environment: Gmail or channels without a usable GATEHOUSE_SECRET_KEY. */
+function checkSecretKey(config: Config, env: NodeJS.ProcessEnv): void {
+  if (needsSecretKey(config)) secretKeysFromEnv(env);
 }
 
 /** `path: reason` as data. */

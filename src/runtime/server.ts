@@ -23,7 +23,7 @@ import { enableMetrics } from '../observability/metrics.js';
 import { startTracing, stopTracing } from '../observability/tracing.js';
 import { gmailPushVerifier, startGmail, type GmailPushRoute, type RunningGmail } from '../integrations/gmail/run.js';
 import { HttpError } from '../errors.js';
-import { secretKeysFromEnv } from '../storage/secrets.js';
+import { needsSecretKey, secretKeysFromEnv } from '../storage/secrets.js';
 import { buildWebhookApp, type IntegrationRoute, type WebhookApp } from '../webhooks/receiver.js';
 import { createVerifier } from '../webhooks/verifiers/index.js';
 import {
@@ -451,11 +451,6 @@ function gmailPushRoutes(config: GmailConfig, push: GmailPushRoute | undefined):
       countsFailures: false,
     },
   ];
-}
-
-/** Gmail and channels keep sealed tokens: they need GATEHOUSE_SECRET_KEY. */
-function needsSecretKey(config: Config): boolean {
-  return Boolean(config.webhooks.gmail) || Object.keys(config.channels).length > 0;
 }
 
 async function warmUp(logger: Logger, app: GatewayApp): Promise<void> {

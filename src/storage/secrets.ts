@@ -1,5 +1,6 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { UsageError } from '../errors.js';
+import type { Config } from '../config/schema.js';
 
 /**
  * Tokens gatehouse obtains itself (OAuth refresh tokens, bot tokens) are stored sealed with
@@ -27,6 +28,11 @@ export const HOW_TO_MAKE_A_SECRET_KEY =
 export interface SecretKeys {
   current: Buffer;
   previous: readonly Buffer[];
+}
+
+/** Gmail and channels keep sealed tokens: they need GATEHOUSE_SECRET_KEY. */
+export function needsSecretKey(config: Pick<Config, 'webhooks' | 'channels'>): boolean {
+  return Boolean(config.webhooks.gmail) || Object.keys(config.channels).length > 0;
 }
 
 /** The sealing keys from the environment; a UsageError saying how to make one when a key is missing or malformed. */

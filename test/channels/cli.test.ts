@@ -16,6 +16,7 @@ import {
   type FakeSlack,
   type FakeTelegram,
 } from '../helpers/fake-chat.js';
+import { runCli } from '../helpers/process.js';
 import {
   channelsCli,
   startLogin,
@@ -83,6 +84,28 @@ describe('channels CLI', () => {
   after(async () => {
     await Promise.all([telegram?.close(), discord?.close(), slack?.close()]);
     removeWorkspace(ws);
+  });
+
+  it('config check refuses channels without a usable GATEHOUSE_SECRET_KEY, as start would (one line; --json names the environment)', async () => {
+    const check = (key: string, json = false) =>
+      runCli(['config', 'check', '--config', ws.config, ...(json ? ['--json'] : [])], {
+        env: { ...ws.env, GATEHOUSE_SECRET_KEY: key },
+      });
+    const missing = await check('');
+    assert.equal(missing.code, 1);
+    assert.match(
+      missing.stderr.trim(),
+      /^gatehouse: GATEHOUSE_SECRET_KEY is not set\. .*Make one with `openssl rand -base64 32`/,
+    );
+    assert.equal(missing.stderr.trim().split('\n').length, 1, missing.stderr);
+    const short = await check(Buffer.alloc(16, 7).toString('base64'), true);
+    assert.equal(short.code, 1);
+    const report = JSON.parse(short.stdout);
+    assert.equal(report.ok, false);
+    assert.equal(report.problems[0].path, '(environment)');
+    assert.match(report.problems[0].message, /not 32 bytes of base64 \(got 16 bytes\)/);
+    const good = await check(ws.env.GATEHOUSE_SECRET_KEY!);
+    assert.equal(good.code, 0, good.stderr);
   });
 
   it('login without GATEHOUSE_SECRET_KEY (or with a malformed one) refuses for every kind, says how to make a key, and calls no platform', async () => {
