@@ -2,7 +2,12 @@ import path from 'node:path';
 import { Option, type Command } from 'commander';
 import { environmentWithFiles } from '../config/env-file.js';
 import { configJsonSchema } from '../config/json-schema.js';
-import { DEFAULT_CONFIG_FILE as FALLBACK_CONFIG_FILE, loadConfig, resolveConfigFile } from '../config/load.js';
+import {
+  DEFAULT_CONFIG_FILE as FALLBACK_CONFIG_FILE,
+  loadConfig,
+  loadStorageConfig,
+  resolveConfigFile,
+} from '../config/load.js';
 import type { Config } from '../config/schema.js';
 import { configWarnings } from '../config/warnings.js';
 import { ConfigError, UsageError } from '../errors.js';
@@ -28,6 +33,17 @@ export function envFileOption(when = ''): Option {
   )
     .argParser((file: string, files: string[]) => [...files, file])
     .default([], 'none');
+}
+
+/** `-c, --config` and `--env-file`, as a storage command's options hold them. */
+export interface StorageOptions {
+  config: string;
+  envFile: string[];
+}
+
+/** The `storage` section for commands that only open storage, `${VAR}` taken from `--env-file` files too. */
+export function storageConfigOf(options: StorageOptions): Config['storage'] {
+  return loadStorageConfig(options.config, environmentWithFiles(options.envFile));
 }
 
 /**

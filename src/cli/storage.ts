@@ -1,6 +1,5 @@
 import { existsSync } from 'node:fs';
 import type { Command } from 'commander';
-import { loadStorageConfig } from '../config/load.js';
 import type { PostgresStorageConfig } from '../config/schema.js';
 import { UsageError } from '../errors.js';
 import {
@@ -21,7 +20,7 @@ import { exportChannelState } from '../storage/sqlite/channels.js';
 import { SqliteEventStore } from '../storage/sqlite/events.js';
 import { exportGmailState } from '../storage/sqlite/gmail.js';
 import { WriterLockBusyError } from '../storage/sqlite/writer-lock.js';
-import { DEFAULT_CONFIG_FILE } from './config.js';
+import { DEFAULT_CONFIG_FILE, envFileOption, storageConfigOf, type StorageOptions } from './config.js';
 
 /**
  * `gatehouse storage migrate|status|copy|reseal`: the storage a config names, on either driver.
@@ -36,8 +35,9 @@ export function registerStorageCommands(program: Command): void {
     .command('migrate')
     .description('create or bring up to date the storage schema')
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
-    .action(async (options: { config: string }) => {
-      const settings = loadStorageConfig(options.config);
+    .addOption(envFileOption())
+    .action(async (options: StorageOptions) => {
+      const settings = storageConfigOf(options);
       // Opening migrates: SQLite creates its tables, Postgres applies what schema_migrations lacks.
       const store = await openEventStore(settings, { role: 'setup' }).catch(unreachable(describeStorage(settings)));
       try {
@@ -52,9 +52,10 @@ export function registerStorageCommands(program: Command): void {
     .command('status')
     .description('schema version and queued, delivered and dead event counts')
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
+    .addOption(envFileOption())
     .option('--json', 'as JSON')
-    .action(async (options: { config: string; json?: boolean }) => {
-      const settings = loadStorageConfig(options.config);
+    .action(async (options: StorageOptions & { json?: boolean }) => {
+      const settings = storageConfigOf(options);
       const store = await openEventStore(settings, { role: 'cli' }).catch(unreachable(describeStorage(settings)));
       try {
         const status = await store.status(Date.now());
@@ -88,9 +89,10 @@ function registerResealCommand(storage: Command): void {
       `seal every stored secret (Gmail and channel grants) again under the current ${SECRET_KEY_VARIABLE}, after a key rotation`,
     )
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
+    .addOption(envFileOption())
     .option('--json', 'the counts as JSON')
-    .action(async (options: { config: string; json?: boolean }) => {
-      const settings = loadStorageConfig(options.config);
+    .action(async (options: StorageOptions & { json?: boolean }) => {
+      const settings = storageConfigOf(options);
       const keys = secretKeysFromEnv();
       const where = describeStorage(settings);
       const events = await openEventStore(settings, { role: 'cli' }).catch(unreachable(where));
@@ -185,9 +187,10 @@ function registerCopyCommand(storage: Command): void {
     )
     .requiredOption('--to <url>', 'the target: a postgres:// URL (migrated here; it must hold no events)')
     .option('-c, --config <file>', 'config file (its storage is the SQLite source)', DEFAULT_CONFIG_FILE)
+    .addOption(envFileOption())
     .option('--json', 'the counts as JSON')
-    .action(async (options: { to: string; config: string; json?: boolean }) => {
-      const settings = loadStorageConfig(options.config);
+    .action(async (options: StorageOptions & { to: string; json?: boolean }) => {
+      const settings = storageConfigOf(options);
       if (settings.driver !== 'sqlite')
         throw new UsageError(
           `storage copy reads the SQLite store the config names, and this config's storage.driver is "${settings.driver}"`,

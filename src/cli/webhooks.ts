@@ -1,5 +1,4 @@
 import type { Command } from 'commander';
-import { loadStorageConfig } from '../config/load.js';
 import { UsageError } from '../errors.js';
 import { describeStorage, openEventStore } from '../storage/open.js';
 import {
@@ -11,7 +10,7 @@ import {
   type StoredEvent,
 } from '../storage/contracts/events.js';
 import { listEvents, retryEvents } from '../admin/deliveries.js';
-import { DEFAULT_CONFIG_FILE } from './config.js';
+import { DEFAULT_CONFIG_FILE, envFileOption, storageConfigOf, type StorageOptions } from './config.js';
 import { registerGmailCommands } from './gmail.js';
 import { toJsonWithIsoDates } from '../admin/json.js';
 import { parseDuration } from './gateway.js';
@@ -29,8 +28,8 @@ export function registerWebhooksCommands(program: Command): void {
     .command('deliveries')
     .description('inspect and manage stored webhook events and their deliveries');
 
-  const withStore = async <T>(configFile: string, work: (store: EventStore) => Promise<T>): Promise<T> => {
-    const storage = loadStorageConfig(configFile);
+  const withStore = async <T>(options: StorageOptions, work: (store: EventStore) => Promise<T>): Promise<T> => {
+    const storage = storageConfigOf(options);
     const store = await openEventStore(storage, { role: 'cli' }).catch(unreachable(describeStorage(storage)));
     try {
       return await work(store);
@@ -43,11 +42,12 @@ export function registerWebhooksCommands(program: Command): void {
     .command('list')
     .description('list events, newest first')
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
+    .addOption(envFileOption())
     .option('--status <status>', 'queued | delivered | dead')
     .option('--endpoint <path>', 'only events received on this endpoint path')
     .option('--limit <n>', 'at most this many', '100')
     .option('--json', 'one JSON array')
-    .action(async (options: { config: string; status?: string; endpoint?: string; limit: string; json?: boolean }) => {
+    .action(async (options: StorageOptions & { status?: string; endpoint?: string; limit: string; json?: boolean }) => {
       if (options.status !== undefined && !STATUSES.includes(options.status as DeliveryStatus)) {
         throw new UsageError(`--status must be one of ${STATUSES.join(', ')} (got "${options.status}")`);
       }
@@ -55,7 +55,7 @@ export function registerWebhooksCommands(program: Command): void {
       // Safe integers only: 1e20 is an integer to JavaScript, and a stack from the database's bigint.
       if (!Number.isSafeInteger(limit) || limit < 1)
         throw new UsageError(`--limit must be a positive integer (got "${options.limit}")`);
-      const { events } = await withStore(options.config, (store) =>
+      const { events } = await withStore(options, (store) =>
         listEvents(store, {
           filter: { status: options.status as DeliveryStatus | undefined, endpoint: options.endpoint },
           limit,
@@ -83,9 +83,10 @@ export function registerWebhooksCommands(program: Command): void {
     .command('show <id>')
     .description('one event: its envelope and every delivery attempt')
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
+    .addOption(envFileOption())
     .option('--json', 'as JSON')
-    .action(async (id: string, options: { config: string; json?: boolean }) => {
-      const found = await withStore(options.config, (store) => store.get(id));
+    .action(async (id: string, options: StorageOptions & { json?: boolean }) => {
+      const found = await withStore(options, (store) => store.get(id));
       if (!found) throw new UsageError(`no event ${id}`);
       if (options.json)
         return print(
@@ -112,24 +113,25 @@ export function registerWebhooksCommands(program: Command): void {
       'deliver one event again now, with a fresh attempt budget (delivered, dead, or queued waiting for a retry); or every dead one (--dead), or every one waiting for a retry (--queued)',
     )
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
+    .addOption(envFileOption())
     .option('--dead', 'requeue every dead event')
     .option('--queued', 'every queued event waiting for a retry: due now')
-    .action(async (id: string | undefined, options: { config: string; dead?: boolean; queued?: boolean }) => {
+    .action(async (id: string | undefined, options: StorageOptions & { dead?: boolean; queued?: boolean }) => {
       if ([id !== undefined, options.dead, options.queued].filter(Boolean).length !== 1)
         throw new UsageError('give one of: an event id, --dead, --queued');
       if (options.dead) {
-        const count = await withStore(options.config, (store) =>
+        const count = await withStore(options, (store) =>
           retryEvents(store, { filter: { status: 'dead' }, includeDelivered: false }, Date.now()),
         );
         return print(`requeued ${count} dead event(s)`);
       }
       if (options.queued) {
-        const count = await withStore(options.config, (store) =>
+        const count = await withStore(options, (store) =>
           retryEvents(store, { filter: { status: 'queued' }, includeDelivered: false }, Date.now()),
         );
         return print(`${count} queued event(s) waiting for a retry are due now`);
       }
-      const done = await withStore(options.config, (store) =>
+      const done = await withStore(options, (store) =>
         retryEvents(store, { ids: [id!], includeDelivered: true }, Date.now()),
       );
       if (!done)
@@ -143,13 +145,14 @@ export function registerWebhooksCommands(program: Command): void {
     .command('purge')
     .description('delete delivered events (and their attempts) older than a duration')
     .option('-c, --config <file>', 'config file (for storage)', DEFAULT_CONFIG_FILE)
+    .addOption(envFileOption())
     .option('--delivered', 'required: only delivered events are ever purged')
     .requiredOption('--older-than <duration>', 'e.g. 7d, 12h')
     .option('--json', 'one JSON object: purged, keptInWindow')
-    .action(async (options: { config: string; delivered?: boolean; olderThan: string; json?: boolean }) => {
+    .action(async (options: StorageOptions & { delivered?: boolean; olderThan: string; json?: boolean }) => {
       if (!options.delivered) throw new UsageError('purge needs --delivered (queued and dead events are never purged)');
       const cutoff = Date.now() - parseDuration(options.olderThan, '--older-than');
-      const result = await withStore(options.config, (store) => store.purgeDelivered(cutoff, Date.now()));
+      const result = await withStore(options, (store) => store.purgeDelivered(cutoff, Date.now()));
       if (options.json) return print(JSON.stringify({ ...result, olderThan: options.olderThan }));
       print(purgeSummary(result, options.olderThan));
     });

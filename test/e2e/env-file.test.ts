@@ -201,3 +201,29 @@ describe('gatehouse config check|print --env-file', () => {
     assert.match(bad.stderr, /^gatehouse: env file .*bad\.env: line 1: not NAME=value/);
   });
 });
+
+describe('gatehouse storage|webhooks deliveries --env-file', () => {
+  it('the storage a config names through ${VAR} is found with the env file, and is a missing variable without it', async () => {
+    const file = write(
+      'storage.json5',
+      '{ storage: { path: "${DB_DIR}/events.db" }, gateway: { upstream: { target: "http://127.0.0.1:9" } } }',
+    );
+    const vars = write('storage.env', `DB_DIR=${dir}\n`);
+    const migrated = await runCli(['storage', 'migrate', '--config', file, '--env-file', vars], {
+      env: { DB_DIR: undefined },
+    });
+    assert.equal(migrated.code, 0, migrated.stderr);
+    assert.match(
+      migrated.stdout,
+      new RegExp(`sqlite ${path.join(dir, 'events.db').replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}`),
+    );
+    const listed = await runCli(['webhooks', 'deliveries', 'list', '--json', '--config', file, '--env-file', vars], {
+      env: { DB_DIR: undefined },
+    });
+    assert.equal(listed.code, 0, listed.stderr);
+    assert.deepEqual(JSON.parse(listed.stdout), []);
+    const without = await runCli(['storage', 'status', '--config', file], { env: { DB_DIR: undefined } });
+    assert.equal(without.code, 1);
+    assert.match(without.stderr, /storage\.path: .*DB_DIR/);
+  });
+});
