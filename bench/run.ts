@@ -263,7 +263,9 @@ async function main() {
   const work = mkdtempSync(path.join(os.tmpdir(), 'gatehouse-bench-'));
   const results: CaseResult[] = [];
   const skipped: string[] = [];
-  const want = (name: string) => !ONLY || ONLY.some((o) => name.startsWith(o));
+  // A BENCH_ONLY entry is a name prefix; one ending in `$` is a whole name (`gatehouse api-key$` is that case alone).
+  const want = (name: string) =>
+    !ONLY || ONLY.some((o) => (o.endsWith('$') ? name === o.slice(0, -1) : name.startsWith(o)));
   const wantPostgresIngest =
     !ONLY ||
     ONLY.some(
