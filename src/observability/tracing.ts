@@ -13,18 +13,29 @@ import type { TracingConfig } from '../config/schema.js';
  */
 export interface Tracing {
   /**
-   * A SERVER span for a request that just came in (started at `startTime`, epoch ms). `trusted`:
-   * the request came through a trusted proxy (gateway.trustProxy), so its W3C `traceparent` /
-   * `tracestate` are continued; otherwise the span starts a new trace and the client's context,
-   * if any, is only a link (a client must not choose the trace, or the sampling, of our spans).
+   * The trace a request that just came in belongs to, and whether it is sampled, decided once
+   * without making a span. `trusted`: the request came through a trusted proxy (gateway.trustProxy),
+   * so a valid W3C `traceparent` is continued and its sampled flag followed (ParentBased);
+   * otherwise a new trace, sampled by its id (TraceIdRatioBased: the same id, the same decision).
+   */
+  incoming(headers: IncomingHttpHeaders, trusted: boolean): IncomingTrace;
+  /**
+   * The SERVER span of a sampled request (started at `startTime`, a `performance.now()`), in the trace
+   * `incoming` chose; an untrusted client's own context, if any, is only a link (a client must
+   * not choose the trace, or the sampling, of our spans).
    */
   startServerSpan(
+    incoming: IncomingTrace,
     name: string,
     headers: IncomingHttpHeaders,
-    trusted: boolean,
     startTime: number,
     attributes: SpanAttributes,
   ): Span;
+  /**
+   * The W3C headers for the next hop of an unsampled request: a new span id in its trace, flagged
+   * 00 (not sampled), and a trusted proxy's `tracestate` passed on; no span is made.
+   */
+  unsampledHeaders(incoming: IncomingTrace, headers: IncomingHttpHeaders): { traceparent: string; tracestate?: string };
   /** A child of `parent` (a CLIENT span for a call that leaves gatehouse, else INTERNAL). */
   startChildSpan(parent: Span, name: string, kind: 'client' | 'internal', attributes?: SpanAttributes): Span;
   /**
@@ -41,6 +52,14 @@ export interface Tracing {
   headersFor(span: Span): { traceparent: string; tracestate?: string };
   /** Ends `span`; with `error` (a catalogue code or a reason), its status is ERROR and `error.type` says why. */
   end(span: Span, error?: string): void;
+}
+
+/** A request's trace before any span: see `Tracing.incoming`. */
+export interface IncomingTrace {
+  readonly traceId: string;
+  readonly sampled: boolean;
+  /** The trusted proxy's span (the request's parent) and its trace flags; undefined: a new trace. */
+  readonly parent?: { readonly spanId: string; readonly traceFlags: number };
 }
 
 export type SpanAttributes = Record<string, string | number | boolean | undefined>;
