@@ -38,7 +38,7 @@ function request(i: number): { req: IncomingMessage; res: ServerResponse } {
 async function measure(mode: string, sink: string): Promise<void> {
   const origin = { ip: '127.0.0.1', viaTrustedProxy: false };
   let once = (_i: number) => {};
-  if (mode !== 'off') {
+  if (mode !== 'off' && !mode.startsWith('floor')) {
     const config = {
       exporter: 'otlp',
       endpoint: sink,
@@ -59,6 +59,7 @@ async function measure(mode: string, sink: string): Promise<void> {
   } else {
     once = (i) => void request(i);
   }
+  if (mode.startsWith('floor')) once = await sdkFloor(mode === 'floor', sink);
   const run = async (count: number) => {
     // In slices, yielding between them so the batch processor exports as it would under traffic.
     for (let i = 0; i < count; i += 500) {
@@ -70,11 +71,70 @@ async function measure(mode: string, sink: string): Promise<void> {
   const started = process.cpuUsage();
   await run(N);
   await stopTracing(30_000); // the last exports, inside the measurement
+  await stopFloor();
   const cpu = process.cpuUsage(started);
   console.log(
     JSON.stringify({ mode, requests: N, cpuMicrosPerRequest: Math.round(((cpu.user + cpu.system) / N) * 100) / 100 }),
   );
 }
+
+/**
+ * The official SDK's own floor for three spans a request: a root SERVER span with five attributes,
+ * two children (one CLIENT with four), ended; `exported`: through a BatchSpanProcessor and the
+ * OTLP/HTTP JSON exporter to the sink, else ended into a processor that drops them.
+ */
+async function sdkFloor(exported: boolean, sink: string): Promise<(i: number) => void> {
+  const { ROOT_CONTEXT, SpanKind, trace } = await import('@opentelemetry/api');
+  const { BasicTracerProvider, BatchSpanProcessor } = await import('@opentelemetry/sdk-trace-base');
+  const { OTLPTraceExporter } = await import('@opentelemetry/exporter-trace-otlp-http');
+  const processor = exported
+    ? new BatchSpanProcessor(new OTLPTraceExporter({ url: `${sink}/v1/traces` }), {
+        maxQueueSize: 2048,
+        maxExportBatchSize: 512,
+      })
+    : { onStart() {}, onEnd() {}, forceFlush: async () => {}, shutdown: async () => {} };
+  const provider = new BasicTracerProvider({ spanProcessors: [processor] });
+  const tracer = provider.getTracer('bench');
+  stopFloor = () => provider.shutdown();
+  return (i) => {
+    const server = tracer.startSpan('GET', {
+      kind: SpanKind.SERVER,
+      root: true,
+      attributes: {
+        'http.request.method': 'GET',
+        'url.path': '/api/items',
+        'url.scheme': 'http',
+        'client.address': '127.0.0.1',
+        'gatehouse.request.id': `req-${i}`,
+      },
+    });
+    const parent = trace.setSpan(ROOT_CONTEXT, server);
+    tracer.startSpan('authenticate', {}, parent).end();
+    const call = tracer.startSpan(
+      'GET',
+      {
+        kind: SpanKind.CLIENT,
+        attributes: {
+          'http.request.method': 'GET',
+          'server.address': '127.0.0.1',
+          'server.port': 8080,
+          'url.full': 'http://127.0.0.1:8080/internal/api/items',
+        },
+      },
+      parent,
+    );
+    call.setAttribute('http.response.status_code', 200);
+    call.end();
+    server.setAttributes({
+      'http.response.status_code': 200,
+      'http.route': '/api/',
+      'gatehouse.auth': 'api-key',
+      'enduser.id': 'bench',
+    });
+    server.end();
+  };
+}
+let stopFloor = async () => {};
 
 async function serialize(): Promise<void> {
   const { BasicTracerProvider } = await import('@opentelemetry/sdk-trace-base');
@@ -136,7 +196,19 @@ else {
   );
   const self = fileURLToPath(import.meta.url);
   try {
-    for (const m of ['off', '0', '1', 'off', '0', '1', 'serialize']) {
+    for (const m of [
+      'off',
+      '0',
+      '1',
+      'floor',
+      'floor-unexported',
+      'off',
+      '0',
+      '1',
+      'floor',
+      'floor-unexported',
+      'serialize',
+    ]) {
       process.stdout.write(execFileSync(process.execPath, ['--import', 'tsx', self, m, `http://127.0.0.1:${port}`]));
     }
   } finally {

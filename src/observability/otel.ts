@@ -1,6 +1,5 @@
 import {
   defaultTextMapGetter,
-  defaultTextMapSetter,
   diag,
   DiagLogLevel,
   isSpanContextValid,
@@ -280,9 +279,10 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
       return childOf(parent, name, kind, attributes);
     },
     headersFor(span: Span) {
-      const carrier: { traceparent?: string; tracestate?: string } = {};
-      propagator.inject(trace.setSpan(ROOT_CONTEXT, span), carrier, defaultTextMapSetter);
-      return carrier as { traceparent: string; tracestate?: string };
+      // The W3C propagator's inject, without the context it needs built around the span.
+      const { traceId, spanId, traceFlags, traceState } = span.spanContext();
+      const traceparent = `00-${traceId}-${spanId}-${(traceFlags & TraceFlags.SAMPLED) !== 0 ? '01' : '00'}`;
+      return traceState === undefined ? { traceparent } : { traceparent, tracestate: traceState.serialize() };
     },
     end(span, error) {
       if (error !== undefined) {
