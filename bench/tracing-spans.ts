@@ -17,6 +17,16 @@ import { traceApiRequests } from '../src/observability/request-spans.js';
 import { activeTracing, startTracing, stopTracing } from '../src/observability/tracing.js';
 
 const N = Number(process.env.TRACING_BENCH_REQUESTS ?? 200_000);
+/**
+ * TRACING_BENCH_HEAP_MB=100: that much live data (small objects) held through the run, as a
+ * server's heap holds its modules, config and caches: spans that wait for their export outlive the
+ * young generation, and each old-generation collection then walks the whole heap.
+ */
+const ballast = Array.from({ length: Number(process.env.TRACING_BENCH_HEAP_MB ?? 0) * 10_000 }, (_, i) => ({
+  i,
+  name: `entry-${i}`,
+  tags: [i, i + 1],
+}));
 const TARGET = 'http://127.0.0.1:8080/internal';
 
 function request(i: number): { req: IncomingMessage; res: ServerResponse } {
@@ -74,7 +84,12 @@ async function measure(mode: string, sink: string): Promise<void> {
   await stopFloor();
   const cpu = process.cpuUsage(started);
   console.log(
-    JSON.stringify({ mode, requests: N, cpuMicrosPerRequest: Math.round(((cpu.user + cpu.system) / N) * 100) / 100 }),
+    JSON.stringify({
+      mode,
+      heapMB: Math.round(ballast.length / 10_000),
+      requests: N,
+      cpuMicrosPerRequest: Math.round(((cpu.user + cpu.system) / N) * 100) / 100,
+    }),
   );
 }
 
