@@ -200,7 +200,8 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
   );
   const batch = new BatchSpanProcessor(exporter, {
     maxQueueSize: config.maxQueueSize,
-    maxExportBatchSize: Math.min(512, config.maxQueueSize),
+    // OTEL_BSP_MAX_EXPORT_BATCH_SIZE still tunes it, as docs/observability.md says (a value given here hid it).
+    maxExportBatchSize: Math.min(Number(process.env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE) || 512, config.maxQueueSize),
     exportTimeoutMillis: EXPORT_TIMEOUT_MS * 2,
   });
   const processor = new BoundedSpanProcessor(batch, config.maxQueueSize);
@@ -270,8 +271,8 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
       const tracestate = incoming.parent === undefined ? undefined : traceStateOf(headers)?.serialize();
       return tracestate === undefined ? { traceparent } : { traceparent, tracestate };
     },
-    startChildSpan(parent, name, kind, attributes) {
-      return childOf(trace.setSpan(ROOT_CONTEXT, parent), name, kind, attributes);
+    startChildSpan(parent, name, kind, attributes, startTime) {
+      return tracer.startSpan(name, { kind: KINDS[kind], attributes, startTime }, trace.setSpan(ROOT_CONTEXT, parent));
     },
     startStoredChildSpan(traceparent, name, kind, attributes) {
       const parent =
@@ -284,14 +285,14 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
       const traceparent = `00-${traceId}-${spanId}-${(traceFlags & TraceFlags.SAMPLED) !== 0 ? '01' : '00'}`;
       return traceState === undefined ? { traceparent } : { traceparent, tracestate: traceState.serialize() };
     },
-    end(span, error) {
+    end(span, error, endTime) {
       if (error !== undefined) {
         span.setAttribute(ATTR_ERROR_TYPE, error);
         span.setStatus({ code: SpanStatusCode.ERROR });
       }
-      // On the performance clock, as the start: a start given in epoch ms made the SDK end on
-      // Date.now(), whole milliseconds, and a fast request's span ended before it began.
-      span.end(performance.now());
+      // Never the SDK's default end: for a span given its start, that is Date.now(), whole
+      // milliseconds, and a fast request's span ended before it began.
+      span.end(endTime ?? performance.now());
     },
   };
 

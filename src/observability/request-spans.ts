@@ -19,6 +19,8 @@ interface ApiTrace {
   trusted: boolean;
   auth?: Span;
   upstream?: Span;
+  /** `Date.now() - performance.now()` at the request's start: every span of it is timed from this one anchor (SpanTime). */
+  clock: number;
 }
 
 /** What an upstream span says of its target (a route's upstream.target), worked out once per target. */
@@ -76,12 +78,13 @@ export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
     const ctx = req.gatehouse!;
     const status = finalStatus(res, req);
     const code = ctx.errorCode;
-    if (spans.auth) tracing.end(spans.auth, code ?? 'unfinished');
+    const endTime = spans.clock + performance.now();
+    if (spans.auth) tracing.end(spans.auth, code ?? 'unfinished', endTime);
     if (spans.upstream) {
-      if (code !== undefined && UPSTREAM_FAILURES.has(code)) tracing.end(spans.upstream, code);
+      if (code !== undefined && UPSTREAM_FAILURES.has(code)) tracing.end(spans.upstream, code, endTime);
       else {
         spans.upstream.setAttribute('http.response.status_code', status);
-        tracing.end(spans.upstream, status >= 500 ? String(status) : undefined);
+        tracing.end(spans.upstream, status >= 500 ? String(status) : undefined, endTime);
       }
     }
     const attributes: SpanAttributes = { 'http.response.status_code': status };
@@ -97,7 +100,7 @@ export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
     if (code !== undefined) attributes['gatehouse.error.code'] = code;
     server.setAttributes(attributes);
     // OpenTelemetry's HTTP conventions: a server span fails on 5xx only (a 4xx is the client's).
-    tracing.end(server, status >= 500 ? (code ?? String(status)) : undefined);
+    tracing.end(server, status >= 500 ? (code ?? String(status)) : undefined, endTime);
   }
 
   return {
@@ -106,21 +109,29 @@ export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
       const incoming = tracing.incoming(req.headers, trusted);
       // Unsampled: no span, no attributes, nothing to end; beginUpstream writes the traceparent.
       const ctx = req.gatehouse!;
-      if (!incoming.sampled) return void (ctx.trace = { incoming, trusted } satisfies ApiTrace);
-      const server = tracing.startServerSpan(incoming, req.method!, req.headers, ctx.startedAt, {
+      if (!incoming.sampled) return void (ctx.trace = { incoming, trusted, clock: 0 } satisfies ApiTrace);
+      const clock = Date.now() - performance.now();
+      const server = tracing.startServerSpan(incoming, req.method!, req.headers, clock + ctx.startedAt, {
         'http.request.method': req.method,
         'url.path': pathOf(req.url),
         'url.scheme': encrypted ? 'https' : 'http',
         'client.address': origin.ip,
         'gatehouse.request.id': ctx.id,
       });
-      const spans: ApiTrace = { incoming, server, trusted };
+      const spans: ApiTrace = { incoming, server, trusted, clock };
       ctx.trace = spans;
       res.once('close', () => finish(req, res, spans, server));
     },
     beginAuthentication(req) {
       const spans = traceOf(req);
-      if (spans?.server !== undefined) spans.auth = tracing.startChildSpan(spans.server, 'authenticate', 'internal');
+      if (spans?.server === undefined) return undefined;
+      spans.auth = tracing.startChildSpan(
+        spans.server,
+        'authenticate',
+        'internal',
+        undefined,
+        spans.clock + performance.now(),
+      );
       return undefined;
     },
     endAuthentication(req, refused) {
@@ -129,7 +140,7 @@ export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
       const identity = req.gatehouse?.identity;
       if (identity) spans.auth.setAttribute('gatehouse.auth', identity.methods.join(','));
       if (refused !== undefined) spans.auth.setAttribute('gatehouse.error.code', refused);
-      tracing.end(spans.auth, refused);
+      tracing.end(spans.auth, refused, spans.clock + performance.now());
       spans.auth = undefined;
     },
     beginUpstream(req, target) {
@@ -142,12 +153,18 @@ export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
       } else {
         let upstream = upstreams.get(target);
         if (upstream === undefined) upstreams.set(target, (upstream = upstreamAttributesOf(target)));
-        spans.upstream = tracing.startChildSpan(spans.server, req.method!, 'client', {
-          'http.request.method': req.method,
-          'server.address': upstream.address,
-          'server.port': upstream.port,
-          'url.full': `${upstream.base}${pathOf(req.url)}`,
-        });
+        spans.upstream = tracing.startChildSpan(
+          spans.server,
+          req.method!,
+          'client',
+          {
+            'http.request.method': req.method,
+            'server.address': upstream.address,
+            'server.port': upstream.port,
+            'url.full': `${upstream.base}${pathOf(req.url)}`,
+          },
+          spans.clock + performance.now(),
+        );
         headers = tracing.headersFor(spans.upstream);
       }
       req.headers.traceparent = headers.traceparent;

@@ -20,7 +20,7 @@ export interface Tracing {
    */
   incoming(headers: IncomingHttpHeaders, trusted: boolean): IncomingTrace;
   /**
-   * The SERVER span of a sampled request (started at `startTime`, a `performance.now()`), in the trace
+   * The SERVER span of a sampled request (started at `startTime`: see `SpanTime`), in the trace
    * `incoming` chose; an untrusted client's own context, if any, is only a link (a client must
    * not choose the trace, or the sampling, of our spans).
    */
@@ -28,7 +28,7 @@ export interface Tracing {
     incoming: IncomingTrace,
     name: string,
     headers: IncomingHttpHeaders,
-    startTime: number,
+    startTime: SpanTime,
     attributes: SpanAttributes,
   ): Span;
   /**
@@ -37,7 +37,13 @@ export interface Tracing {
    */
   unsampledHeaders(incoming: IncomingTrace, headers: IncomingHttpHeaders): { traceparent: string; tracestate?: string };
   /** A child of `parent` (a CLIENT span for a call that leaves gatehouse, else INTERNAL). */
-  startChildSpan(parent: Span, name: string, kind: 'client' | 'internal', attributes?: SpanAttributes): Span;
+  startChildSpan(
+    parent: Span,
+    name: string,
+    kind: 'client' | 'internal',
+    attributes?: SpanAttributes,
+    startTime?: SpanTime,
+  ): Span;
   /**
    * A span whose parent is a stored `traceparent` (a webhook event's receive span, perhaps hours
    * ago and on another instance); a new trace when none was stored or it does not parse.
@@ -51,7 +57,7 @@ export interface Tracing {
   /** The W3C headers (`traceparent`, and `tracestate` when there is one) that make a receiver's span a child of `span`. */
   headersFor(span: Span): { traceparent: string; tracestate?: string };
   /** Ends `span`; with `error` (a catalogue code or a reason), its status is ERROR and `error.type` says why. */
-  end(span: Span, error?: string): void;
+  end(span: Span, error?: string, endTime?: SpanTime): void;
 }
 
 /** A request's trace before any span: see `Tracing.incoming`. */
@@ -61,6 +67,14 @@ export interface IncomingTrace {
   /** The trusted proxy's span (the request's parent) and its trace flags; undefined: a new trace. */
   readonly parent?: { readonly spanId: string; readonly traceFlags: number };
 }
+
+/**
+ * A span's start or end: a `performance.now()`, or epoch milliseconds (fractional). The SDK anchors
+ * each span's performance clock to `Date.now()` (whole milliseconds) when the span starts, so spans
+ * that must order exactly (a request's server span and its children) are given epoch times from
+ * one anchor: `Date.now() - performance.now()` taken once per request, plus `performance.now()`.
+ */
+export type SpanTime = number;
 
 export type SpanAttributes = Record<string, string | number | boolean | undefined>;
 

@@ -50,7 +50,7 @@ async function startGatehouse(
       ...(extra.admin ? { admin: extra.admin } : {}),
     }),
   );
-  const proc = startServerProcess(file, { env: FAST_EXPORT });
+  const proc = startServerProcess(file, { env: { ...FAST_EXPORT, ...extra.env } });
   try {
     const listening = await proc.waitFor((l) => l.msg === 'gateway listening');
     const admin = extra.admin ? await proc.waitFor((l) => String(l.msg).startsWith('admin listener')) : undefined;
@@ -310,6 +310,25 @@ describe('tracing /api/: sampling', () => {
     // The stop flushes whatever is queued (SHUTDOWN_FLUSH_MS): the explicit signal that nothing was.
     assert.equal(await none.process.stop(), 0);
     assert.equal(quiet.requests, 0);
+  });
+});
+
+describe('tracing /api/: the batch settings from the environment', () => {
+  it('OTEL_BSP_MAX_EXPORT_BATCH_SIZE is honoured: a full batch of 2 is exported at once, long before a 60 s OTEL_BSP_SCHEDULE_DELAY', async () => {
+    const collector = await startFakeCollector();
+    const upstream = await startRecordingUpstream();
+    const env = { OTEL_BSP_SCHEDULE_DELAY: '60000', OTEL_BSP_MAX_EXPORT_BATCH_SIZE: '2' };
+    const edge = await startGatehouse('batch-of-2', upstream.url, { endpoint: collector.url }, { env });
+    try {
+      const reply = await request(edge.url, '/api/items', { headers: { 'x-api-key': KEY } });
+      assert.equal(reply.status, 200);
+      // Three spans: the first two (authenticate, then the upstream call) fill a batch.
+      await waitFor(() => collector.requests >= 1, { what: 'the first batch' });
+      assert.deepEqual(collector.spans.map((s) => s.name).sort(), ['GET', 'authenticate']);
+    } finally {
+      await edge.process.stop('SIGKILL');
+      await Promise.all([collector.close(), upstream.close()]);
+    }
   });
 });
 
