@@ -32,6 +32,12 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const DURATION = Number(process.env.BENCH_DURATION ?? 10);
 const WARMUP = Number(process.env.BENCH_WARMUP ?? 3);
 const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64);
+/**
+ * BENCH_RATE=800: every request/response case is held at that many requests a second (autocannon's
+ * overallRate), so cases compare their CPU per request at the same rate: a case the loaded machine
+ * slows down otherwise spreads the process's fixed per-second work over fewer requests.
+ */
+const RATE = process.env.BENCH_RATE === undefined ? undefined : Number(process.env.BENCH_RATE);
 const ONLY = process.env.BENCH_ONLY?.split(',');
 /** Each gatehouse case alternates with node-bare this many times; its ratio is the median of the rounds. */
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
@@ -143,6 +149,7 @@ async function load(
   warmup = WARMUP,
   pid?: number,
 ): Promise<CaseResult> {
+  if (RATE !== undefined) options = { ...options, overallRate: RATE };
   if (warmup > 0) await autocannon({ ...options, duration: warmup, connections: CONNECTIONS });
   const cpuBefore = processCpuMicros(pid);
   const r = await autocannon({ ...options, duration, connections: CONNECTIONS });
@@ -263,7 +270,9 @@ async function main() {
   const work = mkdtempSync(path.join(os.tmpdir(), 'gatehouse-bench-'));
   const results: CaseResult[] = [];
   const skipped: string[] = [];
-  const want = (name: string) => !ONLY || ONLY.some((o) => name.startsWith(o));
+  // A BENCH_ONLY entry is a name prefix; one ending in `$` is a whole name (`gatehouse api-key$` is that case alone).
+  const want = (name: string) =>
+    !ONLY || ONLY.some((o) => (o.endsWith('$') ? name === o.slice(0, -1) : name.startsWith(o)));
   const wantPostgresIngest =
     !ONLY ||
     ONLY.some(

@@ -31,6 +31,12 @@ export interface RequestContext {
   upstreamStartedAt?: number;
   /** The status written straight to the socket for this request (listener.ts), when its own answer never was. */
   rawStatus?: number;
+  /**
+   * The request's trace (src/observability/request-spans.ts; opaque here), kept on the context
+   * rather than in a WeakMap keyed by the request: an entry per request was most of the cost of
+   * an unsampled request's tracing (the garbage collector's work on weak entries).
+   */
+  trace?: object;
   /** The CORS policy that allowed this request's Origin (src/gateway/cors.ts), or false when it did not; unset without Origin or CORS. */
   cors?: CorsPolicy | false;
 }

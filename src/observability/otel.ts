@@ -1,6 +1,5 @@
 import {
   defaultTextMapGetter,
-  defaultTextMapSetter,
   diag,
   DiagLogLevel,
   isSpanContextValid,
@@ -11,10 +10,13 @@ import {
   TraceFlags,
   type Context,
   type Span,
+  type SpanContext,
 } from '@opentelemetry/api';
 import {
   ExportResultCode,
+  parseTraceParent,
   setGlobalErrorHandler,
+  TraceState,
   W3CTraceContextPropagator,
   type ExportResult,
 } from '@opentelemetry/core';
@@ -25,15 +27,18 @@ import {
   BatchSpanProcessor,
   ParentBasedSampler,
   TraceIdRatioBasedSampler,
+  type IdGenerator,
   type ReadableSpan,
   type SpanExporter,
   type SpanProcessor,
 } from '@opentelemetry/sdk-trace-base';
 import { ATTR_ERROR_TYPE, ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from '@opentelemetry/semantic-conventions';
+import type { IncomingHttpHeaders } from 'node:http';
 import type { Logger } from 'pino';
 import type { TracingConfig } from '../config/schema.js';
 import { VERSION } from '../version.js';
 import { countDroppedSpans } from './metrics.js';
+import { newSpanId, newTraceId, ratioSampler, unsampledTraceparent } from './trace-ids.js';
 import type { RunningTracing, SpanAttributes, Tracing } from './tracing.js';
 
 /**
@@ -144,6 +149,29 @@ class AccountedExporter implements SpanExporter {
   }
 }
 
+/**
+ * Ids from ./trace-ids.ts; a root span takes the trace id `Tracing.incoming` already chose (and
+ * sampled by), set just before the SDK asks, so the SDK's sampler sees the same id.
+ */
+class ChosenTraceIdGenerator implements IdGenerator {
+  chosen: string | undefined;
+  generateTraceId(): string {
+    const id = this.chosen ?? newTraceId();
+    this.chosen = undefined;
+    return id;
+  }
+  generateSpanId(): string {
+    return newSpanId();
+  }
+}
+
+/** A trusted proxy's `tracestate`, as the SDK's W3C propagator reads it (several headers joined; invalid entries dropped when written). */
+function traceStateOf(headers: IncomingHttpHeaders): TraceState | undefined {
+  const given = headers.tracestate;
+  if (!given) return undefined;
+  return new TraceState(Array.isArray(given) ? given.join(',') : given);
+}
+
 const KINDS = { client: SpanKind.CLIENT, internal: SpanKind.INTERNAL } as const;
 
 /** Starts the SDK: a tracer provider with no global registration (nothing else in the process is traced) and a bounded batch export over OTLP/HTTP JSON. */
@@ -172,21 +200,25 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
   );
   const batch = new BatchSpanProcessor(exporter, {
     maxQueueSize: config.maxQueueSize,
-    maxExportBatchSize: Math.min(512, config.maxQueueSize),
+    // OTEL_BSP_MAX_EXPORT_BATCH_SIZE still tunes it, as docs/observability.md says (a value given here hid it).
+    maxExportBatchSize: Math.min(Number(process.env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE) || 512, config.maxQueueSize),
     exportTimeoutMillis: EXPORT_TIMEOUT_MS * 2,
   });
   const processor = new BoundedSpanProcessor(batch, config.maxQueueSize);
   exporter.processor = processor;
+  const ids = new ChosenTraceIdGenerator();
   const provider = new BasicTracerProvider({
     resource: defaultResource().merge(
       resourceFromAttributes({ [ATTR_SERVICE_NAME]: config.serviceName, [ATTR_SERVICE_VERSION]: VERSION }),
     ),
+    idGenerator: ids,
     sampler: new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(config.sampleRatio) }),
     spanLimits: { attributeValueLengthLimit: ATTRIBUTE_VALUE_LIMIT },
     spanProcessors: [processor],
   });
   const tracer = provider.getTracer('gatehouse', VERSION);
   const propagator = new W3CTraceContextPropagator();
+  const sampledRoot = ratioSampler(config.sampleRatio);
   countDroppedSpans('queue_full', 0);
   countDroppedSpans('export_failed', 0);
 
@@ -194,17 +226,53 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
     tracer.startSpan(name, { kind: KINDS[kind], attributes }, parent);
 
   const tracing: Tracing = {
-    startServerSpan(name, headers, trusted, startTime, attributes) {
-      const options = { kind: SpanKind.SERVER, startTime, attributes };
-      if (headers.traceparent === undefined) return tracer.startSpan(name, { ...options, root: true }, ROOT_CONTEXT);
-      const given = propagator.extract(ROOT_CONTEXT, headers, defaultTextMapGetter);
-      if (trusted) return tracer.startSpan(name, options, given);
-      const client = trace.getSpanContext(given);
-      const links = client && isSpanContextValid(client) ? [{ context: client }] : undefined;
-      return tracer.startSpan(name, { ...options, root: true, links }, ROOT_CONTEXT);
+    incoming(headers, trusted) {
+      // As the SDK's W3C propagator reads it (Node joins a repeated traceparent with ", ": that does not parse, a new trace).
+      const given = trusted ? headers.traceparent : undefined;
+      const parent = given === undefined ? null : parseTraceParent(Array.isArray(given) ? given[0]! : given);
+      if (parent !== null) {
+        return {
+          traceId: parent.traceId,
+          sampled: (parent.traceFlags & TraceFlags.SAMPLED) !== 0,
+          parent: { spanId: parent.spanId, traceFlags: parent.traceFlags },
+        };
+      }
+      const traceId = newTraceId();
+      return { traceId, sampled: sampledRoot(traceId) };
     },
-    startChildSpan(parent, name, kind, attributes) {
-      return childOf(trace.setSpan(ROOT_CONTEXT, parent), name, kind, attributes);
+    startServerSpan(incoming, name, headers, startTime, attributes) {
+      const options = { kind: SpanKind.SERVER, startTime, attributes };
+      const { parent } = incoming;
+      if (parent !== undefined) {
+        const context = trace.setSpanContext(ROOT_CONTEXT, {
+          traceId: incoming.traceId,
+          spanId: parent.spanId,
+          traceFlags: parent.traceFlags,
+          isRemote: true,
+          traceState: traceStateOf(headers),
+        });
+        return tracer.startSpan(name, options, context);
+      }
+      let links: { context: SpanContext }[] | undefined;
+      if (headers.traceparent !== undefined) {
+        const client = trace.getSpanContext(propagator.extract(ROOT_CONTEXT, headers, defaultTextMapGetter));
+        if (client && isSpanContextValid(client)) links = [{ context: client }];
+      }
+      ids.chosen = incoming.traceId;
+      try {
+        return tracer.startSpan(name, { ...options, root: true, links }, ROOT_CONTEXT);
+      } finally {
+        ids.chosen = undefined;
+      }
+    },
+    unsampledHeaders(incoming, headers) {
+      const traceparent = unsampledTraceparent(incoming.traceId, newSpanId());
+      // Only a continued trace has a tracestate: an untrusted client's belongs to its own trace.
+      const tracestate = incoming.parent === undefined ? undefined : traceStateOf(headers)?.serialize();
+      return tracestate === undefined ? { traceparent } : { traceparent, tracestate };
+    },
+    startChildSpan(parent, name, kind, attributes, startTime) {
+      return tracer.startSpan(name, { kind: KINDS[kind], attributes, startTime }, trace.setSpan(ROOT_CONTEXT, parent));
     },
     startStoredChildSpan(traceparent, name, kind, attributes) {
       const parent =
@@ -212,16 +280,19 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
       return childOf(parent, name, kind, attributes);
     },
     headersFor(span: Span) {
-      const carrier: { traceparent?: string; tracestate?: string } = {};
-      propagator.inject(trace.setSpan(ROOT_CONTEXT, span), carrier, defaultTextMapSetter);
-      return carrier as { traceparent: string; tracestate?: string };
+      // The W3C propagator's inject, without the context it needs built around the span.
+      const { traceId, spanId, traceFlags, traceState } = span.spanContext();
+      const traceparent = `00-${traceId}-${spanId}-${(traceFlags & TraceFlags.SAMPLED) !== 0 ? '01' : '00'}`;
+      return traceState === undefined ? { traceparent } : { traceparent, tracestate: traceState.serialize() };
     },
-    end(span, error) {
+    end(span, error, endTime) {
       if (error !== undefined) {
         span.setAttribute(ATTR_ERROR_TYPE, error);
         span.setStatus({ code: SpanStatusCode.ERROR });
       }
-      span.end();
+      // Never the SDK's default end: for a span given its start, that is Date.now(), whole
+      // milliseconds, and a fast request's span ended before it began.
+      span.end(endTime ?? performance.now());
     },
   };
 

@@ -1,7 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Span } from '@opentelemetry/api';
 import type { ClientOrigin } from '../http/client-ip.js';
-import type { Tracing } from './tracing.js';
+import type { IncomingTrace, SpanAttributes, Tracing } from './tracing.js';
 
 /**
  * The spans of one request on a listener, and what they are named and carry. Built only while
@@ -10,13 +10,34 @@ import type { Tracing } from './tracing.js';
  * a credential, a key id, the query string (clients put credentials there), a header value.
  */
 
-/** The spans of one /api/ request: the server span, and its children while they are open. */
+/** The trace of one /api/ request: the server span, and its children while they are open. */
 interface ApiTrace {
-  server: Span;
+  incoming: IncomingTrace;
+  /** Undefined: the trace is not sampled, so no span is made (only the upstream's traceparent). */
+  server?: Span;
   /** The client came through a trusted proxy: its trace context, baggage included, is continued. */
   trusted: boolean;
   auth?: Span;
   upstream?: Span;
+  /** `Date.now() - performance.now()` at the request's start: every span of it is timed from this one anchor (SpanTime). */
+  clock: number;
+}
+
+/** What an upstream span says of its target (a route's upstream.target), worked out once per target. */
+interface UpstreamAttributes {
+  address: string;
+  port: number;
+  /** The origin and path prefix, no trailing slash: the request's path is appended. */
+  base: string;
+}
+
+function upstreamAttributesOf(target: string): UpstreamAttributes {
+  const url = new URL(target);
+  return {
+    address: url.hostname,
+    port: Number(url.port) || (url.protocol === 'https:' ? 443 : 80),
+    base: `${url.origin}${url.pathname.replace(/\/+$/, '')}`,
+  };
 }
 
 /** Upstream failures gatehouse answers for itself: the upstream span failed with them. */
@@ -49,88 +70,103 @@ export interface ApiRequestTracing {
 
 /** The spans of /api/ requests (src/gateway/app.ts). */
 export function traceApiRequests(tracing: Tracing): ApiRequestTracing {
-  const traces = new WeakMap<IncomingMessage, ApiTrace>();
+  const traceOf = (req: IncomingMessage) => req.gatehouse!.trace as ApiTrace | undefined;
+  // Per route target (a handful, fixed by the config): parsed at its first sampled request.
+  const upstreams = new Map<string, UpstreamAttributes>();
 
-  function finish(req: IncomingMessage, res: ServerResponse, spans: ApiTrace): void {
+  function finish(req: IncomingMessage, res: ServerResponse, spans: ApiTrace, server: Span): void {
     const ctx = req.gatehouse!;
     const status = finalStatus(res, req);
     const code = ctx.errorCode;
-    if (spans.auth) tracing.end(spans.auth, code ?? 'unfinished');
+    const endTime = spans.clock + performance.now();
+    if (spans.auth) tracing.end(spans.auth, code ?? 'unfinished', endTime);
     if (spans.upstream) {
-      if (code !== undefined && UPSTREAM_FAILURES.has(code)) tracing.end(spans.upstream, code);
+      if (code !== undefined && UPSTREAM_FAILURES.has(code)) tracing.end(spans.upstream, code, endTime);
       else {
         spans.upstream.setAttribute('http.response.status_code', status);
-        tracing.end(spans.upstream, status >= 500 ? String(status) : undefined);
+        tracing.end(spans.upstream, status >= 500 ? String(status) : undefined, endTime);
       }
     }
-    const { server } = spans;
+    const attributes: SpanAttributes = { 'http.response.status_code': status };
     if (ctx.route !== undefined) {
       server.updateName(`${req.method!} ${ctx.route}`);
-      server.setAttribute('http.route', ctx.route);
+      attributes['http.route'] = ctx.route;
     }
-    server.setAttribute('http.response.status_code', status);
     const identity = ctx.identity;
     if (identity) {
-      server.setAttribute('gatehouse.auth', identity.methods.join(','));
-      if (identity.subject !== undefined) server.setAttribute('enduser.id', identity.subject);
+      attributes['gatehouse.auth'] = identity.methods.join(',');
+      if (identity.subject !== undefined) attributes['enduser.id'] = identity.subject;
     }
-    if (code !== undefined) server.setAttribute('gatehouse.error.code', code);
+    if (code !== undefined) attributes['gatehouse.error.code'] = code;
+    server.setAttributes(attributes);
     // OpenTelemetry's HTTP conventions: a server span fails on 5xx only (a 4xx is the client's).
-    tracing.end(server, status >= 500 ? (code ?? String(status)) : undefined);
+    tracing.end(server, status >= 500 ? (code ?? String(status)) : undefined, endTime);
   }
 
   return {
     begin(req, res, origin, encrypted) {
+      const trusted = origin.viaTrustedProxy;
+      const incoming = tracing.incoming(req.headers, trusted);
+      // Unsampled: no span, no attributes, nothing to end; beginUpstream writes the traceparent.
       const ctx = req.gatehouse!;
-      const server = tracing.startServerSpan(
-        req.method!,
-        req.headers,
-        origin.viaTrustedProxy,
-        performance.timeOrigin + ctx.startedAt,
-        {
-          'http.request.method': req.method,
-          'url.path': pathOf(req.url),
-          'url.scheme': encrypted ? 'https' : 'http',
-          'client.address': origin.ip,
-          'gatehouse.request.id': ctx.id,
-        },
-      );
-      const spans: ApiTrace = { server, trusted: origin.viaTrustedProxy };
-      traces.set(req, spans);
-      // An unsampled span records nothing: no attributes to set at the end, nothing to end.
-      if (server.isRecording()) res.once('close', () => finish(req, res, spans));
+      if (!incoming.sampled) return void (ctx.trace = { incoming, trusted, clock: 0 } satisfies ApiTrace);
+      const clock = Date.now() - performance.now();
+      const server = tracing.startServerSpan(incoming, req.method!, req.headers, clock + ctx.startedAt, {
+        'http.request.method': req.method,
+        'url.path': pathOf(req.url),
+        'url.scheme': encrypted ? 'https' : 'http',
+        'client.address': origin.ip,
+        'gatehouse.request.id': ctx.id,
+      });
+      const spans: ApiTrace = { incoming, server, trusted, clock };
+      ctx.trace = spans;
+      res.once('close', () => finish(req, res, spans, server));
     },
     beginAuthentication(req) {
-      const spans = traces.get(req);
-      // An unsampled trace records nothing: no child spans to make.
-      if (spans?.server.isRecording()) spans.auth = tracing.startChildSpan(spans.server, 'authenticate', 'internal');
+      const spans = traceOf(req);
+      if (spans?.server === undefined) return undefined;
+      spans.auth = tracing.startChildSpan(
+        spans.server,
+        'authenticate',
+        'internal',
+        undefined,
+        spans.clock + performance.now(),
+      );
       return undefined;
     },
     endAuthentication(req, refused) {
-      const spans = traces.get(req);
+      const spans = traceOf(req);
       if (spans?.auth === undefined) return;
       const identity = req.gatehouse?.identity;
       if (identity) spans.auth.setAttribute('gatehouse.auth', identity.methods.join(','));
       if (refused !== undefined) spans.auth.setAttribute('gatehouse.error.code', refused);
-      tracing.end(spans.auth, refused);
+      tracing.end(spans.auth, refused, spans.clock + performance.now());
       spans.auth = undefined;
     },
     beginUpstream(req, target) {
-      const spans = traces.get(req);
+      const spans = traceOf(req);
       if (spans === undefined) return;
-      let parent = spans.server;
-      if (spans.server.isRecording()) {
-        const url = new URL(target);
-        spans.upstream = tracing.startChildSpan(spans.server, req.method!, 'client', {
-          'http.request.method': req.method,
-          'server.address': url.hostname,
-          'server.port': Number(url.port) || (url.protocol === 'https:' ? 443 : 80),
-          'url.full': `${url.origin}${url.pathname.replace(/\/+$/, '')}${pathOf(req.url)}`,
-        });
-        parent = spans.upstream;
+      let headers: { traceparent: string; tracestate?: string };
+      if (spans.server === undefined) {
+        // An unsampled trace still sends its traceparent (flag 00): the upstream follows the decision.
+        headers = tracing.unsampledHeaders(spans.incoming, req.headers);
+      } else {
+        let upstream = upstreams.get(target);
+        if (upstream === undefined) upstreams.set(target, (upstream = upstreamAttributesOf(target)));
+        spans.upstream = tracing.startChildSpan(
+          spans.server,
+          req.method!,
+          'client',
+          {
+            'http.request.method': req.method,
+            'server.address': upstream.address,
+            'server.port': upstream.port,
+            'url.full': `${upstream.base}${pathOf(req.url)}`,
+          },
+          spans.clock + performance.now(),
+        );
+        headers = tracing.headersFor(spans.upstream);
       }
-      // An unsampled trace still sends its traceparent (flag 00): the upstream follows the decision.
-      const headers = tracing.headersFor(parent);
       req.headers.traceparent = headers.traceparent;
       if (headers.tracestate === undefined) delete req.headers.tracestate;
       else req.headers.tracestate = headers.tracestate;
@@ -149,23 +185,20 @@ export interface WebhookRequestTracing {
 
 /** The receive spans of webhook requests (configured endpoints, Gmail push and channel routes). */
 export function traceWebhookRequests(tracing: Tracing): WebhookRequestTracing {
-  const traces = new WeakMap<IncomingMessage, Span>();
+  // The receive span, or for an unsampled request the traceparent (flags 00) its deliveries follow.
+  const traces = new WeakMap<IncomingMessage, Span | string>();
   return {
     begin(req, res, endpoint, origin) {
       const ctx = req.gatehouse!;
-      const span = tracing.startServerSpan(
-        `${req.method!} ${endpoint}`,
-        req.headers,
-        origin.viaTrustedProxy,
-        performance.timeOrigin + ctx.startedAt,
-        {
-          'http.request.method': req.method,
-          'http.route': endpoint,
-          'url.path': endpoint,
-          'client.address': origin.ip,
-          'gatehouse.request.id': ctx.id,
-        },
-      );
+      const incoming = tracing.incoming(req.headers, origin.viaTrustedProxy);
+      if (!incoming.sampled) return void traces.set(req, tracing.unsampledHeaders(incoming, req.headers).traceparent);
+      const span = tracing.startServerSpan(incoming, `${req.method!} ${endpoint}`, req.headers, ctx.startedAt, {
+        'http.request.method': req.method,
+        'http.route': endpoint,
+        'url.path': endpoint,
+        'client.address': origin.ip,
+        'gatehouse.request.id': ctx.id,
+      });
       traces.set(req, span);
       res.once('close', () => {
         const status = finalStatus(res, req);
@@ -178,8 +211,8 @@ export function traceWebhookRequests(tracing: Tracing): WebhookRequestTracing {
       });
     },
     traceparentOf(req) {
-      const span = traces.get(req);
-      return span === undefined ? undefined : tracing.headersFor(span).traceparent;
+      const trace = traces.get(req);
+      return trace === undefined || typeof trace === 'string' ? trace : tracing.headersFor(trace).traceparent;
     },
   };
 }

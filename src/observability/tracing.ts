@@ -13,20 +13,37 @@ import type { TracingConfig } from '../config/schema.js';
  */
 export interface Tracing {
   /**
-   * A SERVER span for a request that just came in (started at `startTime`, epoch ms). `trusted`:
-   * the request came through a trusted proxy (gateway.trustProxy), so its W3C `traceparent` /
-   * `tracestate` are continued; otherwise the span starts a new trace and the client's context,
-   * if any, is only a link (a client must not choose the trace, or the sampling, of our spans).
+   * The trace a request that just came in belongs to, and whether it is sampled, decided once
+   * without making a span. `trusted`: the request came through a trusted proxy (gateway.trustProxy),
+   * so a valid W3C `traceparent` is continued and its sampled flag followed (ParentBased);
+   * otherwise a new trace, sampled by its id (TraceIdRatioBased: the same id, the same decision).
+   */
+  incoming(headers: IncomingHttpHeaders, trusted: boolean): IncomingTrace;
+  /**
+   * The SERVER span of a sampled request (started at `startTime`: see `SpanTime`), in the trace
+   * `incoming` chose; an untrusted client's own context, if any, is only a link (a client must
+   * not choose the trace, or the sampling, of our spans).
    */
   startServerSpan(
+    incoming: IncomingTrace,
     name: string,
     headers: IncomingHttpHeaders,
-    trusted: boolean,
-    startTime: number,
+    startTime: SpanTime,
     attributes: SpanAttributes,
   ): Span;
+  /**
+   * The W3C headers for the next hop of an unsampled request: a new span id in its trace, flagged
+   * 00 (not sampled), and a trusted proxy's `tracestate` passed on; no span is made.
+   */
+  unsampledHeaders(incoming: IncomingTrace, headers: IncomingHttpHeaders): { traceparent: string; tracestate?: string };
   /** A child of `parent` (a CLIENT span for a call that leaves gatehouse, else INTERNAL). */
-  startChildSpan(parent: Span, name: string, kind: 'client' | 'internal', attributes?: SpanAttributes): Span;
+  startChildSpan(
+    parent: Span,
+    name: string,
+    kind: 'client' | 'internal',
+    attributes?: SpanAttributes,
+    startTime?: SpanTime,
+  ): Span;
   /**
    * A span whose parent is a stored `traceparent` (a webhook event's receive span, perhaps hours
    * ago and on another instance); a new trace when none was stored or it does not parse.
@@ -40,8 +57,24 @@ export interface Tracing {
   /** The W3C headers (`traceparent`, and `tracestate` when there is one) that make a receiver's span a child of `span`. */
   headersFor(span: Span): { traceparent: string; tracestate?: string };
   /** Ends `span`; with `error` (a catalogue code or a reason), its status is ERROR and `error.type` says why. */
-  end(span: Span, error?: string): void;
+  end(span: Span, error?: string, endTime?: SpanTime): void;
 }
+
+/** A request's trace before any span: see `Tracing.incoming`. */
+export interface IncomingTrace {
+  readonly traceId: string;
+  readonly sampled: boolean;
+  /** The trusted proxy's span (the request's parent) and its trace flags; undefined: a new trace. */
+  readonly parent?: { readonly spanId: string; readonly traceFlags: number };
+}
+
+/**
+ * A span's start or end: a `performance.now()`, or epoch milliseconds (fractional). The SDK anchors
+ * each span's performance clock to `Date.now()` (whole milliseconds) when the span starts, so spans
+ * that must order exactly (a request's server span and its children) are given epoch times from
+ * one anchor: `Date.now() - performance.now()` taken once per request, plus `performance.now()`.
+ */
+export type SpanTime = number;
 
 export type SpanAttributes = Record<string, string | number | boolean | undefined>;
 

@@ -50,7 +50,7 @@ async function startGatehouse(
       ...(extra.admin ? { admin: extra.admin } : {}),
     }),
   );
-  const proc = startServerProcess(file, { env: FAST_EXPORT });
+  const proc = startServerProcess(file, { env: { ...FAST_EXPORT, ...extra.env } });
   try {
     const listening = await proc.waitFor((l) => l.msg === 'gateway listening');
     const admin = extra.admin ? await proc.waitFor((l) => String(l.msg).startsWith('admin listener')) : undefined;
@@ -127,6 +127,15 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
     const call = spans.find((s) => s.kind === SPAN_KIND.client)!;
     assert.equal(call.parentSpanId, server.spanId);
     assert.equal(call.attributes['http.response.status_code'], 200);
+
+    // Times on one clock (the start was epoch ms and the end Date.now(): a fast request's server span
+    // ended before it began, and the SDK set its duration to 0): the server span holds its children.
+    const [start, end] = [BigInt(server.startTimeUnixNano), BigInt(server.endTimeUnixNano)];
+    assert.ok(end > start, `the server span lasts (${start} → ${end})`);
+    for (const child of [auth, call]) {
+      assert.ok(BigInt(child.startTimeUnixNano) >= start, `${child.name} starts inside the server span`);
+      assert.ok(BigInt(child.endTimeUnixNano) <= end, `${child.name} ends inside the server span`);
+    }
 
     const got = upstream.received.find((r) => r.headers['x-request-id'] === 'untrusted-1')!;
     const sent = parseTraceparent(got.headers.traceparent as string);
@@ -206,18 +215,80 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
 
 describe('tracing /api/: sampling', () => {
   let collector: FakeCollector;
+  /** The ratio-0 instance's alone: it must receive nothing. */
+  let quiet: FakeCollector;
   let upstream: RecordingServer;
   let none: Awaited<ReturnType<typeof startGatehouse>>;
+  let all: Awaited<ReturnType<typeof startGatehouse>>;
+  let noneBehindProxy: Awaited<ReturnType<typeof startGatehouse>>;
 
   before(async () => {
-    collector = await startFakeCollector();
+    [collector, quiet] = await Promise.all([startFakeCollector(), startFakeCollector()]);
     upstream = await startRecordingUpstream();
-    none = await startGatehouse('ratio-0', upstream.url, { endpoint: collector.url, sampleRatio: 0 });
+    const proxied = { gateway: { trustProxy: ['127.0.0.1/32'] } };
+    [none, all, noneBehindProxy] = await Promise.all([
+      startGatehouse('ratio-0', upstream.url, { endpoint: quiet.url, sampleRatio: 0 }),
+      startGatehouse('ratio-1-proxied', upstream.url, { endpoint: collector.url, sampleRatio: 1 }, proxied),
+      startGatehouse('ratio-0-proxied', upstream.url, { endpoint: collector.url, sampleRatio: 0 }, proxied),
+    ]);
   });
 
   after(async () => {
+    await Promise.all([all?.process.stop('SIGKILL'), noneBehindProxy?.process.stop('SIGKILL')]);
     await none?.process.stop('SIGKILL');
-    await Promise.all([collector?.close(), upstream?.close()]);
+    await Promise.all([collector?.close(), quiet?.close(), upstream?.close()]);
+  });
+
+  it("a trusted proxy's unsampled trace (flags 00) stays unsampled at ratio 1: continued to the upstream (new parent id, tracestate kept), nothing recorded", async () => {
+    const unsampled = `00-${CLIENT_TRACE}-${CLIENT_SPAN}-00`;
+    const reply = await request(all.url, '/api/items', {
+      headers: { 'x-api-key': KEY, traceparent: unsampled, tracestate: 'proxy=1', 'x-request-id': 'parent-off-1' },
+    });
+    assert.equal(reply.status, 200);
+    const got = upstream.received.find((r) => r.headers['x-request-id'] === 'parent-off-1')!;
+    const sent = parseTraceparent(got.headers.traceparent as string);
+    assert.equal(sent.traceId, CLIENT_TRACE);
+    assert.notEqual(sent.parentId, CLIENT_SPAN);
+    assert.match(sent.parentId, /^(?!0{16})[0-9a-f]{16}$/);
+    assert.equal(sent.flags, '00');
+    assert.equal(got.headers.tracestate, 'proxy=1');
+    // The explicit signal: a sampled request sent after it is exported; the unsampled one never was.
+    await request(all.url, '/api/items', { headers: { 'x-api-key': KEY, 'x-request-id': 'parent-off-2' } });
+    await traceOf(collector, (s) => s.attributes['gatehouse.request.id'] === 'parent-off-2', 3);
+    assert.equal(collector.spans.filter((s) => s.traceId === CLIENT_TRACE).length, 0);
+  });
+
+  it("a trusted proxy's sampled trace (flags 01) is recorded at ratio 0 (parent-based), three spans in its trace", async () => {
+    const reply = await request(noneBehindProxy.url, '/api/items', {
+      headers: { 'x-api-key': KEY, traceparent: CLIENT_TRACEPARENT, 'x-request-id': 'parent-on-1' },
+    });
+    assert.equal(reply.status, 200);
+    const { root: server, spans } = await traceOf(
+      collector,
+      (s) => s.kind === SPAN_KIND.server && s.attributes['gatehouse.request.id'] === 'parent-on-1',
+      3,
+    );
+    assert.equal(server.traceId, CLIENT_TRACE);
+    assert.equal(server.parentSpanId, CLIENT_SPAN);
+    const call = spans.find((s) => s.kind === SPAN_KIND.client)!;
+    const got = upstream.received.find((r) => r.headers['x-request-id'] === 'parent-on-1')!;
+    assert.deepEqual(parseTraceparent(got.headers.traceparent as string), {
+      traceId: CLIENT_TRACE,
+      parentId: call.spanId,
+      flags: '01',
+    });
+    // A trusted proxy's traceparent that does not parse: a new trace, decided by the ratio (0: not sampled).
+    await request(noneBehindProxy.url, '/api/items', {
+      headers: {
+        'x-api-key': KEY,
+        traceparent: `00-${CLIENT_TRACE}-${CLIENT_SPAN}-01-extra`,
+        'x-request-id': 'parent-bad-1',
+      },
+    });
+    const bad = upstream.received.find((r) => r.headers['x-request-id'] === 'parent-bad-1')!;
+    const fresh = parseTraceparent(bad.headers.traceparent as string);
+    assert.notEqual(fresh.traceId, CLIENT_TRACE);
+    assert.equal(fresh.flags, '00');
   });
 
   it('sampleRatio 0: the upstream still gets a fresh traceparent, flagged not sampled (00), and nothing is exported, even at the flush of a stop', async () => {
@@ -227,7 +298,9 @@ describe('tracing /api/: sampling', () => {
       });
       assert.equal(reply.status, 200);
     }
-    const sent = upstream.received.map((r) => parseTraceparent(r.headers.traceparent as string));
+    const sent = upstream.received
+      .filter((r) => String(r.headers['x-request-id']).startsWith('unsampled-'))
+      .map((r) => parseTraceparent(r.headers.traceparent as string));
     assert.equal(sent.length, 20);
     for (const { traceId, flags } of sent) {
       assert.equal(flags, '00');
@@ -236,7 +309,26 @@ describe('tracing /api/: sampling', () => {
     assert.equal(new Set(sent.map((s) => s.traceId)).size, 20, 'a trace per request');
     // The stop flushes whatever is queued (SHUTDOWN_FLUSH_MS): the explicit signal that nothing was.
     assert.equal(await none.process.stop(), 0);
-    assert.equal(collector.requests, 0);
+    assert.equal(quiet.requests, 0);
+  });
+});
+
+describe('tracing /api/: the batch settings from the environment', () => {
+  it('OTEL_BSP_MAX_EXPORT_BATCH_SIZE is honoured: a full batch of 2 is exported at once, long before a 60 s OTEL_BSP_SCHEDULE_DELAY', async () => {
+    const collector = await startFakeCollector();
+    const upstream = await startRecordingUpstream();
+    const env = { OTEL_BSP_SCHEDULE_DELAY: '60000', OTEL_BSP_MAX_EXPORT_BATCH_SIZE: '2' };
+    const edge = await startGatehouse('batch-of-2', upstream.url, { endpoint: collector.url }, { env });
+    try {
+      const reply = await request(edge.url, '/api/items', { headers: { 'x-api-key': KEY } });
+      assert.equal(reply.status, 200);
+      // Three spans: the first two (authenticate, then the upstream call) fill a batch.
+      await waitFor(() => collector.requests >= 1, { what: 'the first batch' });
+      assert.deepEqual(collector.spans.map((s) => s.name).sort(), ['GET', 'authenticate']);
+    } finally {
+      await edge.process.stop('SIGKILL');
+      await Promise.all([collector.close(), upstream.close()]);
+    }
   });
 });
 

@@ -27,6 +27,9 @@ export interface CollectedSpan {
   attributes: Record<string, string | number | boolean>;
   links: { traceId: string; spanId: string }[];
   status: { code?: number };
+  /** Nanoseconds since the epoch, as the JSON encoding carries them (a decimal string: they exceed 2^53). */
+  startTimeUnixNano: string;
+  endTimeUnixNano: string;
   /** The resource's attributes (service.name…). */
   resource: Record<string, string | number | boolean>;
 }
@@ -77,6 +80,8 @@ export function decodeTraces(body: string): CollectedSpan[] {
           attributes?: KeyValue[];
           links?: { traceId: string; spanId: string }[];
           status?: { code?: number };
+          startTimeUnixNano: string | number;
+          endTimeUnixNano: string | number;
         }[];
       }[];
     }[];
@@ -95,6 +100,8 @@ export function decodeTraces(body: string): CollectedSpan[] {
           attributes: flatten(span.attributes),
           links: (span.links ?? []).map((l) => ({ traceId: l.traceId, spanId: l.spanId })),
           status: span.status ?? {},
+          startTimeUnixNano: String(span.startTimeUnixNano),
+          endTimeUnixNano: String(span.endTimeUnixNano),
           resource,
         });
   }
