@@ -1,6 +1,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import { StringDecoder } from 'node:string_decoder';
+import { TLSSocket } from 'node:tls';
 import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction, type WebhooksConfig } from '../../config/schema.js';
 import type { Span } from '@opentelemetry/api';
@@ -33,6 +34,8 @@ interface AttemptResult {
   error: string | null;
   retryAfterMs?: number;
   responseSnippet?: string | null;
+  /** When the request went out on a connected socket (this.now(), performance.now()); unset when no connection was had. */
+  sent?: { at: number; mark: number };
 }
 
 /** How much of a target's answer body an attempt records (AttemptRecord.responseSnippet). */
@@ -75,7 +78,7 @@ export class ResponseSnippet {
 export class Deliverer {
   private readonly inFlight = new Map<WebhookAction, number>(webhookActions.map((a) => [a, 0]));
   private readonly running = new Set<Promise<void>>();
-  private readonly agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
+  private readonly agents: { http: http.Agent; https: https.Agent };
   private timer: NodeJS.Timeout | undefined;
   private pumping = false;
   private pumpAgain = false;
@@ -98,8 +101,13 @@ export class Deliverer {
     private config: WebhooksConfig,
     private readonly logger: Logger,
     private readonly now: () => number = Date.now,
-    private readonly options: { leaseMarginMs?: number } = {},
+    /** `httpAgent`: the agent for http: targets (tests: one limited to a socket, so requests queue for it). */
+    private readonly options: { leaseMarginMs?: number; httpAgent?: http.Agent } = {},
   ) {
+    this.agents = {
+      http: options.httpAgent ?? new http.Agent({ keepAlive: true }),
+      https: new https.Agent({ keepAlive: true }),
+    };
     this.attemptLog = logger.child({}, { redact: [] });
     this.prepareTargets();
   }
@@ -268,7 +276,8 @@ export class Deliverer {
     } catch (err) {
       result = { status: null, error: (err as Error).message };
     }
-    const durationMs = performance.now() - started;
+    // The target's time: from the request sent to its answer (a wait for a connection is ours, not the target's).
+    const durationMs = performance.now() - (result.sent?.mark ?? started);
     const delivered = result.status !== null && result.status >= 200 && result.status < 300;
     const outcome: AttemptOutcome = delivered
       ? { status: 'delivered' }
@@ -280,7 +289,7 @@ export class Deliverer {
         event.id,
         {
           attempt: event.attempts + 1,
-          at: startedAt,
+          at: result.sent?.at ?? startedAt,
           status: result.status,
           error: result.error,
           durationMs,
@@ -364,6 +373,7 @@ export class Deliverer {
       headers['webhook-signature'] = signWithKey(key, event.id, timestamp, event.envelope);
     }
     return new Promise((resolve) => {
+      let sent: AttemptResult['sent'];
       const req = client.request(url, { method: 'POST', headers, agent, timeout: timeoutMs }, (res) => {
         const snippet = new ResponseSnippet();
         const answered = () =>
@@ -372,6 +382,7 @@ export class Deliverer {
             error: null,
             retryAfterMs: parseRetryAfter(res.headers['retry-after'], this.now()),
             responseSnippet: snippet.text(),
+            sent,
           });
         res.on('data', (chunk: Buffer) => {
           if (snippet.add(chunk)) return;
@@ -381,17 +392,39 @@ export class Deliverer {
           res.destroy();
         });
         res.on('end', answered);
-        res.on('error', (err) => resolve({ status: null, error: err.message }));
+        res.on('error', (err) => resolve({ status: null, error: err.message, sent }));
       });
-      req.on('timeout', () => req.destroy(new Error(`timeout after ${timeoutMs} ms`)));
-      // `timeout` above is per idle socket; a target trickling its answer must not outlive the lease either.
-      const deadline = setTimeout(
-        () => req.destroy(new Error(`timeout: no complete answer within ${timeoutMs} ms`)),
+      // Two bounds, one after the other. Waiting for a connection (a socket from the agent, the
+      // lookup, the TCP and TLS handshakes) is this process's time, not the target's: on a busy
+      // machine it passed timeoutMs while the target then answered in 100 ms. It gets timeoutMs of
+      // its own and counts as a connect failure; the answer's timeoutMs starts once the request is
+      // sent on a connected socket. The lease is renewed throughout (renewWhileRunning).
+      let deadline = setTimeout(
+        () => req.destroy(new Error(`connect timeout: no connection within ${timeoutMs} ms`)),
         timeoutMs,
+      );
+      const onConnected = () => {
+        clearTimeout(deadline);
+        sent = { at: this.now(), mark: performance.now() };
+        // `timeout` below is per idle socket; a target trickling its answer must not outlive the lease either.
+        deadline = setTimeout(
+          () => req.destroy(new Error(`timeout: no complete answer within ${timeoutMs} ms`)),
+          timeoutMs,
+        );
+      };
+      req.once('socket', (socket) => {
+        if (!socket.connecting)
+          onConnected(); // a kept-alive connection, ready
+        else socket.once(socket instanceof TLSSocket ? 'secureConnect' : 'connect', onConnected);
+      });
+      req.on('timeout', () =>
+        req.destroy(
+          new Error(sent ? `timeout after ${timeoutMs} ms` : `connect timeout: no connection within ${timeoutMs} ms`),
+        ),
       );
       req.on('close', () => clearTimeout(deadline));
       req.on('error', (err: NodeJS.ErrnoException) =>
-        resolve({ status: null, error: err.code ? `${err.code}: ${err.message}` : err.message }),
+        resolve({ status: null, error: err.code ? `${err.code}: ${err.message}` : err.message, sent }),
       );
       req.end(event.envelope);
     });
