@@ -329,31 +329,37 @@ export class Deliverer {
   }
 
   /**
-   * Keeps a long attempt's lease (Convoy's heartbeat): renewed every half lease while the attempt
-   * and its recording run, under the claim's token, so a renewal never revives a lease another
-   * claim has taken. Returns the stop.
+   * Keeps a long attempt's lease (Convoy's heartbeat): renewed at half of what is left of it when
+   * the attempt starts (an event may come with part of its lease spent), then every half lease,
+   * while the attempt and its recording run, under the claim's token, so a renewal never revives a
+   * lease another claim has taken. Returns the stop.
    */
   private renewWhileRunning(event: ClaimedEvent): () => void {
     const leaseMs = this.leaseMs(event.action);
-    const timer = setInterval(
-      () => {
-        this.store.renewLease(event.id, event.claimId, this.now() + this.leaseMs(event.action)).then(
-          (held) => {
-            if (!held) {
-              clearInterval(timer);
-              this.logger.warn(
-                { id: event.id },
-                'lease lost during a delivery attempt: another claim owns the event now',
-              );
-            }
-          },
-          (err: Error) => this.logger.warn({ id: event.id, err: err.message }, 'could not renew a delivery lease'),
-        );
-      },
-      Math.max(leaseMs / 2, 10),
-    );
-    timer.unref();
-    return () => clearInterval(timer);
+    let timer: NodeJS.Timeout | undefined;
+    let stopped = false;
+    const renew = () => {
+      this.store.renewLease(event.id, event.claimId, this.now() + this.leaseMs(event.action)).then(
+        (held) => {
+          if (held) return;
+          stopped = true;
+          clearTimeout(timer);
+          this.logger.warn({ id: event.id }, 'lease lost during a delivery attempt: another claim owns the event now');
+        },
+        (err: Error) => this.logger.warn({ id: event.id, err: err.message }, 'could not renew a delivery lease'),
+      );
+      schedule(leaseMs / 2);
+    };
+    const schedule = (ms: number) => {
+      if (stopped) return;
+      timer = setTimeout(renew, Math.max(ms, 10));
+      timer.unref();
+    };
+    schedule(Math.min(event.leaseUntil - this.now(), leaseMs) / 2);
+    return () => {
+      stopped = true;
+      clearTimeout(timer);
+    };
   }
 
   private post(event: ClaimedEvent, span?: Span): Promise<AttemptResult> {
