@@ -169,6 +169,11 @@ export class Deliverer {
     clearTimeout(this.timer);
     const grace = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
     await Promise.race([Promise.allSettled([...this.running]), grace]);
+    if (this.running.size > 0)
+      this.logger.warn(
+        { attempts: this.running.size },
+        'delivery attempts still under way after the grace: cut; an outcome not recorded leaves the event to be retried once its lease runs out',
+      );
     this.agents.http.destroy();
     this.agents.https.destroy();
   }
