@@ -532,10 +532,10 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
   it('an event whose lease ran low while its claim waited for the database is renewed before its attempt: another instance never delivers it too', async () => {
     await onNewDatabase(async ([a, b, elsewhere]) => {
       const target = await startTarget(2_000); // inside timeoutMs
-      const config = deliveryConfig(target.url, { timeoutMs: 3_000, concurrency: 1 });
-      const options = { leaseMarginMs: 1_000 }; // lease 4 s, renewed every 2 s while an attempt runs
+      const config = deliveryConfig(target.url, { timeoutMs: 5_000, concurrency: 1 });
+      const options = { leaseMarginMs: 1_000 }; // lease 6 s, renewed every 3 s while an attempt runs
       const { id } = await elsewhere.accept(event({ receivedAt: Date.now() })); // unleased: no deliverer there
-      // a's claim waits 3.5 s before it runs (a pool with no free connection): the lease it takes,
+      // a's claim waits 5.5 s before it runs (a pool with no free connection): the lease it takes,
       // counted from the deliverer's time before the wait, has 0.5 s left when it comes back.
       let claimedByA = false;
       const pool = a.database;
@@ -543,7 +543,7 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
       Object.assign(pool, {
         query: async (text: string, values: unknown[]) => {
           if (text !== CLAIM_DUE_SQL || claimedByA) return query(text, values);
-          await new Promise((r) => setTimeout(r, 3_500));
+          await new Promise((r) => setTimeout(r, 5_500));
           const result = await query(text, values);
           claimedByA ||= result.rows.some((row: { id: string | null }) => row.id === id);
           return result;
