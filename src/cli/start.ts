@@ -18,6 +18,14 @@ import { configFileOption, envFileOption } from './config.js';
 const CONFIG_SETTLE_MS = 500;
 
 /**
+ * What closing gets after the drain (acceptGrace, then timeout for requests and timeout again for
+ * delivery attempts): the stores' last writes and their connections. Past it the process exits
+ * whatever is pending (a stalled PostgreSQL held one 30 s and more: a query's timeout, then a pool
+ * waiting for its connections), as a supervisor's kill would, but saying so first.
+ */
+export const SHUTDOWN_CLOSE_MS = 3_000;
+
+/**
  * `gatehouse start`: listen until SIGTERM/SIGINT (drain). SIGHUP, or a change to the config file
  * (polled once a second; `--no-watch` turns that off), reloads it, reading the `--env-file`s again.
  */
@@ -52,6 +60,7 @@ export function registerStartCommand(program: Command): void {
       // The pid is in the text too: pretty (terminal) output drops the pid field, and the README says to signal it.
       logger.info({ config: file, pid: process.pid }, `gatehouse started (pid ${process.pid})`);
 
+      let shutdownSettings = config.shutdown;
       let reloading = Promise.resolve();
       const reload = () => {
         reloading = reloading.then(async () => {
@@ -60,6 +69,7 @@ export function registerStartCommand(program: Command): void {
             const next = loadConfig(file, env).config;
             warnAboutStartOnlyChanges(logger, env, config, next);
             await running.reload(next);
+            shutdownSettings = next.shutdown;
             countConfigReload('ok');
           } catch (err) {
             countConfigReload('rejected');
@@ -123,6 +133,7 @@ export function registerStartCommand(program: Command): void {
           process.off('SIGHUP', reload);
           unwatchFile(file, onFileChange);
           clearTimeout(settling);
+          exitAtShutdownDeadline(logger, shutdownSettings);
           void running.close(undefined, { acceptGrace: true, skipGrace: skipGrace.signal }).then(resolve);
         };
         process.on('SIGTERM', stop);
@@ -131,6 +142,24 @@ export function registerStartCommand(program: Command): void {
       logger.info('stopped');
       logger.flush?.();
     });
+}
+
+/**
+ * The drain's hard deadline (Envoy's drain, Kubernetes' terminationGracePeriod): acceptGrace, then
+ * `timeout` twice (requests, then delivery attempts), then SHUTDOWN_CLOSE_MS. A process still
+ * running then says what it leaves and exits 1. Nothing accepted is lost: an event whose outcome
+ * was not recorded keeps its lease, and any instance delivers it once the lease runs out. The timer
+ * is unref'd: a shutdown that finishes in time exits as it would without it.
+ */
+function exitAtShutdownDeadline(logger: Logger, shutdown: Config['shutdown']): void {
+  const deadlineMs = shutdown.acceptGrace + 2 * shutdown.timeout + SHUTDOWN_CLOSE_MS;
+  setTimeout(() => {
+    logger.error(
+      { deadlineMs, handles: process.getActiveResourcesInfo().filter((r) => r !== 'Timeout') },
+      'shutdown deadline passed: exiting with closing unfinished; events whose outcome was not recorded keep their leases and are delivered again',
+    );
+    process.exit(1); // pino writes out what it holds on exit
+  }, deadlineMs).unref();
 }
 
 /**

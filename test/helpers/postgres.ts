@@ -22,6 +22,12 @@ export interface PostgresCluster {
   /** pg_ctl stop (fast: connections are cut, as in a crash of the server's clients' view) / start again on the same port and data. */
   stop(): Promise<void>;
   start(): Promise<void>;
+  /**
+   * SIGSTOP the server and every backend: connections stay open and nothing answers (a machine
+   * that has stalled), until `thaw` (SIGCONT). Linux (/proc).
+   */
+  freeze(): Promise<void>;
+  thaw(): Promise<void>;
   /** Stops the cluster and removes its folder. */
   destroy(): Promise<void>;
 }
@@ -161,12 +167,35 @@ export async function startPostgres(options: StartPostgresOptions = {}): Promise
     rmSync(root, { recursive: true, force: true });
     return unavailable(`pg_ctl start failed: ${(err as Error).message}\n${log}`);
   }
+  /** The postmaster (first line of postmaster.pid) and its children, from /proc. */
+  const serverProcesses = (): number[] => {
+    const postmaster = Number(readFileSync(path.join(data, 'postmaster.pid'), 'utf8').split('\n')[0]);
+    const children = readdirSync('/proc')
+      .filter((entry) => /^\d+$/.test(entry))
+      .filter((pid) => {
+        try {
+          // /proc/<pid>/stat: "pid (comm) state ppid …"; comm may hold spaces, so read after its ")".
+          const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+          return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === postmaster;
+        } catch {
+          return false; // gone meanwhile
+        }
+      })
+      .map(Number);
+    return [postmaster, ...children];
+  };
+  const signalServer = async (signal: NodeJS.Signals) => {
+    for (const pid of serverProcesses()) process.kill(pid, signal);
+  };
   return {
     port,
     createDatabase: (name) => createDatabase(`postgres://postgres@127.0.0.1:${port}/postgres`, name),
     stop,
     start,
+    freeze: () => signalServer('SIGSTOP'),
+    thaw: () => signalServer('SIGCONT'),
     async destroy() {
+      await signalServer('SIGCONT').catch(() => {}); // a frozen server would not stop
       await command('pg_ctl', ['-D', data, '-w', '-t', '30', '-m', 'immediate', 'stop']).catch(() => {});
       rmSync(root, { recursive: true, force: true });
     },

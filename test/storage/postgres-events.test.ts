@@ -529,6 +529,48 @@ describe('PostgresEventStore: several instances on one database', { skip, timeou
       await target.close();
     }
   });
+  it('an event whose lease ran low while its claim waited for the database is renewed before its attempt: another instance never delivers it too', async () => {
+    await onNewDatabase(async ([a, b, elsewhere]) => {
+      const target = await startTarget(2_000); // inside timeoutMs
+      const config = deliveryConfig(target.url, { timeoutMs: 5_000, concurrency: 1 });
+      const options = { leaseMarginMs: 1_000 }; // lease 6 s, renewed every 3 s while an attempt runs
+      const { id } = await elsewhere.accept(event({ receivedAt: Date.now() })); // unleased: no deliverer there
+      // a's claim waits 5.5 s before it runs (a pool with no free connection): the lease it takes,
+      // counted from the deliverer's time before the wait, has 0.5 s left when it comes back.
+      let claimedByA = false;
+      const pool = a.database;
+      const query = pool.query.bind(pool) as (text: string, values: unknown[]) => Promise<pg.QueryResult>;
+      Object.assign(pool, {
+        query: async (text: string, values: unknown[]) => {
+          if (text !== CLAIM_DUE_SQL || claimedByA) return query(text, values);
+          await new Promise((r) => setTimeout(r, 5_500));
+          const result = await query(text, values);
+          claimedByA ||= result.rows.some((row: { id: string | null }) => row.id === id);
+          return result;
+        },
+      });
+      const first = new Deliverer(a, config, silent, Date.now, options);
+      await first.start();
+      await waitFor(() => claimedByA, { what: "a's claim of the event" });
+      // Another instance claims what is due or whose lease ran out, as soon as it can.
+      const second = new Deliverer(b, config, silent, Date.now, options);
+      await second.start();
+      try {
+        await waitFor(async () => (await a.get(id))?.event.status === 'delivered', {
+          timeoutMs: 20_000,
+          what: 'delivered',
+        });
+      } finally {
+        await Promise.all([first.stop(5_000), second.stop(5_000)]);
+        await target.close();
+      }
+      assert.deepEqual(
+        target.ids.filter((x) => x === id),
+        [id],
+        'posted once',
+      );
+    });
+  });
 });
 
 describe('PostgresEventStore: a claim and a scrape read only what they need', { skip, timeout: 90_000 }, () => {

@@ -8,8 +8,8 @@ import {
   isRetryable,
   parseRetryAfter,
   retryDelayMs,
-  signStandardWebhook,
-} from '../../src/webhooks/delivery/deliverer.js';
+} from '../../src/webhooks/delivery/retry-policy.js';
+import { signStandardWebhook } from '../../src/webhooks/delivery/sign.js';
 
 const settings = { initialBackoffMs: 1_000, maxBackoffMs: 60_000 };
 /** The largest value Math.random can return. */

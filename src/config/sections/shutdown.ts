@@ -21,7 +21,7 @@ export const shutdown = z
     timeout: duration
       .prefault('10s')
       .describe(
-        "Then, once the listeners stop accepting, how long in-flight requests and open WebSockets have to finish before they are cut. With webhooks, delivery attempts in flight then get as long again. A supervisor's stop timeout (systemd's `TimeoutStopSec`, `docker stop -t`) must exceed `acceptGrace` + `timeout` (+ `timeout` again with webhooks).",
+        "Then, once the listeners stop accepting, how long in-flight requests and open WebSockets have to finish before they are cut. With webhooks, delivery attempts in flight then get as long again. A supervisor's stop timeout (systemd's `TimeoutStopSec`, `docker stop -t`) must exceed `acceptGrace` + `timeout` (+ `timeout` again with webhooks) + 3 s: by then gatehouse has exited, with 1 if closing was still unfinished.",
       ),
   })
   .prefault({})

@@ -72,7 +72,8 @@ const webhookTarget = z.strictObject({
       'Signs every delivery the Standard Webhooks way (`webhook-signature`), 16 or more characters; a `whsec_<base64>` secret is used decoded. Unset: unsigned.',
     ),
   timeoutMs: positiveInt.optional().meta({
-    description: 'Milliseconds an attempt at this target may take. Unset: `webhooks.delivery.timeoutMs`.',
+    description:
+      'Milliseconds this target has to answer, from the request sent (the wait for a connection is bounded apart, by as long). Unset: `webhooks.delivery.timeoutMs`.',
     docsDefault: '`delivery.timeoutMs`',
   }),
 });
@@ -149,7 +150,9 @@ export const webhooks = z
           .describe("The longest wait between two attempts, in milliseconds; it also caps a target's `Retry-After`."),
         timeoutMs: positiveInt
           .default(10_000)
-          .describe('Milliseconds an attempt may take before it counts as failed and is retried.'),
+          .describe(
+            'Milliseconds a target has to answer, from the request sent on a connected socket, before the attempt counts as failed and is retried. Getting the connection is bounded apart, by as long (a connect failure).',
+          ),
         concurrency: positiveInt.default(16).describe('Attempts in flight at once, per action.'),
       })
       .prefault({})

@@ -1,7 +1,7 @@
-import { createHmac } from 'node:crypto';
 import http from 'node:http';
 import https from 'node:https';
 import { StringDecoder } from 'node:string_decoder';
+import { TLSSocket } from 'node:tls';
 import type { Logger } from 'pino';
 import { webhookActions, type WebhookAction, type WebhooksConfig } from '../../config/schema.js';
 import type { Span } from '@opentelemetry/api';
@@ -9,8 +9,9 @@ import { countDelivery } from '../../observability/metrics.js';
 import { activeTracing } from '../../observability/tracing.js';
 import { traceDeliveries } from '../../observability/delivery-spans.js';
 import { VERSION } from '../../version.js';
-import type { AttemptOutcome, ClaimedEvent, EventStore, StoredEvent } from '../../storage/contracts/events.js';
-import { standardWebhooksKey } from '../verifiers/standard-webhooks.js';
+import type { AttemptOutcome, ClaimedEvent, EventStore } from '../../storage/contracts/events.js';
+import { afterFailure, parseRetryAfter } from './retry-policy.js';
+import { signingKey, signWithKey } from './sign.js';
 
 /** Idle poll: picks up events requeued by the CLI, or due retries, at least this often. */
 const POLL_MS = 1_000;
@@ -18,105 +19,6 @@ const POLL_MS = 1_000;
 const LEASE_MARGIN_MS = 5_000;
 /** While the store cannot be read, the pump retries this often at most (from POLL_MS, doubling). */
 const MAX_STORE_RETRY_MS = 5_000;
-
-/**
- * Capped exponential backoff with full jitter: a random delay in [0, min(initial·2^(n-1), max)].
- * A target's Retry-After is the least the next attempt waits (RFC 9110 §10.2.3: how long to wait
- * before a follow-up), capped at max: it lengthens the wait, never shortens it. Taken as the
- * delay itself, `Retry-After: 0` (or a past date) was a hot loop, thousands of attempts a second,
- * and a short one kept every attempt of 72 h that short: a stored row each.
- */
-export function retryDelayMs(
-  attempt: number,
-  settings: { initialBackoffMs: number; maxBackoffMs: number },
-  retryAfterMs?: number,
-  random: () => number = Math.random,
-): number {
-  const cap = Math.min(settings.initialBackoffMs * 2 ** Math.min(attempt - 1, 52), settings.maxBackoffMs);
-  if (retryAfterMs !== undefined && retryAfterMs >= cap) return Math.min(retryAfterMs, settings.maxBackoffMs); // past any draw: as asked, no jitter
-  const drawn = Math.floor(random() * cap);
-  return retryAfterMs === undefined ? drawn : Math.max(drawn, retryAfterMs);
-}
-
-/** What bounds an event's retries: a time budget from acceptance, the backoff, and an optional attempt cap. */
-export interface RetryPolicy {
-  retryFor: number;
-  maxAttempts?: number;
-  initialBackoffMs: number;
-  maxBackoffMs: number;
-}
-
-/**
- * The outcome of a failed attempt: queued for the next one (backoff, or the target's Retry-After),
- * or dead when the failure is final (a 4xx), the attempt cap is reached, or the budget is spent (an
- * attempt at or after the deadline failed; the last retry is moved to the deadline itself). The budget runs from acceptance; a round started by `deliveries retry`
- * (attempts > roundAttempts; its start is not stored) gets the attempts an average round fits in
- * `retryFor`, so a requeued old event is retried again rather than dying at once.
- */
-export function afterFailure(
-  event: Pick<StoredEvent, 'receivedAt' | 'attempts' | 'roundAttempts'>,
-  result: { status: number | null; retryAfterMs?: number },
-  now: number,
-  policy: RetryPolicy,
-  random: () => number = Math.random,
-): AttemptOutcome {
-  const roundAttempt = event.roundAttempts + 1;
-  if (!isRetryable(result.status)) return { status: 'dead' };
-  if (policy.maxAttempts !== undefined && roundAttempt >= policy.maxAttempts) return { status: 'dead' };
-  const nextAttemptAt = now + retryDelayMs(roundAttempt, policy, result.retryAfterMs, random);
-  const requeued = event.attempts > event.roundAttempts;
-  if (requeued)
-    return roundAttempt >= attemptsInBudget(policy) ? { status: 'dead' } : { status: 'queued', nextAttemptAt };
-  // The budget's end is always tried: a backoff drawn past it is cut to the deadline (else an event
-  // could die up to maxBackoffMs before retryFor is over, and a target back in time would miss it).
-  const deadline = event.receivedAt + policy.retryFor;
-  if (now >= deadline) return { status: 'dead' };
-  return { status: 'queued', nextAttemptAt: Math.min(nextAttemptAt, deadline) };
-}
-
-/** How many attempts a round of average (half-cap, full jitter) delays fits in `retryFor`. */
-export function attemptsInBudget(policy: RetryPolicy): number {
-  let elapsed = 0;
-  let attempts = 1;
-  while (attempts < 100_000) {
-    const mean = Math.min(policy.initialBackoffMs * 2 ** Math.min(attempts - 1, 52), policy.maxBackoffMs) / 2;
-    if (elapsed + mean > policy.retryFor) break;
-    elapsed += mean;
-    attempts++;
-  }
-  return attempts;
-}
-
-/** `Retry-After`: delta-seconds or an HTTP date; undefined when absent or unreadable. */
-export function parseRetryAfter(value: string | undefined, now: number): number | undefined {
-  if (value === undefined) return undefined;
-  if (/^\d+$/.test(value.trim())) return Number(value.trim()) * 1000;
-  // Every HTTP-date form starts with a day name; Date.parse alone would read "1.5" or "-1" as a (past) date.
-  if (!/^(Mon|Tue|Wed|Thu|Fri|Sat|Sun)/.test(value.trim())) return undefined;
-  const date = Date.parse(value);
-  return Number.isNaN(date) ? undefined : Math.max(0, date - now);
-}
-
-/** 408, 429, 5xx and no answer at all are worth retrying; any other 4xx will not get better. */
-export function isRetryable(status: number | null): boolean {
-  return status === null || status === 408 || status === 429 || status >= 500;
-}
-
-/**
- * Standard Webhooks signature (https://www.standardwebhooks.com): `v1,<base64 HMAC-SHA256 of id.timestamp.body>`.
- * A `whsec_<base64>` secret is used as the key bytes it encodes; any other secret as its UTF-8 bytes.
- */
-export function signStandardWebhook(secret: string, id: string, timestampSeconds: number, body: string): string {
-  return signWithKey(signingKey(secret), id, timestampSeconds, body);
-}
-
-function signingKey(secret: string): Buffer {
-  return secret.startsWith('whsec_') ? standardWebhooksKey(secret) : Buffer.from(secret, 'utf8');
-}
-
-function signWithKey(key: Buffer, id: string, timestampSeconds: number, body: string): string {
-  return 'v1,' + createHmac('sha256', key).update(`${id}.${timestampSeconds}.${body}`).digest('base64');
-}
 
 /** What each action's target needs per attempt, worked out once per config. */
 interface PreparedTarget {
@@ -132,6 +34,8 @@ interface AttemptResult {
   error: string | null;
   retryAfterMs?: number;
   responseSnippet?: string | null;
+  /** When the request went out on a connected socket (this.now(), performance.now()); unset when no connection was had. */
+  sent?: { at: number; mark: number };
 }
 
 /** How much of a target's answer body an attempt records (AttemptRecord.responseSnippet). */
@@ -174,7 +78,7 @@ export class ResponseSnippet {
 export class Deliverer {
   private readonly inFlight = new Map<WebhookAction, number>(webhookActions.map((a) => [a, 0]));
   private readonly running = new Set<Promise<void>>();
-  private readonly agents = { http: new http.Agent({ keepAlive: true }), https: new https.Agent({ keepAlive: true }) };
+  private readonly agents: { http: http.Agent; https: https.Agent };
   private timer: NodeJS.Timeout | undefined;
   private pumping = false;
   private pumpAgain = false;
@@ -197,8 +101,13 @@ export class Deliverer {
     private config: WebhooksConfig,
     private readonly logger: Logger,
     private readonly now: () => number = Date.now,
-    private readonly options: { leaseMarginMs?: number } = {},
+    /** `httpAgent`: the agent for http: targets (tests: one limited to a socket, so requests queue for it). */
+    private readonly options: { leaseMarginMs?: number; httpAgent?: http.Agent } = {},
   ) {
+    this.agents = {
+      http: options.httpAgent ?? new http.Agent({ keepAlive: true }),
+      https: new https.Agent({ keepAlive: true }),
+    };
     this.attemptLog = logger.child({}, { redact: [] });
     this.prepareTargets();
   }
@@ -260,6 +169,11 @@ export class Deliverer {
     clearTimeout(this.timer);
     const grace = new Promise<void>((resolve) => setTimeout(resolve, graceMs).unref());
     await Promise.race([Promise.allSettled([...this.running]), grace]);
+    if (this.running.size > 0)
+      this.logger.warn(
+        { attempts: this.running.size },
+        'delivery attempts still under way after the grace: cut; an outcome not recorded leaves the event to be retried once its lease runs out',
+      );
     this.agents.http.destroy();
     this.agents.https.destroy();
   }
@@ -367,7 +281,8 @@ export class Deliverer {
     } catch (err) {
       result = { status: null, error: (err as Error).message };
     }
-    const durationMs = performance.now() - started;
+    // The target's time: from the request sent to its answer (a wait for a connection is ours, not the target's).
+    const durationMs = performance.now() - (result.sent?.mark ?? started);
     const delivered = result.status !== null && result.status >= 200 && result.status < 300;
     const outcome: AttemptOutcome = delivered
       ? { status: 'delivered' }
@@ -379,7 +294,7 @@ export class Deliverer {
         event.id,
         {
           attempt: event.attempts + 1,
-          at: startedAt,
+          at: result.sent?.at ?? startedAt,
           status: result.status,
           error: result.error,
           durationMs,
@@ -419,31 +334,37 @@ export class Deliverer {
   }
 
   /**
-   * Keeps a long attempt's lease (Convoy's heartbeat): renewed every half lease while the attempt
-   * and its recording run, under the claim's token, so a renewal never revives a lease another
-   * claim has taken. Returns the stop.
+   * Keeps a long attempt's lease (Convoy's heartbeat): renewed at half of what is left of it when
+   * the attempt starts (an event may come with part of its lease spent), then every half lease,
+   * while the attempt and its recording run, under the claim's token, so a renewal never revives a
+   * lease another claim has taken. Returns the stop.
    */
   private renewWhileRunning(event: ClaimedEvent): () => void {
     const leaseMs = this.leaseMs(event.action);
-    const timer = setInterval(
-      () => {
-        this.store.renewLease(event.id, event.claimId, this.now() + this.leaseMs(event.action)).then(
-          (held) => {
-            if (!held) {
-              clearInterval(timer);
-              this.logger.warn(
-                { id: event.id },
-                'lease lost during a delivery attempt: another claim owns the event now',
-              );
-            }
-          },
-          (err: Error) => this.logger.warn({ id: event.id, err: err.message }, 'could not renew a delivery lease'),
-        );
-      },
-      Math.max(leaseMs / 2, 10),
-    );
-    timer.unref();
-    return () => clearInterval(timer);
+    let timer: NodeJS.Timeout | undefined;
+    let stopped = false;
+    const renew = () => {
+      this.store.renewLease(event.id, event.claimId, this.now() + this.leaseMs(event.action)).then(
+        (held) => {
+          if (held) return;
+          stopped = true;
+          clearTimeout(timer);
+          this.logger.warn({ id: event.id }, 'lease lost during a delivery attempt: another claim owns the event now');
+        },
+        (err: Error) => this.logger.warn({ id: event.id, err: err.message }, 'could not renew a delivery lease'),
+      );
+      schedule(leaseMs / 2);
+    };
+    const schedule = (ms: number) => {
+      if (stopped) return;
+      timer = setTimeout(renew, Math.max(ms, 10));
+      timer.unref();
+    };
+    schedule(Math.min(event.leaseUntil - this.now(), leaseMs) / 2);
+    return () => {
+      stopped = true;
+      clearTimeout(timer);
+    };
   }
 
   private post(event: ClaimedEvent, span?: Span): Promise<AttemptResult> {
@@ -463,6 +384,7 @@ export class Deliverer {
       headers['webhook-signature'] = signWithKey(key, event.id, timestamp, event.envelope);
     }
     return new Promise((resolve) => {
+      let sent: AttemptResult['sent'];
       const req = client.request(url, { method: 'POST', headers, agent, timeout: timeoutMs }, (res) => {
         const snippet = new ResponseSnippet();
         const answered = () =>
@@ -471,6 +393,7 @@ export class Deliverer {
             error: null,
             retryAfterMs: parseRetryAfter(res.headers['retry-after'], this.now()),
             responseSnippet: snippet.text(),
+            sent,
           });
         res.on('data', (chunk: Buffer) => {
           if (snippet.add(chunk)) return;
@@ -480,17 +403,39 @@ export class Deliverer {
           res.destroy();
         });
         res.on('end', answered);
-        res.on('error', (err) => resolve({ status: null, error: err.message }));
+        res.on('error', (err) => resolve({ status: null, error: err.message, sent }));
       });
-      req.on('timeout', () => req.destroy(new Error(`timeout after ${timeoutMs} ms`)));
-      // `timeout` above is per idle socket; a target trickling its answer must not outlive the lease either.
-      const deadline = setTimeout(
-        () => req.destroy(new Error(`timeout: no complete answer within ${timeoutMs} ms`)),
+      // Two bounds, one after the other. Waiting for a connection (a socket from the agent, the
+      // lookup, the TCP and TLS handshakes) is this process's time, not the target's: on a busy
+      // machine it passed timeoutMs while the target then answered in 100 ms. It gets timeoutMs of
+      // its own and counts as a connect failure; the answer's timeoutMs starts once the request is
+      // sent on a connected socket. The lease is renewed throughout (renewWhileRunning).
+      let deadline = setTimeout(
+        () => req.destroy(new Error(`connect timeout: no connection within ${timeoutMs} ms`)),
         timeoutMs,
+      );
+      const onConnected = () => {
+        clearTimeout(deadline);
+        sent = { at: this.now(), mark: performance.now() };
+        // `timeout` below is per idle socket; a target trickling its answer must not outlive the lease either.
+        deadline = setTimeout(
+          () => req.destroy(new Error(`timeout: no complete answer within ${timeoutMs} ms`)),
+          timeoutMs,
+        );
+      };
+      req.once('socket', (socket) => {
+        if (!socket.connecting)
+          onConnected(); // a kept-alive connection, ready
+        else socket.once(socket instanceof TLSSocket ? 'secureConnect' : 'connect', onConnected);
+      });
+      req.on('timeout', () =>
+        req.destroy(
+          new Error(sent ? `timeout after ${timeoutMs} ms` : `connect timeout: no connection within ${timeoutMs} ms`),
+        ),
       );
       req.on('close', () => clearTimeout(deadline));
       req.on('error', (err: NodeJS.ErrnoException) =>
-        resolve({ status: null, error: err.code ? `${err.code}: ${err.message}` : err.message }),
+        resolve({ status: null, error: err.code ? `${err.code}: ${err.message}` : err.message, sent }),
       );
       req.end(event.envelope);
     });

@@ -205,6 +205,7 @@ export class Claims {
     this.lastClaimAt.set(action, Date.now());
     const queue = this.fresh.lane(action);
     const freshDue = queue !== undefined && queue.length > 0 && queue[0]!.nextAttemptAt <= now;
+    const lookedAt = Date.now();
     if (this.dbLookDue(action, now, freshDue)) {
       try {
         await this.lookInDb(now, limit, leaseMs, action, this.fresh.dueBefore(action, now, limit));
@@ -214,7 +215,11 @@ export class Claims {
         // The fresh events are leased already: handed out now, the database asked again next time.
       }
     }
-    const taken = await this.takeFresh(now, limit, leaseMs, action);
+    // What is left of a lease is judged at hand-out: a look that waited for a connection took its
+    // time off every lease (the claim's own too), and one handed out as if whole could run out
+    // before the deliverer's first renewal, and be claimed and delivered by another instance too.
+    const handedOutAt = now + Math.max(0, Date.now() - lookedAt);
+    const taken = await this.takeFresh(handedOutAt, limit, leaseMs, action);
     this.noteTaken(action, taken.length, Date.now());
     return taken;
   }
