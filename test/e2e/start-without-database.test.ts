@@ -129,6 +129,8 @@ describe('gatehouse start while PostgreSQL is down', { skip, timeout: 120_000 },
     }
     const saidTimes = (what: string) => server.lines.filter((l) => l.msg === what).length;
     await waitFor(() => saidTimes('readiness: the store does not take writes') > 0, { what: 'the readiness line' });
+    // Said when the scrape's read fails, which may come after its answer (at load 5 it did).
+    await waitFor(() => saidTimes('metrics: the queue could not be read') > 0, { what: 'the metrics line' });
     assert.equal(saidTimes('readiness: the store does not take writes'), 1);
     assert.equal(saidTimes('metrics: the queue could not be read'), 1);
 
