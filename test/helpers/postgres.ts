@@ -22,6 +22,12 @@ export interface PostgresCluster {
   /** pg_ctl stop (fast: connections are cut, as in a crash of the server's clients' view) / start again on the same port and data. */
   stop(): Promise<void>;
   start(): Promise<void>;
+  /**
+   * SIGSTOP / SIGCONT of every process of the cluster (the postmaster first, so it spawns nothing
+   * while its backends stop): a server that hangs without closing a socket, as a stalled VM does.
+   */
+  freeze(): Promise<void>;
+  thaw(): Promise<void>;
   /** Stops the cluster and removes its folder. */
   destroy(): Promise<void>;
 }
@@ -161,11 +167,22 @@ export async function startPostgres(options: StartPostgresOptions = {}): Promise
     rmSync(root, { recursive: true, force: true });
     return unavailable(`pg_ctl start failed: ${(err as Error).message}\n${log}`);
   }
+  const postmasterPid = () => Number(readFileSync(path.join(data, 'postmaster.pid'), 'utf8').split('\n')[0]);
   return {
     port,
     createDatabase: (name) => createDatabase(`postgres://postgres@127.0.0.1:${port}/postgres`, name),
     stop,
     start,
+    async freeze() {
+      const postmaster = postmasterPid();
+      process.kill(postmaster, 'SIGSTOP');
+      for (const pid of childrenOf(postmaster)) signalIfAlive(pid, 'SIGSTOP');
+    },
+    async thaw() {
+      const postmaster = postmasterPid();
+      for (const pid of childrenOf(postmaster)) signalIfAlive(pid, 'SIGCONT');
+      process.kill(postmaster, 'SIGCONT');
+    },
     async destroy() {
       await command('pg_ctl', ['-D', data, '-w', '-t', '30', '-m', 'immediate', 'stop']).catch(() => {});
       rmSync(root, { recursive: true, force: true });
@@ -212,6 +229,30 @@ export async function postgresDatabases(
   };
 }
 
+/** The pids whose parent is `parent` (from /proc: Linux only, as the cluster's binaries are found). */
+function childrenOf(parent: number): number[] {
+  const children: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      // The fields after the command's closing parenthesis: state, then the parent pid.
+      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+      if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === parent) children.push(Number(entry));
+    } catch {
+      // gone since the listing
+    }
+  }
+  return children;
+}
+
+function signalIfAlive(pid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(pid, signal);
+  } catch {
+    // a backend that ended since the listing
+  }
+}
+
 function cannotStart(reason: string, purpose: string, required: boolean): { skip: string } {
   const message = `${purpose} cannot run: ${reason}`;
   if (required) throw new Error(`${message} (on CI this is a failure: .ci/run installs PostgreSQL)`);
@@ -219,7 +260,8 @@ function cannotStart(reason: string, purpose: string, required: boolean): { skip
   return { skip: message };
 }
 
-function freePort(): Promise<number> {
+/** A free TCP port on 127.0.0.1 (free when asked: another process may take it before it is bound). */
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = net.createServer();
     server.on('error', reject);
