@@ -189,7 +189,9 @@ function noLeftoverLeases({ database }: SoakInputs): Check {
 }
 
 /** Per process lifetime (pid): the last third's mean within 15 % of the first third's, after warm-up. */
-function resourcesFlat({ samples, warmUpMs, loadStart, loadEnd }: SoakInputs): Check[] {
+function resourcesFlat({ samples, warmUpMs, loadStart, loadEnd, faults }: SoakInputs): Check[] {
+  // A fault's window (+ recovery) is left out: a backlog drained after it opens connections for a while; a leak outlasts it.
+  const steady = (s: ResourceSample) => !faults.some((w) => overlaps(s.at, s.at, w, RECOVERY_MS));
   const byPid = new Map<number, ResourceSample[]>();
   for (const s of samples) byPid.set(s.pid, [...(byPid.get(s.pid) ?? []), s]);
   const metrics = [
@@ -198,14 +200,14 @@ function resourcesFlat({ samples, warmUpMs, loadStart, loadEnd }: SoakInputs): C
     // Small integers: one connection more is within the pool's normal breathing, not a leak.
     { name: 'pgConnections', label: 'PostgreSQL connections', slack: 1 },
   ] as const;
-  // A lifetime is judged when it spans at least half the load after its warm-up, with 9 samples or more.
+  // A lifetime is judged when its steady samples span at least half the load after its warm-up, 9 or more.
   const minSpan = (loadEnd - loadStart) / 2;
   return metrics.map(({ name, label, slack }) => {
     const rows: string[] = [];
     const failures: unknown[] = [];
     for (const [pid, all] of byPid) {
       const start = all[0]!.at;
-      const kept = all.filter((s) => s.at >= start + warmUpMs && s.at <= loadEnd && s[name] !== undefined);
+      const kept = all.filter((s) => s.at >= start + warmUpMs && s.at <= loadEnd && s[name] !== undefined && steady(s));
       if (kept.length < 9 || kept.at(-1)!.at - kept[0]!.at < minSpan) continue;
       const third = Math.floor(kept.length / 3);
       const mean = (xs: ResourceSample[]) => xs.reduce((n, s) => n + (s[name] as number), 0) / xs.length;
