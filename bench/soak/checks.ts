@@ -215,7 +215,8 @@ function resourcesFlat({ samples, warmUpMs, loadStart, loadEnd, faults }: SoakIn
       const last = mean(kept.slice(-third));
       const ok = last <= first * 1.15 + slack;
       rows.push(`${all[0]!.instance}/${pid} ${first.toFixed(0)}→${last.toFixed(0)}`);
-      if (!ok) failures.push({ instance: all[0]!.instance, pid, first, last });
+      const series = kept.map((s) => (name === 'fds' ? `${s.fds}(${s.sockets} sockets)` : s[name]));
+      if (!ok) failures.push({ instance: all[0]!.instance, pid, first, last, series });
     }
     return {
       name: `${label} flat after warm-up`,

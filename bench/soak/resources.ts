@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
 import pg from 'pg';
 import type { World } from './world.js';
 
@@ -9,6 +9,8 @@ export interface ResourceSample {
   pid: number;
   rssKb: number;
   fds: number;
+  /** Of those, sockets (TCP and Unix): what a connection leak would grow. */
+  sockets: number;
   /** Rows of pg_stat_activity with this instance's application_name; undefined when the database did not answer. */
   pgConnections?: number;
 }
@@ -60,11 +62,20 @@ export async function sampleResources(world: World, everyMs: number, stop: Abort
   await connected?.end().catch(() => {});
 }
 
-function readProcess(pid: number): { rssKb: number; fds: number } | undefined {
+function readProcess(pid: number): { rssKb: number; fds: number; sockets: number } | undefined {
   try {
     const status = readFileSync(`/proc/${pid}/status`, 'utf8');
     const rssKb = Number(/^VmRSS:\s+(\d+)/m.exec(status)?.[1]);
-    return { rssKb, fds: readdirSync(`/proc/${pid}/fd`).length };
+    const fds = readdirSync(`/proc/${pid}/fd`);
+    let sockets = 0;
+    for (const fd of fds) {
+      try {
+        if (readlinkSync(`/proc/${pid}/fd/${fd}`).startsWith('socket:')) sockets++;
+      } catch {
+        // closed since the listing
+      }
+    }
+    return { rssKb, fds: fds.length, sockets };
   } catch {
     return undefined; // exited between the check and the read
   }
