@@ -44,6 +44,8 @@ async function main(): Promise<boolean> {
   const loadAtStart = os.loadavg()[0]!;
   log(`seed ${SEED}, ${MINUTES} min, load average ${loadAtStart.toFixed(2)}`);
   const world = await startWorld();
+  // Ctrl-C: the instances and the cluster are this run's, so they go with it.
+  process.once('SIGINT', () => void world.close().finally(() => process.exit(130)));
   try {
     const capacity = await measureCapacity(world, 5);
     const rates = {

@@ -1,4 +1,4 @@
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -163,6 +163,7 @@ export async function startWorld(): Promise<World> {
       await Promise.all(instances.map((i) => i.process?.stop('SIGKILL')));
       await Promise.all([upstream.close(), target.close(), jwks.close()]);
       await cluster.destroy();
+      rmSync(dir, { recursive: true, force: true });
     },
   };
   world.writeConfigs();
