@@ -331,7 +331,7 @@ function rateLimitWithinBound({ records, faults }: SoakInputs): Check {
 }
 
 /** Which requests a fault excuses: the listeners it can touch, and only on its instance when it hits one. */
-function excuses(w: FaultWindow, listener: 'api' | 'hooks', instance: string, record?: ApiRecord): boolean {
+function excuses(w: FaultWindow, listener: 'api' | 'hooks', instance: string): boolean {
   switch (w.kind) {
     case 'kill-9':
     case 'sigterm':
@@ -339,10 +339,10 @@ function excuses(w: FaultWindow, listener: 'api' | 'hooks', instance: string, re
     case 'pg-restart':
     case 'pg-freeze':
       return listener === 'hooks'; // /api/ keeps serving without the database (docs/operations/several-instances.md)
-    case 'sighup-rotate':
-      return record?.credential === 'rotating'; // the new key, sent before every instance had loaded it
     default:
-      return false; // a slow or failing target and a garbage-sending client touch no listener
+      // A rotation keeps both keys valid while clients move; a slow or failing target and a
+      // garbage-sending client touch no listener.
+      return false;
   }
 }
 
@@ -352,7 +352,7 @@ function noErrorsOutsideFaults({ records, faults }: SoakInputs): Check {
   let judged = 0;
   const judge = (r: ApiRecord | HookRecord, listener: 'api' | 'hooks', ok: boolean, api?: ApiRecord) => {
     const end = r.done ?? Date.now();
-    const excused = faults.some((w) => excuses(w, listener, r.instance, api) && overlaps(r.sent, end, w, RECOVERY_MS));
+    const excused = faults.some((w) => excuses(w, listener, r.instance) && overlaps(r.sent, end, w, RECOVERY_MS));
     if (ok) return void judged++;
     if (excused) return void inside++;
     judged++;

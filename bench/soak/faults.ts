@@ -131,24 +131,37 @@ async function restart(world: World, instance: Instance, signal: NodeJS.Signals,
   await world.startInstance(instance);
 }
 
-/** Replaces the rotating key in every config, SIGHUPs each instance, and waits for each reload. */
+/**
+ * A key rotation as an operator makes it, in two reloads of every instance: the new key is added
+ * (SIGHUP, each waits for `configuration reloaded`), clients move to it, then the old key is removed
+ * (SIGHUP again). `reloadedAt` is when each instance had reloaded without the old key.
+ */
 async function rotateKey(world: World): Promise<Pick<FaultWindow, 'reloadedAt' | 'retiredKeyId'>> {
   const retired = world.keys.rotating[world.keys.generation]!;
-  world.keys.rotating.push({ id: `rotating-${world.keys.generation + 1}`, key: generateApiKey() });
-  world.keys.generation++;
+  world.keys.rotating.push({ id: `rotating-${world.keys.generation + 1}`, key: generateApiKey(), inConfig: true });
   world.writeConfigs();
+  await reloadEverywhere(world);
+  world.keys.generation++;
+  await sleep(2_000); // requests already sent with the old key are answered before it goes
+  retired.inConfig = false;
+  world.writeConfigs();
+  return { reloadedAt: await reloadEverywhere(world), retiredKeyId: retired.id };
+}
+
+/** SIGHUP to every instance; when each logged its reload. */
+async function reloadEverywhere(world: World): Promise<Record<string, number>> {
   const reloadedAt: Record<string, number> = {};
   await Promise.all(
     world.instances.map(async (instance) => {
       const proc = instance.process!;
       const seen = proc.lines.length;
       proc.child.kill('SIGHUP');
-      // Only a line logged after this SIGHUP counts (the previous rotation's is in the log too).
+      // Only a line logged after this SIGHUP counts (earlier reloads are in the log too).
       await waitForLineAfter(instance, seen, (l) => l.msg === 'configuration reloaded');
       reloadedAt[instance.name] = Date.now();
     }),
   );
-  return { reloadedAt, retiredKeyId: retired.id };
+  return reloadedAt;
 }
 
 async function waitForLineAfter(

@@ -167,7 +167,7 @@ export async function runLoad(world: World, rates: LoadRates, stop: AbortSignal,
   timers.push(
     ticker(stop, 50, () => sendApi('metered', { 'x-api-key': world.keys.metered }, '127.0.0.4')),
     ticker(stop, 500, () => {
-      for (const retired of world.keys.rotating.slice(0, world.keys.generation))
+      for (const retired of world.keys.rotating.filter((k) => !k.inConfig))
         sendApi('retired', { 'x-api-key': retired.key }, nextAddress(), retired.id);
     }),
   );

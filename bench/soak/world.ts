@@ -61,10 +61,19 @@ export interface World {
   upstream: RecordingServer;
   target: { url: string; receipts: Receipt[]; mode: TargetMode; close(): Promise<void> };
   jwksUrl: string;
-  keys: { steady: string; metered: string; rotating: { id: string; key: string }[]; generation: number };
+  /**
+   * The rotating key's generations: clients send `rotating[generation]`; the configs hold those
+   * `inConfig` says (old and new together while a rotation is under way, as an operator does it).
+   */
+  keys: {
+    steady: string;
+    metered: string;
+    rotating: { id: string; key: string; inConfig: boolean }[];
+    generation: number;
+  };
   signToken(sub: string): Promise<string>;
   signForged(sub: string): Promise<string>;
-  /** Writes every instance's config for the current key generation. */
+  /** Writes every instance's config with the keys as they are now. */
   writeConfigs(): void;
   startInstance(instance: Instance): Promise<void>;
   close(): Promise<void>;
@@ -81,7 +90,7 @@ export async function startWorld(): Promise<World> {
   const keys = {
     steady: generateApiKey(),
     metered: generateApiKey(),
-    rotating: [{ id: 'rotating-0', key: generateApiKey() }],
+    rotating: [{ id: 'rotating-0', key: generateApiKey(), inConfig: true }],
     generation: 0,
   };
   const instances: Instance[] = [];
@@ -97,7 +106,6 @@ export async function startWorld(): Promise<World> {
     });
   }
   const configOf = (instance: Instance) => {
-    const rotating = keys.rotating[keys.generation]!;
     return {
       log: { level: 'info' },
       // application_name in the URL (it wins over the driver's default) tells the instances' connections apart.
@@ -117,7 +125,7 @@ export async function startWorld(): Promise<World> {
               hash: hashApiKey(keys.metered),
               rateLimit: { requests: METERED.requests, per: METERED.per },
             },
-            { id: rotating.id, hash: hashApiKey(rotating.key) },
+            ...keys.rotating.filter((k) => k.inConfig).map((k) => ({ id: k.id, hash: hashApiKey(k.key) })),
           ],
           require: 'any',
           bearer: { jwt: { jwksUri: jwks.url, audience: 'soak', jwksCooldownSeconds: 0 } },
