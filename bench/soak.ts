@@ -77,8 +77,9 @@ async function main(): Promise<boolean> {
     const untilEnd = loadStart + MINUTES * 60_000 - Date.now();
     if (untilEnd > 0) await sleep(untilEnd);
     stopLoad.abort();
-    await loading;
+    // The drain is timed from here: the answers still in flight are part of it.
     const loadEnd = Date.now();
+    await loading;
     log(`load stopped: ${records.hooks.length} webhooks, ${records.api.length} /api/ requests, ${records.shed} shed`);
 
     const database = await readDatabaseFacts(world.databaseUrl, loadEnd, DRAIN_LIMIT_MS);
