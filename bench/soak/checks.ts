@@ -192,11 +192,12 @@ function noLeftoverLeases({ database }: SoakInputs): Check {
 function resourcesFlat({ samples, warmUpMs, loadStart, loadEnd, faults }: SoakInputs): Check[] {
   // A fault's window (+ recovery) is left out: a backlog drained after it opens connections for a while; a leak outlasts it.
   const steady = (s: ResourceSample) => !faults.some((w) => overlaps(s.at, s.at, w, RECOVERY_MS));
-  const byPid = new Map<number, ResourceSample[]>();
-  for (const s of samples) byPid.set(s.pid, [...(byPid.get(s.pid) ?? []), s]);
+  const byPid = new Map<number, (ResourceSample & { unpooledFds: number })[]>();
+  for (const s of samples) byPid.set(s.pid, [...(byPid.get(s.pid) ?? []), { ...s, unpooledFds: s.fds - s.pooled }]);
   const metrics = [
     { name: 'rssKb', label: 'RSS', slack: 0 },
-    { name: 'fds', label: 'open fds', slack: 2 },
+    // Less the pooled keep-alive connections to the target and upstream: bounded, and checked on their own below.
+    { name: 'unpooledFds', label: 'open fds (less pooled keep-alive)', slack: 2 },
     // Small integers: one connection more is within the pool's normal breathing, not a leak.
     { name: 'pgConnections', label: 'PostgreSQL connections', slack: 1 },
   ] as const;
@@ -211,12 +212,14 @@ function resourcesFlat({ samples, warmUpMs, loadStart, loadEnd, faults }: SoakIn
       const kept = all.filter((s) => s.at >= start + warmUpMs && s.at <= loadEnd && s[name] !== undefined && steady(s));
       if (kept.length < 9 || kept.at(-1)!.at - kept[0]!.at < minSpan) continue;
       const third = Math.floor(kept.length / 3);
-      const mean = (xs: ResourceSample[]) => xs.reduce((n, s) => n + (s[name] as number), 0) / xs.length;
+      const mean = (xs: typeof kept) => xs.reduce((n, s) => n + (s[name] as number), 0) / xs.length;
       const first = mean(kept.slice(0, third));
       const last = mean(kept.slice(-third));
       const ok = last <= first * 1.15 + slack;
       rows.push(`${all[0]!.instance}/${pid} ${first.toFixed(0)}→${last.toFixed(0)}`);
-      const series = kept.map((s) => (name === 'fds' ? `${s.fds}(${s.sockets} sockets)` : s[name]));
+      const series = kept.map((s) =>
+        name === 'unpooledFds' ? `${s.fds} (${s.sockets} sockets, ${s.pooled} pooled)` : s[name],
+      );
       if (!ok) failures.push({ instance: all[0]!.instance, pid, first, last, series });
     }
     return {

@@ -1,6 +1,10 @@
 import { readdirSync, readFileSync, readlinkSync } from 'node:fs';
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import pg from 'pg';
 import type { World } from './world.js';
+
+const run = promisify(execFile);
 
 /** One look at one process: resident memory, open descriptors, its PostgreSQL connections. */
 export interface ResourceSample {
@@ -11,6 +15,11 @@ export interface ResourceSample {
   fds: number;
   /** Of those, sockets (TCP and Unix): what a connection leak would grow. */
   sockets: number;
+  /**
+   * Of those, keep-alive connections to the target and the upstream: pools bounded by configuration
+   * (delivery concurrency, the proxy's agent) that grow to a high-water mark after a backlog.
+   */
+  pooled: number;
   /** Rows of pg_stat_activity with this instance's application_name; undefined when the database did not answer. */
   pgConnections?: number;
 }
@@ -40,8 +49,10 @@ export async function sampleResources(world: World, everyMs: number, stop: Abort
       return undefined;
     }
   };
+  const pooledPorts = [world.target.url, world.upstream.url].map((u) => new URL(u).port);
   while (!stop.aborted) {
     const byInstance = await connections();
+    const pooled = await pooledSockets(pooledPorts);
     const at = Date.now();
     for (const instance of world.instances) {
       const pid = instance.process?.child.pid;
@@ -54,6 +65,7 @@ export async function sampleResources(world: World, everyMs: number, stop: Abort
         instance: instance.name,
         pid,
         ...process,
+        pooled: pooled.get(pid) ?? 0,
         pgConnections: byInstance?.get(instance.name) ?? (byInstance ? 0 : undefined),
       });
     }
@@ -79,4 +91,17 @@ function readProcess(pid: number): { rssKb: number; fds: number; sockets: number
   } catch {
     return undefined; // exited between the check and the read
   }
+}
+
+/** Established TCP connections to `ports`, per owning pid (from `ss`: /proc/net/tcp has no pid). */
+async function pooledSockets(ports: string[]): Promise<Map<number, number>> {
+  const out = new Map<number, number>();
+  const { stdout } = await run('ss', ['-tnpH', 'state', 'established']).catch(() => ({ stdout: '' }));
+  for (const line of stdout.split('\n')) {
+    const [, , , peer, users] = line.trim().split(/\s+/);
+    if (!peer || !ports.includes(peer.slice(peer.lastIndexOf(':') + 1))) continue;
+    const pid = Number(/pid=(\d+)/.exec(users ?? '')?.[1]);
+    if (pid) out.set(pid, (out.get(pid) ?? 0) + 1);
+  }
+  return out;
 }
