@@ -99,6 +99,17 @@ async function main(): Promise<boolean> {
       loadEnd,
       warmUpMs: Math.min(60_000, (MINUTES * 60_000) / 5),
     });
+    // An unexplained duplicate comes with what the instances logged about its event: the first clue for a fix.
+    for (const check of checks)
+      for (const item of check.evidence ?? []) {
+        const id = (item as { id?: unknown }).id;
+        if (check.pass || typeof id !== 'string' || !id.startsWith('evt_')) continue;
+        (item as { log?: unknown[] }).log = world.instances.flatMap((instance) =>
+          instance.lives.flatMap((life) =>
+            life.lines.filter((l) => JSON.stringify(l).includes(id)).map((l) => ({ instance: instance.name, ...l })),
+          ),
+        );
+      }
     const pass = checks.every((c) => c.pass);
     const loadAtEnd = os.loadavg()[0]!;
     process.stdout.write(

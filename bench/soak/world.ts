@@ -50,8 +50,8 @@ export interface Instance {
   hooksUrl: string;
   adminUrl: string;
   process?: ServerProcess;
-  /** Every pid this instance has had, in order, with when it started and ended. */
-  lives: { pid: number; start: number; end?: number }[];
+  /** Every pid this instance has had, in order, with when it started and ended, and its JSON log lines. */
+  lives: { pid: number; start: number; end?: number; lines: Record<string, any>[] }[];
 }
 
 export interface World {
@@ -160,7 +160,7 @@ export async function startWorld(): Promise<World> {
       // --no-watch: a rotation reaches an instance by its SIGHUP, as the fault schedule says, not by the file poll.
       const proc = startServerProcess(instance.configFile, { command: ['start', '--no-watch'] });
       instance.process = proc;
-      const life: Instance['lives'][number] = { pid: proc.child.pid!, start: Date.now() };
+      const life: Instance['lives'][number] = { pid: proc.child.pid!, start: Date.now(), lines: proc.lines };
       instance.lives.push(life);
       proc.child.once('exit', () => (life.end = Date.now()));
       await proc.waitFor((l) => l.msg === 'webhook receiver listening', 60_000);
