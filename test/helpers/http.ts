@@ -15,6 +15,8 @@ export interface RequestOptions {
   /** Bind the client socket to this address (e.g. 127.0.0.2 to come from a disallowed IP). */
   localAddress?: string;
   agent?: http.Agent | false;
+  /** Give up (reject with ETIMEDOUT) when no answer has come within this many ms. Unset: wait. */
+  timeoutMs?: number;
 }
 
 /** One HTTP request with node:http; the path is sent as given (no normalisation). */
@@ -46,6 +48,10 @@ export function request(baseUrl: string, path: string, options: RequestOptions =
       },
     );
     req.on('error', reject);
+    if (options.timeoutMs !== undefined)
+      req.setTimeout(options.timeoutMs, () =>
+        req.destroy(Object.assign(new Error('no answer in time'), { code: 'ETIMEDOUT' })),
+      );
     req.end(options.body);
   });
 }

@@ -23,8 +23,8 @@ export interface PostgresCluster {
   stop(): Promise<void>;
   start(): Promise<void>;
   /**
-   * SIGSTOP the server and every backend: connections stay open and nothing answers (a machine
-   * that has stalled), until `thaw` (SIGCONT). Linux (/proc).
+   * SIGSTOP / SIGCONT of every process of the cluster (the postmaster first, so it spawns nothing
+   * while its backends stop): a server that hangs without closing a socket, as a stalled VM does.
    */
   freeze(): Promise<void>;
   thaw(): Promise<void>;
@@ -167,35 +167,31 @@ export async function startPostgres(options: StartPostgresOptions = {}): Promise
     rmSync(root, { recursive: true, force: true });
     return unavailable(`pg_ctl start failed: ${(err as Error).message}\n${log}`);
   }
-  /** The postmaster (first line of postmaster.pid) and its children, from /proc. */
-  const serverProcesses = (): number[] => {
-    const postmaster = Number(readFileSync(path.join(data, 'postmaster.pid'), 'utf8').split('\n')[0]);
-    const children = readdirSync('/proc')
-      .filter((entry) => /^\d+$/.test(entry))
-      .filter((pid) => {
-        try {
-          // /proc/<pid>/stat: "pid (comm) state ppid …"; comm may hold spaces, so read after its ")".
-          const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-          return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === postmaster;
-        } catch {
-          return false; // gone meanwhile
-        }
-      })
-      .map(Number);
-    return [postmaster, ...children];
-  };
-  const signalServer = async (signal: NodeJS.Signals) => {
-    for (const pid of serverProcesses()) process.kill(pid, signal);
-  };
+  const postmasterPid = () => Number(readFileSync(path.join(data, 'postmaster.pid'), 'utf8').split('\n')[0]);
   return {
     port,
     createDatabase: (name) => createDatabase(`postgres://postgres@127.0.0.1:${port}/postgres`, name),
     stop,
     start,
-    freeze: () => signalServer('SIGSTOP'),
-    thaw: () => signalServer('SIGCONT'),
+    async freeze() {
+      const postmaster = postmasterPid();
+      process.kill(postmaster, 'SIGSTOP');
+      for (const pid of childrenOf(postmaster)) signalIfAlive(pid, 'SIGSTOP');
+    },
+    async thaw() {
+      const postmaster = postmasterPid();
+      for (const pid of childrenOf(postmaster)) signalIfAlive(pid, 'SIGCONT');
+      process.kill(postmaster, 'SIGCONT');
+    },
     async destroy() {
-      await signalServer('SIGCONT').catch(() => {}); // a frozen server would not stop
+      // A frozen server would not stop.
+      try {
+        const postmaster = postmasterPid();
+        for (const pid of childrenOf(postmaster)) signalIfAlive(pid, 'SIGCONT');
+        signalIfAlive(postmaster, 'SIGCONT');
+      } catch {
+        // no postmaster.pid: not running
+      }
       await command('pg_ctl', ['-D', data, '-w', '-t', '30', '-m', 'immediate', 'stop']).catch(() => {});
       rmSync(root, { recursive: true, force: true });
     },
@@ -241,6 +237,30 @@ export async function postgresDatabases(
   };
 }
 
+/** The pids whose parent is `parent` (from /proc: Linux only, as the cluster's binaries are found). */
+function childrenOf(parent: number): number[] {
+  const children: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      // The fields after the command's closing parenthesis: state, then the parent pid.
+      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+      if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === parent) children.push(Number(entry));
+    } catch {
+      // gone since the listing
+    }
+  }
+  return children;
+}
+
+function signalIfAlive(pid: number, signal: NodeJS.Signals): void {
+  try {
+    process.kill(pid, signal);
+  } catch {
+    // a backend that ended since the listing
+  }
+}
+
 function cannotStart(reason: string, purpose: string, required: boolean): { skip: string } {
   const message = `${purpose} cannot run: ${reason}`;
   if (required) throw new Error(`${message} (on CI this is a failure: .ci/run installs PostgreSQL)`);
@@ -248,7 +268,8 @@ function cannotStart(reason: string, purpose: string, required: boolean): { skip
   return { skip: message };
 }
 
-function freePort(): Promise<number> {
+/** A free TCP port on 127.0.0.1 (free when asked: another process may take it before it is bound). */
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = net.createServer();
     server.on('error', reject);
