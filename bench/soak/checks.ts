@@ -198,8 +198,9 @@ function resourcesFlat({ samples, warmUpMs, loadStart, loadEnd, faults }: SoakIn
     { name: 'rssKb', label: 'RSS', slack: 0 },
     // Less the pooled keep-alive connections to the target and upstream: bounded, and checked on their own below.
     { name: 'unpooledFds', label: 'open fds (less pooled keep-alive)', slack: 2 },
-    // Small integers: one connection more is within the pool's normal breathing, not a leak.
-    { name: 'pgConnections', label: 'PostgreSQL connections', slack: 1 },
+    // Small integers: the pool (storage.pool.max 10) keeps a connection 30 s after its last use, so after a
+    // backlog two more are its breathing (seed 404 on the fixed code: 6-9 all run long, 6.4 → 8.4 by the means).
+    { name: 'pgConnections', label: 'PostgreSQL connections', slack: 2 },
   ] as const;
   // A lifetime is judged when its steady samples span at least a third of the load after its warm-up, 9 or more
   // (three kills, one per instance, still leave each a life that long in a 10-minute run).
