@@ -14,6 +14,7 @@ import {
 } from '@opentelemetry/api';
 import {
   ExportResultCode,
+  loggingErrorHandler,
   parseTraceParent,
   setGlobalErrorHandler,
   TraceState,
@@ -308,7 +309,10 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
         await Promise.race([provider.shutdown().catch((err: unknown) => problems.report(String(err))), gaveUp]);
       } finally {
         clearTimeout(timer);
+        // The SDK's handlers are process-wide: a stopped tracing must not keep logging through
+        // this instance's logger (a test, or a restart in the same process, starts another).
         diag.disable();
+        setGlobalErrorHandler(loggingErrorHandler());
       }
     },
   };
