@@ -36,7 +36,10 @@ export function traceDeliveries(tracing: Tracing | undefined): DeliveryTracing |
       return tracing.startStoredChildSpan(traceContext, `deliver ${action}`, 'client', {
         'http.request.method': 'POST',
         'server.address': target.hostname,
-        'url.full': target.origin + target.pathname, // not the query: a target's URL may carry a token there
+        'server.port': Number(target.port) || (target.protocol === 'https:' ? 443 : 80),
+        // The origin only: a target's URL may carry its credential in the query or in the path
+        // (Slack, Discord and Teams incoming webhooks do), and spans leave for a collector.
+        'url.full': `${target.origin}/`,
         'gatehouse.event.id': eventId,
         'gatehouse.action': action,
         'gatehouse.delivery.attempt': attempt,

@@ -34,7 +34,8 @@ import {
   type SpanProcessor,
 } from '@opentelemetry/sdk-trace-base';
 import { ATTR_ERROR_TYPE, ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from '@opentelemetry/semantic-conventions';
-import type { IncomingHttpHeaders } from 'node:http';
+import type { Agent, IncomingHttpHeaders } from 'node:http';
+import type { Duplex } from 'node:stream';
 import type { Logger } from 'pino';
 import type { TracingConfig } from '../config/schema.js';
 import { VERSION } from '../version.js';
@@ -49,6 +50,13 @@ import type { RunningTracing, SpanAttributes, Tracing } from './tracing.js';
 const ATTRIBUTE_VALUE_LIMIT = 1024;
 /** How long one export may take before it counts as failed (below the batch processor's own 30 s). */
 const EXPORT_TIMEOUT_MS = 10_000;
+/**
+ * Past EXPORT_TIMEOUT_MS and this, an export still running is cut (its connection destroyed) and
+ * counted failed. The exporter's own timeout is a socket idle timeout: a collector that trickles
+ * its answer a byte at a time resets it forever (found by an outside attack), and its spans would
+ * stay counted against maxQueueSize, so every later span was dropped.
+ */
+const EXPORT_DEADLINE_GRACE_MS = 1_000;
 /** At most one log line about failing exports this often; the lines in between are counted in the next. */
 const EXPORT_PROBLEM_LOG_MS = 60_000;
 
@@ -122,23 +130,76 @@ class BoundedSpanProcessor implements SpanProcessor {
   }
 }
 
+/**
+ * The exporter's HTTP connections: an agent of ours (through the exporter's agent factory), so an
+ * export that overruns its deadline, and at stop every connection, can be destroyed. A collector
+ * that hangs or trickles must not keep a stopped process alive.
+ */
+class ExportConnections {
+  private agent: Agent | undefined;
+  private stopped = false;
+
+  readonly factory = async (protocol: string): Promise<Agent> => {
+    const { Agent } = protocol === 'https:' ? await import('node:https') : await import('node:http');
+    const agent = new Agent({ keepAlive: true });
+    const connect = agent.createConnection.bind(agent) as Connect;
+    // Once stopped, no new connection: the exporter retries a cut export (1 s backoff, within its
+    // 10 s), and each retry's hanging request would keep the process alive. An error without a
+    // network code is not retried.
+    (agent as unknown as { createConnection: Connect }).createConnection = (options, callback) => {
+      if (!this.stopped) return connect(options, callback);
+      callback(new Error('tracing stopped: no new export connection'));
+      return undefined;
+    };
+    this.agent = agent;
+    return agent;
+  };
+
+  /** Destroys the connections an export is using (exports run one at a time). */
+  cutInUse(): void {
+    for (const sockets of Object.values(this.agent?.sockets ?? {}))
+      for (const socket of sockets ?? []) socket.destroy();
+  }
+
+  /** At stop: every connection destroyed, and no new one made. */
+  destroyAll(): void {
+    this.stopped = true;
+    this.agent?.destroy();
+  }
+}
+type Connect = (options: object, callback: (err: Error | null, socket?: Duplex) => void) => Duplex | undefined;
+
 /** The OTLP exporter, with every outcome released from the bound and every failure counted and reported. */
 class AccountedExporter implements SpanExporter {
   processor: BoundedSpanProcessor | undefined;
   constructor(
     private readonly inner: SpanExporter,
     private readonly problems: ExportProblems,
+    private readonly connections: ExportConnections,
   ) {}
 
   export(spans: ReadableSpan[], done: (result: ExportResult) => void): void {
-    this.inner.export(spans, (result) => {
+    let settled = false;
+    const settle = (result: ExportResult) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(deadline);
       this.processor?.released(spans.length);
       if (result.code !== ExportResultCode.SUCCESS) {
         countDroppedSpans('export_failed', spans.length);
         this.problems.report(result.error?.message ?? 'export failed');
       }
       done(result);
-    });
+    };
+    const deadline = setTimeout(() => {
+      settle({
+        code: ExportResultCode.FAILED,
+        error: new Error(`export took more than ${EXPORT_TIMEOUT_MS + EXPORT_DEADLINE_GRACE_MS} ms: cut`),
+      });
+      this.connections.cutInUse();
+    }, EXPORT_TIMEOUT_MS + EXPORT_DEADLINE_GRACE_MS);
+    deadline.unref();
+    this.inner.export(spans, settle);
   }
 
   shutdown(): Promise<void> {
@@ -191,13 +252,16 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
   );
   setGlobalErrorHandler((err) => problems.report(err instanceof Error ? err.message : String(err)));
 
+  const connections = new ExportConnections();
   const exporter = new AccountedExporter(
     new OTLPTraceExporter({
       url: tracesUrl(config.endpoint),
       headers: config.headers,
       timeoutMillis: EXPORT_TIMEOUT_MS,
+      httpAgentOptions: connections.factory,
     }),
     problems,
+    connections,
   );
   const batch = new BatchSpanProcessor(exporter, {
     maxQueueSize: config.maxQueueSize,
@@ -257,7 +321,18 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
       let links: { context: SpanContext }[] | undefined;
       if (headers.traceparent !== undefined) {
         const client = trace.getSpanContext(propagator.extract(ROOT_CONTEXT, headers, defaultTextMapGetter));
-        if (client && isSpanContextValid(client)) links = [{ context: client }];
+        // The client's ids only: its tracestate is its vendors' data, not ours to export.
+        if (client && isSpanContextValid(client))
+          links = [
+            {
+              context: {
+                traceId: client.traceId,
+                spanId: client.spanId,
+                traceFlags: client.traceFlags,
+                isRemote: true,
+              },
+            },
+          ];
       }
       ids.chosen = incoming.traceId;
       try {
@@ -270,7 +345,7 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
       const traceparent = unsampledTraceparent(incoming.traceId, newSpanId());
       // Only a continued trace has a tracestate: an untrusted client's belongs to its own trace.
       const tracestate = incoming.parent === undefined ? undefined : traceStateOf(headers)?.serialize();
-      return tracestate === undefined ? { traceparent } : { traceparent, tracestate };
+      return tracestate ? { traceparent, tracestate } : { traceparent };
     },
     startChildSpan(parent, name, kind, attributes, startTime) {
       return tracer.startSpan(name, { kind: KINDS[kind], attributes, startTime }, trace.setSpan(ROOT_CONTEXT, parent));
@@ -284,7 +359,9 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
       // The W3C propagator's inject, without the context it needs built around the span.
       const { traceId, spanId, traceFlags, traceState } = span.spanContext();
       const traceparent = `00-${traceId}-${spanId}-${(traceFlags & TraceFlags.SAMPLED) !== 0 ? '01' : '00'}`;
-      return traceState === undefined ? { traceparent } : { traceparent, tracestate: traceState.serialize() };
+      // A tracestate with no valid member serializes to "": W3C says not to send it empty.
+      const tracestate = traceState?.serialize();
+      return tracestate ? { traceparent, tracestate } : { traceparent };
     },
     end(span, error, endTime) {
       if (error !== undefined) {
@@ -309,6 +386,9 @@ export function startOtel(config: TracingConfig, logger: Logger): RunningTracing
         await Promise.race([provider.shutdown().catch((err: unknown) => problems.report(String(err))), gaveUp]);
       } finally {
         clearTimeout(timer);
+        // An export still running (a hung or trickling collector) gives up its connection now:
+        // the stop waited `waitMs` for it, the process must not wait longer.
+        connections.destroyAll();
         // The SDK's handlers are process-wide: a stopped tracing must not keep logging through
         // this instance's logger (a test, or a restart in the same process, starts another).
         diag.disable();

@@ -48,6 +48,7 @@ async function startGatehouse(
       },
       observability: { tracing },
       ...(extra.admin ? { admin: extra.admin } : {}),
+      ...(extra.shutdown ? { shutdown: extra.shutdown } : {}),
     }),
   );
   const proc = startServerProcess(file, { env: { ...FAST_EXPORT, ...extra.env } });
@@ -112,7 +113,8 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
     );
     assert.notEqual(server.traceId, CLIENT_TRACE);
     assert.equal(server.parentSpanId, '');
-    assert.deepEqual(server.links, [{ traceId: CLIENT_TRACE, spanId: CLIENT_SPAN }]);
+    // The client's ids only: its tracestate ('client=1') is not exported with the link.
+    assert.deepEqual(server.links, [{ traceId: CLIENT_TRACE, spanId: CLIENT_SPAN, traceState: '' }]);
     assert.equal(server.name, 'GET /api/');
     assert.equal(server.resource['service.name'], 'edge-under-test');
     assert.equal(server.attributes['http.route'], '/api/');
@@ -180,6 +182,27 @@ describe('tracing /api/: spans, their parents, and the traceparent the upstream 
     assert.equal(sent.parentId, call.spanId);
     assert.equal(got.headers.tracestate, 'proxy=1');
     assert.equal(got.headers.baggage, 'tenant=acme');
+  });
+
+  it("a trusted proxy's tracestate with no valid member: no empty tracestate header goes upstream, sampled or not", async () => {
+    for (const [flags, id] of [
+      ['01', 'trusted-empty-state-sampled'],
+      ['00', 'trusted-empty-state-unsampled'],
+    ] as const) {
+      const reply = await request(trusted.url, '/api/items', {
+        headers: {
+          'x-api-key': KEY,
+          traceparent: `00-${CLIENT_TRACE}-${CLIENT_SPAN}-${flags}`,
+          // Upper case keys are invalid (W3C trace-context 3.3.1.3.1): the SDK drops the member.
+          tracestate: 'Vendor=1',
+          'x-request-id': id,
+        },
+      });
+      assert.equal(reply.status, 200);
+      const got = upstream.received.find((r) => r.headers['x-request-id'] === id)!;
+      assert.equal(parseTraceparent(got.headers.traceparent as string).flags, flags);
+      assert.equal(got.headers.tracestate, undefined, `${id}: ${JSON.stringify(got.headers)}`);
+    }
   });
 
   it('a refused request: the server span says why (4xx is not a span error), the authenticate span failed, nothing reached the upstream', async () => {
@@ -381,6 +404,66 @@ describe('tracing /api/: a collector that does not answer, or is not there', () 
     } finally {
       await edge.process.stop('SIGKILL');
     }
+  });
+
+  it('a collector that trickles its answer forever: the export is cut at its deadline, counted failed, and spans flow again once the collector is well', async () => {
+    const trickling = await startFakeCollector();
+    trickling.trickle = true;
+    const edge = await startGatehouse(
+      'trickle',
+      upstream.url,
+      { endpoint: trickling.url, maxQueueSize: 8 },
+      { admin: { listen: { host: '127.0.0.1', port: 0 }, token: TOKEN } },
+    );
+    try {
+      const first = await request(edge.url, '/api/items', { headers: { 'x-api-key': KEY } });
+      assert.equal(first.status, 200);
+      await waitFor(() => trickling.requests >= 1, { what: 'an export to the trickling collector' });
+      // A byte a second keeps the exporter's idle timeout from ever firing; the deadline (10 s + 1 s) cuts it.
+      await waitFor(async () => (await dropped(edge.adminUrl!, 'export_failed')) >= 3, {
+        timeoutMs: 20_000,
+        intervalMs: 250,
+        what: "the first batch's three spans counted as failed",
+      });
+      trickling.trickle = false;
+      const reply = await request(edge.url, '/api/items', {
+        headers: { 'x-api-key': KEY, 'x-request-id': 'after-trickle' },
+      });
+      assert.equal(reply.status, 200);
+      // Before the deadline, the stuck export's spans stayed counted against maxQueueSize: nothing was exported again.
+      await waitFor(() => trickling.spans.some((s) => s.attributes['gatehouse.request.id'] === 'after-trickle'), {
+        timeoutMs: 10_000,
+        what: "the next request's spans at the collector",
+      });
+    } finally {
+      await edge.process.stop('SIGKILL');
+      await trickling.close();
+    }
+  });
+
+  it('a stop while an export hangs: the process exits 0 once the flush wait is over, not at the shutdown deadline', async () => {
+    const edge = await startGatehouse(
+      'stuck-stop',
+      upstream.url,
+      { endpoint: stuck.url },
+      { shutdown: { acceptGrace: 0, timeout: '2s' } },
+    );
+    let code: number | null;
+    let took: number;
+    try {
+      const exportsBefore = stuck.requests;
+      const reply = await request(edge.url, '/api/items', { headers: { 'x-api-key': KEY } });
+      assert.equal(reply.status, 200);
+      await waitFor(() => stuck.requests > exportsBefore, { what: 'an export to the stuck collector' });
+      const started = performance.now();
+      code = await edge.process.stop('SIGTERM');
+      took = performance.now() - started;
+    } finally {
+      await edge.process.stop('SIGKILL');
+    }
+    // The shutdown deadline here is acceptGrace + 2 × timeout + 3 s = 7 s (exit 1); the flush gives exports 2 s.
+    assert.equal(code, 0, edge.process.lines.map((l) => l.msg).join(' | '));
+    assert.ok(took < 5_000, `exited ${Math.round(took)} ms after SIGTERM`);
   });
 
   it('a collector whose port is closed: requests answer, failed exports are counted, and logged once, not per batch', async () => {

@@ -47,7 +47,9 @@ describe('tracing webhooks: receive on one instance, deliver on another after a 
           enabled: true,
           listen: { host: '127.0.0.1', port: 0 },
           endpoints: [{ path: '/webhook/deploys', secret: SECRET, action: 'system-event' }],
-          targets: { 'system-event': { url: `http://127.0.0.1:${targetPort}/events?token=target-query-secret` } },
+          targets: {
+            'system-event': { url: `http://127.0.0.1:${targetPort}/events/T0PATHSECRET?token=target-query-secret` },
+          },
           delivery: { initialBackoffMs: 50, maxBackoffMs: 200, timeoutMs: 2000 },
         },
         observability: { tracing: { endpoint: collector.url, serviceName: `instance-${name}` } },
@@ -134,13 +136,16 @@ describe('tracing webhooks: receive on one instance, deliver on another after a 
     assert.equal(delivered.parentSpanId, receive.spanId);
     assert.equal(delivered.kind, SPAN_KIND.client);
     assert.equal(delivered.attributes['http.response.status_code'], 204);
-    assert.equal(delivered.attributes['url.full'], `http://127.0.0.1:${targetPort}/events`);
+    // The origin only: a target's path can hold its credential (Slack-style incoming webhook URLs).
+    assert.equal(delivered.attributes['url.full'], `http://127.0.0.1:${targetPort}/`);
+    assert.equal(delivered.attributes['server.port'], targetPort);
     assert.equal(targetGot.length, 1);
     const sent = parseTraceparent(targetGot[0]!.traceparent as string);
     assert.equal(sent.traceId, receive.traceId);
     assert.equal(sent.parentId, delivered.spanId);
     assert.equal(sent.flags, '01');
     assert.ok(!JSON.stringify(collector.spans).includes('target-query-secret'));
+    assert.ok(!JSON.stringify(collector.spans).includes('T0PATHSECRET'));
     assert.ok(!JSON.stringify(collector.spans).includes(SECRET));
   });
 
@@ -155,7 +160,7 @@ describe('tracing webhooks: receive on one instance, deliver on another after a 
     );
     assert.notEqual(receive.traceId, SENDER_TRACEPARENT.split('-')[1]);
     assert.deepEqual(receive.links, [
-      { traceId: SENDER_TRACEPARENT.split('-')[1], spanId: SENDER_TRACEPARENT.split('-')[2] },
+      { traceId: SENDER_TRACEPARENT.split('-')[1], spanId: SENDER_TRACEPARENT.split('-')[2], traceState: '' },
     ]);
   });
 });

@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
  * application/json`, an ExportTraceServiceRequest as protobuf JSON: trace and span ids as hex
  * strings, enums as numbers) and opentelemetry-proto's trace.proto for the message shapes. It
  * answers 200 with an empty ExportTraceServiceResponse, or (`hang`) reads the body and never
- * answers, as a collector stuck behind a full pipeline does; it refuses anything but that path
+ * answers, as a collector stuck behind a full pipeline does, or (`trickle`) never finishes its answer; it refuses anything but that path
  * and JSON (415), as a real collector does.
  */
 
@@ -25,7 +25,8 @@ export interface CollectedSpan {
   name: string;
   kind: number;
   attributes: Record<string, string | number | boolean>;
-  links: { traceId: string; spanId: string }[];
+  /** A link's traceState: '' when it has none (trace.proto: an empty string). */
+  links: { traceId: string; spanId: string; traceState: string }[];
   status: { code?: number };
   /** Nanoseconds since the epoch, as the JSON encoding carries them (a decimal string: they exceed 2^53). */
   startTimeUnixNano: string;
@@ -42,6 +43,11 @@ export interface FakeCollector {
   requests: number;
   /** While true, requests are read and never answered. */
   hang: boolean;
+  /**
+   * While true, requests are answered 200 with a body that never ends: one byte every second, so
+   * the connection is never idle (a collector behind a proxy that trickles, or a hostile one).
+   */
+  trickle: boolean;
   close(): Promise<void>;
 }
 
@@ -78,7 +84,7 @@ export function decodeTraces(body: string): CollectedSpan[] {
           name: string;
           kind: number;
           attributes?: KeyValue[];
-          links?: { traceId: string; spanId: string }[];
+          links?: { traceId: string; spanId: string; traceState?: string }[];
           status?: { code?: number };
           startTimeUnixNano: string | number;
           endTimeUnixNano: string | number;
@@ -98,7 +104,11 @@ export function decodeTraces(body: string): CollectedSpan[] {
           name: span.name,
           kind: span.kind,
           attributes: flatten(span.attributes),
-          links: (span.links ?? []).map((l) => ({ traceId: l.traceId, spanId: l.spanId })),
+          links: (span.links ?? []).map((l) => ({
+            traceId: l.traceId,
+            spanId: l.spanId,
+            traceState: l.traceState ?? '',
+          })),
           status: span.status ?? {},
           startTimeUnixNano: String(span.startTimeUnixNano),
           endTimeUnixNano: String(span.endTimeUnixNano),
@@ -123,6 +133,12 @@ export async function startFakeCollector(options: { hang?: boolean } = {}): Prom
         return;
       }
       if (collector.hang) return; // read, never answered
+      if (collector.trickle) {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        const drip = setInterval(() => res.write(' '), 1000);
+        res.on('close', () => clearInterval(drip));
+        return;
+      }
       collector.spans.push(...decodeTraces(Buffer.concat(chunks).toString('utf8')));
       res.writeHead(200, { 'content-type': 'application/json' });
       res.end('{}');
@@ -136,6 +152,7 @@ export async function startFakeCollector(options: { hang?: boolean } = {}): Prom
     spans: [],
     requests: 0,
     hang: options.hang ?? false,
+    trickle: false,
     close: () =>
       new Promise((resolve) => {
         server.closeAllConnections();
